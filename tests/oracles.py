@@ -1,0 +1,148 @@
+"""Slow, obviously correct references the fast code is checked against.
+
+Each oracle materialises what the library computes pointwise: whole epoch
+orders as Python lists, the chunk stream walked from chunk 0 with explicit
+per-dataset cursors, and lanes found by scanning every chunk.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from fractions import Fraction
+
+import numpy as np
+
+MASK64 = (1 << 64) - 1
+
+
+def _text_id(text: str) -> int:
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little")
+
+
+def ref_keys(seed: int, purpose: str, *indices: int) -> list[int]:
+    ss = np.random.SeedSequence([seed, _text_id(purpose), *indices])
+    return [int(x) for x in ss.generate_state(8, dtype=np.uint64)]
+
+
+def _mix(x: int) -> int:
+    x ^= x >> 30
+    x = (x * 0xBF58476D1CE4E5B9) & MASK64
+    x ^= x >> 27
+    x = (x * 0x94D049BB133111EB) & MASK64
+    return x ^ (x >> 31)
+
+
+def ref_permute(i: int, n: int, keys: list[int]) -> int:
+    """Feistel network with cycle walking, one integer at a time."""
+    if n <= 1:
+        return 0
+    half = max(1, ((n - 1).bit_length() + 1) // 2)
+    mask = (1 << half) - 1
+    x = i
+    while True:
+        left, right = x >> half, x & mask
+        for k in keys[:6]:
+            left, right = right, left ^ (_mix(right ^ k) & mask)
+        x = (left << half) | right
+        if x < n:
+            return x
+
+
+def ref_epoch(name, sizes, seed, epoch, shuffle_shards, shuffle_within, block, reshuffle):
+    """The whole order of one epoch of one dataset as a list of (shard, offset)."""
+    e = epoch if reshuffle else 0
+    nid = _text_id(name)
+    s = len(sizes)
+    if shuffle_shards:
+        keys = ref_keys(seed, "shard-order", nid, e)
+        shard_order = [ref_permute(i, s, keys) for i in range(s)]
+    else:
+        shard_order = list(range(s))
+    flat = []
+    for sh in shard_order:
+        keys = ref_keys(seed, "within-shard", nid, e, sh)
+        for j in range(sizes[sh]):
+            flat.append((sh, ref_permute(j, sizes[sh], keys) if shuffle_within else j))
+    if not block:
+        return flat
+    out = []
+    for i in range(len(flat)):
+        j, start = i // block, (i // block) * block
+        size = min(block, len(flat) - start)
+        keys = ref_keys(seed, "block-shuffle", nid, e, j)
+        out.append(flat[start + ref_permute(i - start, size, keys)])
+    return out
+
+
+def ref_swrr(counts):
+    total = sum(counts)
+    credit = {c: 0 for c in range(len(counts))}
+    seq = []
+    for _ in range(total):
+        for c in credit:
+            credit[c] += counts[c]
+        best = min((c for c in credit if counts[c] > 0), key=lambda c: (-credit[c], c))
+        credit[best] -= total
+        seq.append(best)
+    return seq
+
+
+def ref_allocation(g, chunk_size, weights):
+    ws = [Fraction(w) for w in weights]
+    ws = [w / sum(ws) for w in ws]
+    big = max(range(len(ws)), key=lambda c: (ws[c], -c))
+    out = [int(g * chunk_size * w) if c != big else 0 for c, w in enumerate(ws)]
+    out[big] = g * chunk_size - sum(out)
+    return out
+
+
+def ref_stream(datasets, weights, chunk_size, seed, shuffle_shards=True, shuffle_within=True,
+               block=None, passes=1, policy=None, max_repeats=None, reshuffle=True,
+               max_chunks=None):
+    """Walk the chunk stream from chunk 0 with explicit cursors.
+
+    ``datasets`` is a list of ``(name, shard_sizes)``. Returns the list of
+    chunks, each a list of ``(name, shard, offset)``.
+    """
+    totals = [sum(sizes) for _, sizes in datasets]
+    cursors = [0] * len(datasets)
+    epochs: dict = {}
+
+    def sample(c, p):
+        name, sizes = datasets[c]
+        e, i = divmod(p, totals[c])
+        if (c, e) not in epochs:
+            epochs[c, e] = ref_epoch(name, sizes, seed, e, shuffle_shards, shuffle_within, block, reshuffle)
+        return (name, *epochs[c, e][i])
+
+    chunks = []
+    g = 0
+    while True:
+        if policy is None and all(cursors[c] >= passes * totals[c] for c in range(len(totals))):
+            break
+        want = ref_allocation(g + 1, chunk_size, weights)
+        if policy is not None:
+            limit = 1 if policy == "stop" else (None if max_repeats is None else 1 + max_repeats)
+            if limit is not None and any(want[c] > limit * totals[c] for c in range(len(totals))):
+                break
+        if max_chunks is not None and g >= max_chunks:
+            break
+        counts = [want[c] - cursors[c] for c in range(len(totals))]
+        taken = {c: [sample(c, cursors[c] + i) for i in range(counts[c])] for c in range(len(totals))}
+        chunk = [taken[c].pop(0) for c in ref_swrr(counts)]
+        chunks.append(chunk)
+        cursors = want
+        g += 1
+    return chunks
+
+
+def ref_lanes(num_chunks, replicas, seed, assignment):
+    """Lane of every chunk, block by block."""
+    lanes = []
+    for g in range(num_chunks):
+        b, s = divmod(g, replicas)
+        if assignment == "modulo":
+            lanes.append(s)
+        else:
+            lanes.append(ref_permute(s, replicas, ref_keys(seed, "lane-permute", replicas, b)))
+    return lanes

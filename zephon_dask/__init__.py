@@ -1,0 +1,1 @@
+"""zephon_dask."""

@@ -1,0 +1,379 @@
+"""``MixtureWorkSource``: which samples are trained on, in what order, by which lane. Pure.
+
+It does no I/O: datasets enter only through their ``name`` and
+``shard_sizes``. Every answer (the pointers of chunk ``g``, the stream length,
+lane ``l``'s ``j``-th chunk, a window's chunks) is computed directly from the
+seed and the indices, never by walking earlier chunks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from functools import cached_property
+from typing import NamedTuple, Protocol
+
+import numpy as np
+
+from ..errors import (
+    ChunkOutOfRangeError,
+    ConfigError,
+    DuplicateNameError,
+    EmptyDatasetError,
+    EndlessStreamError,
+)
+from . import routing
+from .mixture import Mixture, exact_weight, interleave
+from .order import DatasetOrder
+from .seeding import check_seed
+
+EXHAUSTED_POLICIES = (None, "stop", "repeat")
+
+
+class SizedDataset(Protocol):
+    """What the curriculum needs of a dataset."""
+
+    name: str
+
+    @property
+    def shard_sizes(self) -> Sequence[int]: ...
+
+
+class Pointer(NamedTuple):
+    """One sample: dataset name, shard index, offset within the shard."""
+
+    dataset: str
+    shard: int
+    offset: int
+
+
+class ChunkPointers(NamedTuple):
+    """A chunk's pointers as parallel int64 arrays (dataset index, shard, offset)."""
+
+    dataset: np.ndarray
+    shard: np.ndarray
+    offset: np.ndarray
+
+
+class LaneChunks(Sequence):
+    """Lazy sequence of the global chunk ids of one lane; O(1) per element (immutable)."""
+
+    def __init__(self, source: MixtureWorkSource, lane: int, replicas: int):
+        self._source, self.lane, self.replicas = source, lane, replicas
+
+    def _chunk(self, j: int) -> int:
+        src = self._source
+        return j * self.replicas + routing.slot_of(
+            self.lane, j, self.replicas, src.seed, src.lane_assignment
+        )
+
+    def __len__(self) -> int:
+        total = self._source.num_chunks
+        if total is None:
+            raise EndlessStreamError(
+                f"lane {self.lane} never ends (exhausted_policy='repeat'); index it lazily "
+                "or set max_repeats"
+            )
+        full, rest = divmod(total, self.replicas)
+        return full + (1 if rest and self._chunk(full) < total else 0)
+
+    def _bounded(self) -> bool:
+        return self._source.num_chunks is not None
+
+    def __getitem__(self, j):
+        if isinstance(j, slice):
+            if j.stop is None and not self._bounded():
+                raise EndlessStreamError(f"lane {self.lane} never ends; slice with a stop")
+            n = len(self) if self._bounded() else j.stop
+            return [self._chunk(i) for i in range(*j.indices(n))]
+        j = int(j)
+        if j < 0:
+            j += len(self)
+        if j < 0 or (self._bounded() and j >= len(self)):
+            raise ChunkOutOfRangeError(f"lane {self.lane} has no chunk at position {j}")
+        return self._chunk(j)
+
+    def __iter__(self):
+        j = 0
+        n = len(self) if self._bounded() else None
+        while n is None or j < n:
+            yield self._chunk(j)
+            j += 1
+
+    def __repr__(self) -> str:
+        size = len(self) if self._bounded() else "endless"
+        return f"LaneChunks(lane={self.lane}, replicas={self.replicas}, len={size})"
+
+
+class MixtureWorkSource:
+    """A weighted mixture of datasets cut into chunks and routed to lanes (immutable).
+
+    See DESIGN.md section 4. ``weights=None`` weighs datasets by sample count;
+    otherwise pass ``{dataset name: weight}``. ``stop_after_passes=P`` ends the
+    stream after the first chunk at which every dataset completed ``P``
+    passes; ``exhausted_policy="stop"`` ends it before the first chunk that
+    would need a sample beyond any dataset's first pass (``max_repeats`` more
+    passes with ``"repeat"``; no ``max_repeats`` means the stream never ends).
+    """
+
+    def __init__(
+        self,
+        datasets: SizedDataset | Sequence[SizedDataset],
+        weights: Mapping[str, float] | None = None,
+        chunk_size: int = 1024,
+        seed: int = 0,
+        shuffle_shards: bool = True,
+        shuffle_within_shard: bool = True,
+        shuffle_block_size: int | None = None,
+        stop_after_passes: int = 1,
+        exhausted_policy: str | None = None,
+        max_repeats: int | None = None,
+        reshuffle_on_repeat: bool = True,
+        lane_assignment: str = "permute",
+    ):
+        if hasattr(datasets, "shard_sizes"):
+            datasets = [datasets]
+        self.datasets: tuple = tuple(datasets)
+        self.names: tuple[str, ...] = self._check_datasets(self.datasets)
+        self.seed = check_seed(seed)
+        self.chunk_size = _positive_int(chunk_size, "chunk_size", "e.g. chunk_size=1024")
+        self.shuffle_shards = bool(shuffle_shards)
+        self.shuffle_within_shard = bool(shuffle_within_shard)
+        if shuffle_block_size is not None:
+            shuffle_block_size = _positive_int(
+                shuffle_block_size, "shuffle_block_size", "or None to disable the block shuffle"
+            )
+        self.shuffle_block_size = shuffle_block_size
+        self.reshuffle_on_repeat = bool(reshuffle_on_repeat)
+        self.lane_assignment = routing.check_choice(
+            lane_assignment, routing.LANE_ASSIGNMENTS, "lane_assignment"
+        )
+        self.stop_after_passes = _positive_int(stop_after_passes, "stop_after_passes", "e.g. 1")
+        self.exhausted_policy, self.max_repeats = self._check_policy(
+            exhausted_policy, max_repeats, self.stop_after_passes
+        )
+        self.sizes = tuple(int(sum(d.shard_sizes)) for d in self.datasets)
+        raw = self._raw_weights(weights)
+        self.mixture = Mixture(raw, self.chunk_size, self.names)
+        self.weights = self.mixture.weights
+        self.orders = tuple(
+            DatasetOrder(
+                d.name,
+                tuple(int(s) for s in d.shard_sizes),
+                self.seed,
+                self.shuffle_shards,
+                self.shuffle_within_shard,
+                self.shuffle_block_size,
+                self.reshuffle_on_repeat,
+            )
+            for d in self.datasets
+        )
+        if self.num_chunks == 0:
+            smallest = min(
+                range(len(self.names)), key=lambda c: self.sizes[c] / self.weights[c]
+            )
+            raise ConfigError(
+                f"the stream has no chunk: one chunk of {self.chunk_size} needs more than the "
+                f"{self.sizes[smallest]} samples of {self.names[smallest]!r} at its weight. "
+                "Lower chunk_size or use stop_after_passes / exhausted_policy='repeat'"
+            )
+
+    # -- validation -------------------------------------------------------------
+
+    @staticmethod
+    def _check_datasets(datasets: tuple) -> tuple[str, ...]:
+        if not datasets:
+            raise ConfigError("MixtureWorkSource needs at least one dataset")
+        names: list[str] = []
+        for d in datasets:
+            if not hasattr(d, "shard_sizes") or not isinstance(getattr(d, "name", None), str):
+                raise ConfigError(f"{d!r} is not a dataset; build one with zephon_dask.Dataset")
+            if d.name in names:
+                raise DuplicateNameError(
+                    f"two datasets are named {d.name!r}; give each a unique name"
+                )
+            if sum(d.shard_sizes) == 0:
+                raise EmptyDatasetError(f"dataset {d.name!r} has no samples")
+            names.append(d.name)
+        return tuple(names)
+
+    @staticmethod
+    def _check_policy(policy, max_repeats, passes):
+        if policy not in EXHAUSTED_POLICIES:
+            raise ConfigError(
+                f"exhausted_policy={policy!r} is unknown; choose None (use stop_after_passes), "
+                "'stop' or 'repeat'"
+            )
+        if policy is not None and passes != 1:
+            raise ConfigError(
+                f"exhausted_policy={policy!r} and stop_after_passes={passes} both decide where "
+                "the stream ends; set only one"
+            )
+        if max_repeats is not None:
+            if policy != "repeat":
+                raise ConfigError(
+                    f"max_repeats={max_repeats!r} needs exhausted_policy='repeat'"
+                )
+            max_repeats = _positive_int(max_repeats, "max_repeats", "or None for an endless stream")
+        return policy, max_repeats
+
+    def _raw_weights(self, weights):
+        if weights is None:
+            return [exact_weight(n, name) for n, name in zip(self.sizes, self.names, strict=True)]
+        if not isinstance(weights, Mapping):
+            raise ConfigError(
+                f"weights={weights!r} must be a dict by dataset name, e.g. "
+                f"{{{self.names[0]!r}: 1.0}}, or None for weights proportional to size"
+            )
+        unknown = sorted(set(map(str, weights)) - set(self.names))
+        missing = [n for n in self.names if n not in weights]
+        if unknown or missing:
+            raise ConfigError(
+                f"weights do not match the datasets: unknown {unknown}, missing {missing}; "
+                f"the datasets are {list(self.names)}"
+            )
+        return [exact_weight(weights[n], n) for n in self.names]
+
+    # -- stream length ----------------------------------------------------------
+
+    @cached_property
+    def num_chunks(self) -> int | None:
+        """Chunks in the stream, or ``None`` when it never ends."""
+        if self.exhausted_policy == "repeat" and self.max_repeats is None:
+            return None
+        if self.exhausted_policy is None:
+            need = [self.stop_after_passes * n for n in self.sizes]
+            return _first_true(
+                lambda g: all(a >= b for a, b in zip(self.mixture.allocated(g), need, strict=True))
+            )
+        passes = 1 if self.exhausted_policy == "stop" else 1 + self.max_repeats
+        limit = [passes * n for n in self.sizes]
+        too_far = _first_true(
+            lambda g: any(a > b for a, b in zip(self.mixture.allocated(g), limit, strict=True))
+        )
+        return too_far - 1
+
+    def __len__(self) -> int:
+        if self.num_chunks is None:
+            raise EndlessStreamError(
+                "this stream never ends (exhausted_policy='repeat'); use num_chunks (None) or "
+                "set max_repeats"
+            )
+        return self.num_chunks
+
+    # -- chunks -----------------------------------------------------------------
+
+    def _check_chunk(self, g: int) -> int:
+        g = int(g)
+        if g < 0 or (self.num_chunks is not None and g >= self.num_chunks):
+            raise ChunkOutOfRangeError(
+                f"chunk {g} is outside the stream of {self.num_chunks} chunks"
+            )
+        return g
+
+    def allocation(self, g: int) -> dict[str, int]:
+        """``{dataset: samples consumed by chunks 0..g-1}``."""
+        return dict(zip(self.names, self.mixture.allocated(g), strict=True))
+
+    def chunk_arrays(self, g: int) -> ChunkPointers:
+        """Chunk ``g``'s pointers as arrays, in their interleaved order."""
+        g = self._check_chunk(g)
+        lo, hi = self.mixture.allocated(g), self.mixture.allocated(g + 1)
+        seq = interleave(tuple(b - a for a, b in zip(lo, hi, strict=True)))
+        shard = np.empty(len(seq), dtype=np.int64)
+        offset = np.empty(len(seq), dtype=np.int64)
+        for c, order in enumerate(self.orders):
+            if hi[c] > lo[c]:
+                sel = np.flatnonzero(seq == c)
+                shard[sel], offset[sel] = order.locate(np.arange(lo[c], hi[c], dtype=np.int64))
+        return ChunkPointers(seq.astype(np.int64), shard, offset)
+
+    def chunk(self, g: int) -> list[Pointer]:
+        """Chunk ``g``'s pointers, each a ``Pointer(dataset, shard, offset)``."""
+        ds, sh, off = self.chunk_arrays(g)
+        names = self.names
+        return [
+            Pointer(names[d], s, o)
+            for d, s, o in zip(ds.tolist(), sh.tolist(), off.tolist(), strict=True)
+        ]
+
+    # -- lanes and windows --------------------------------------------------------
+
+    def lane_of(self, g: int, canonical_replicas: int) -> int:
+        """The lane that owns chunk ``g``."""
+        routing.check_replicas(canonical_replicas)
+        return routing.lane_of(self._check_chunk(g), canonical_replicas, self.seed, self.lane_assignment)
+
+    def lane_chunks(self, lane: int, canonical_replicas: int) -> LaneChunks:
+        """Lane ``lane``'s global chunk ids, lazily."""
+        routing.check_replicas(canonical_replicas)
+        if not 0 <= lane < canonical_replicas:
+            raise ConfigError(f"lane={lane} is outside 0..{canonical_replicas - 1}")
+        return LaneChunks(self, lane, canonical_replicas)
+
+    def window(self, lane: int, w: int, canonical_replicas: int, k: int) -> list[int]:
+        """Global chunk ids of lane ``lane``'s window ``w`` (``k`` chunks; the last may be short)."""
+        k = _positive_int(k, "flush_every_k_chunks", "e.g. 8")
+        chunks = self.lane_chunks(lane, canonical_replicas)
+        if w < 0 or (self.num_chunks is not None and w >= self.num_windows(lane, canonical_replicas, k)):
+            raise ChunkOutOfRangeError(f"lane {lane} has no window {w}")
+        return chunks[w * k : (w + 1) * k]
+
+    def num_windows(self, lane: int, canonical_replicas: int, k: int) -> int | None:
+        """Windows of lane ``lane``, or ``None`` for an endless stream."""
+        if self.num_chunks is None:
+            return None
+        return -(-len(self.lane_chunks(lane, canonical_replicas)) // k)
+
+    def group_lanes(self, canonical_replicas: int, dp_degree: int, mapping: str = "contiguous"):
+        """Lanes owned by each DP group."""
+        return routing.group_lanes(routing.check_replicas(canonical_replicas), dp_degree, mapping)
+
+    def plan(self, canonical_replicas: int, dp_degree: int, mapping: str = "contiguous") -> routing.Plan:
+        """The lane-to-group assignment table."""
+        return routing.plan(canonical_replicas, dp_degree, mapping)
+
+    # -- identity -----------------------------------------------------------------
+
+    def config(self) -> dict:
+        """JSON-native description of every data-defining setting."""
+        return {
+            "datasets": [
+                d.identity() if hasattr(d, "identity") else {"name": d.name, "shard_sizes": list(d.shard_sizes)}
+                for d in self.datasets
+            ],
+            "weights": {n: f"{w.numerator}/{w.denominator}" for n, w in zip(self.names, self.weights, strict=True)},
+            "chunk_size": self.chunk_size,
+            "seed": self.seed,
+            "shuffle_shards": self.shuffle_shards,
+            "shuffle_within_shard": self.shuffle_within_shard,
+            "shuffle_block_size": self.shuffle_block_size,
+            "stop_after_passes": self.stop_after_passes,
+            "exhausted_policy": self.exhausted_policy,
+            "max_repeats": self.max_repeats,
+            "reshuffle_on_repeat": self.reshuffle_on_repeat,
+            "lane_assignment": self.lane_assignment,
+        }
+
+    def __repr__(self) -> str:
+        mix = ", ".join(f"{n}={float(w):.3g}" for n, w in zip(self.names, self.weights, strict=True))
+        size = "endless" if self.num_chunks is None else f"{self.num_chunks} chunks"
+        return f"MixtureWorkSource({mix}; chunk_size={self.chunk_size}, seed={self.seed}, {size})"
+
+
+def _positive_int(value: object, name: str, hint: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
+        raise ConfigError(f"{name}={value!r} must be a positive integer ({hint})")
+    return int(value)
+
+
+def _first_true(pred) -> int:
+    """Smallest ``g >= 0`` with ``pred(g)`` for a monotone predicate (exponential + binary search)."""
+    if pred(0):
+        return 0
+    lo, hi = 0, 1
+    while not pred(hi):
+        lo, hi = hi, hi * 2
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if pred(mid) else (mid, hi)
+    return hi

@@ -1,0 +1,57 @@
+"""The package's error hierarchy.
+
+Every error raised on purpose by zephon_dask subclasses :class:`ZephonError`
+and the built-in exception a caller would catch for the same fault, so both
+``except zephon_dask.ZephonError`` and ``except ValueError`` work. Messages
+name the offending value and say how to fix it.
+"""
+
+from __future__ import annotations
+
+
+class ZephonError(Exception):
+    """Base class of every error zephon_dask raises on purpose."""
+
+
+class ConfigError(ZephonError, ValueError):
+    """A data or execution setting is invalid (bad weight, chunk size, degree, ...)."""
+
+
+class DuplicateNameError(ConfigError):
+    """Two datasets in one mixture share a name."""
+
+
+class EndlessStreamError(ZephonError, TypeError):
+    """``len()`` was asked of a stream that never ends (``exhausted_policy='repeat'``)."""
+
+
+class DatasetNotFoundError(ZephonError, FileNotFoundError):
+    """A dataset path, glob or tokenizer file does not exist."""
+
+
+class EmptyDatasetError(ZephonError, ValueError):
+    """A dataset has no samples."""
+
+
+class DataFormatError(ZephonError, ValueError):
+    """A data file cannot be parsed (malformed JSON line, unreadable parquet, bad zarr layout)."""
+
+
+class MissingFieldError(DataFormatError):
+    """A record lacks the field an operator or reader needs."""
+
+
+class StateError(ZephonError, ValueError):
+    """A checkpoint cannot be restored into this pipeline."""
+
+
+class ChunkOutOfRangeError(ZephonError, IndexError):
+    """A chunk, lane position or window index lies past the end of the stream."""
+
+
+class ZephonWarning(UserWarning):
+    """Base class of zephon_dask's warnings."""
+
+
+class ElasticityWarning(ZephonWarning):
+    """A setting is valid but costs balance or elasticity (e.g. lanes not divisible by groups)."""
