@@ -17,7 +17,8 @@ _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
 
 
-def _mix(x: np.ndarray) -> np.ndarray:
+def mix64(x: np.ndarray) -> np.ndarray:
+    """SplitMix64 finaliser on uint64 arrays (wrapping arithmetic)."""
     x = x ^ (x >> np.uint64(30))
     x = x * _M1
     x = x ^ (x >> np.uint64(27))
@@ -36,10 +37,10 @@ def _rounds(x: np.ndarray, keys: tuple[int, ...], half: int, inverse: bool) -> n
     ks = [np.uint64(k) for k in keys[:ROUNDS]]
     if not inverse:
         for k in ks:
-            left, right = right, left ^ (_mix(right ^ k) & mask)
+            left, right = right, left ^ (mix64(right ^ k) & mask)
     else:
         for k in reversed(ks):
-            left, right = right ^ (_mix(left ^ k) & mask), left
+            left, right = right ^ (mix64(left ^ k) & mask), left
     return (left << shift) | right
 
 

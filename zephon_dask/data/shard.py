@@ -1,0 +1,22 @@
+"""The :class:`Shard` record: one file (or one in-memory list) of a dataset. Pure data."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Shard:
+    """One shard of a dataset (immutable, hashable, picklable).
+
+    ``shard_id`` is the path relative to the dataset root (or the user's key for
+    in-memory records, or the group name inside a token store); ``path`` is the
+    full fsspec URL or local path (``None`` for records). ``size_bytes`` and
+    ``mtime`` are the file's size and modification time when it was indexed.
+    """
+
+    shard_id: str
+    path: str | None
+    num_samples: int
+    size_bytes: int | None = None
+    mtime: float | None = None
