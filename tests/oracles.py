@@ -146,3 +146,40 @@ def ref_lanes(num_chunks, replicas, seed, assignment):
         else:
             lanes.append(ref_permute(s, replicas, ref_keys(seed, "lane-permute", replicas, b)))
     return lanes
+
+
+def ref_lane_batches(spec, lane, microbatch_size, drop_last=True):
+    """One lane's batches: every window computed in order, samples concatenated, cut in slices.
+
+    Each batch is ``(lane, index_in_lane, rows)`` with ``rows`` a list of token lists.
+    """
+    from zephon_dask.pipeline import compute_window
+
+    rows = []
+    for w in range(spec.num_windows(lane)):
+        t = compute_window(spec, lane, w).table
+        rows += [t.tokens[t.offsets[i]:t.offsets[i + 1]].tolist() for i in range(len(t))]
+    out = []
+    for i, start in enumerate(range(0, len(rows), microbatch_size)):
+        part = rows[start:start + microbatch_size]
+        if len(part) < microbatch_size and drop_last:
+            break
+        out.append((lane, i, part))
+    return out
+
+
+def ref_group_stream(spec, lanes, microbatch_size, drop_last=True):
+    """Strict round-robin over ``lanes``, skipping lanes that ran out."""
+    queues = {lane: ref_lane_batches(spec, lane, microbatch_size, drop_last) for lane in lanes}
+    out = []
+    while any(queues.values()):
+        for lane in lanes:
+            if queues[lane]:
+                out.append(queues[lane].pop(0))
+    return out
+
+
+def batch_rows(batch):
+    """``(lane, index_in_lane, rows)`` of a delivered batch, padding stripped."""
+    rows = [row[:n].tolist() for row, n in zip(batch["tokens"], batch["lengths"])]
+    return (batch.lane, batch.index_in_lane, rows)

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
-
 from oracles import ref_lanes, ref_stream, ref_swrr
+
 from zephon_dask.curriculum import MixtureWorkSource, plan, worker_lanes
 from zephon_dask.curriculum.mixture import Mixture, interleave
 from zephon_dask.curriculum.order import DatasetOrder

@@ -1,0 +1,148 @@
+"""Throughput of ``Pack`` against a straightforward pure-Python packer, in one run.
+
+Builds one synthetic window (fixed-seed lognormal document lengths, mean ~300
+tokens), packs it with each algorithm, checks the output equals the pure-Python
+packer's, and prints packed tokens/s, the speed-up and the packing efficiency
+(tokens / slots). Timings are medians of a few runs; nothing asserts a time.
+
+    python benchmarks/bench_pack.py [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import statistics
+import time
+
+import numpy as np
+
+from zephon_dask.operators.base import WindowContext
+from zephon_dask.operators.pack import DEFAULT_NUM_BINS, Pack
+from zephon_dask.operators.table import SampleTable
+
+ALGORITHMS = ("wrap", "first_fit", "best_fit")
+
+
+def synthetic_window(n_docs: int, seed: int = 0) -> SampleTable:
+    rng = np.random.default_rng(seed)
+    lengths = np.maximum(1, rng.lognormal(np.log(300) - 0.5, 1.0, n_docs).round()).astype(np.int64)
+    offsets = np.concatenate(([0], np.cumsum(lengths)))
+    tokens = rng.integers(0, 50_000, int(offsets[-1]), dtype=np.int32)
+    lineage = np.zeros((n_docs, 5), dtype=np.int64)
+    lineage[:, 2] = np.arange(n_docs)
+    lineage[:, 4] = lengths
+    return SampleTable.from_documents(tokens, offsets, lineage)
+
+
+def python_pack(docs, lineage, length, algorithm, pad_id=0, num_bins=DEFAULT_NUM_BINS):
+    """Pure-Python packer with the same semantics: returns (tokens, positions, doc_ids, lineage)."""
+    if algorithm == "wrap":
+        rows, row, room = [], [], length
+        for d, doc in enumerate(docs):
+            start = 0
+            while start < len(doc):
+                take = min(room, len(doc) - start)
+                row.append((d, start, take))
+                start += take
+                room -= take
+                if room == 0:
+                    rows.append(row)
+                    row, room = [], length
+    else:
+        pieces = [
+            (d, s, min(length, len(doc) - s))
+            for d, doc in enumerate(docs)
+            for s in range(0, len(doc), length)
+        ]
+        rows, open_bins, rooms = [], [], []
+        for piece in pieces:
+            n = piece[2]
+            fit = [j for j, r in enumerate(rooms) if r >= n]
+            if fit:
+                j = fit[0] if algorithm == "first_fit" else min(fit, key=rooms.__getitem__)
+                open_bins[j].append(piece)
+                rooms[j] -= n
+                continue
+            if len(open_bins) == num_bins:
+                j = min(range(len(rooms)), key=rooms.__getitem__)
+                rows.append(open_bins.pop(j))
+                rooms.pop(j)
+            open_bins.append([piece])
+            rooms.append(length - n)
+        rows.extend(open_bins)
+    tokens, positions, doc_ids, out_lineage = [], [], [], []
+    for row in rows:
+        used = 0
+        for k, (d, start, n) in enumerate(row):
+            tokens.extend(docs[d][start : start + n])
+            positions.extend(range(n))
+            doc_ids.extend([k] * n)
+            dataset, shard, offset, token_start, _ = lineage[d]
+            out_lineage.append((dataset, shard, offset, token_start + start, n))
+            used += n
+        tokens.extend([pad_id] * (length - used))
+        positions.extend([0] * (length - used))
+        doc_ids.extend([-1] * (length - used))
+    return tokens, positions, doc_ids, out_lineage
+
+
+def median_time(fn, repeats: int) -> tuple[float, object]:
+    """Median seconds of ``repeats`` calls (garbage collector off, as in ``timeit``)."""
+    times, result = [], None
+    gc.collect()
+    gc.disable()
+    try:
+        for _ in range(repeats):
+            start = time.perf_counter()
+            result = fn()
+            times.append(time.perf_counter() - start)
+    finally:
+        gc.enable()
+    return statistics.median(times), result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="a small window and fewer repeats")
+    args = parser.parse_args()
+    n_docs, max_length, repeats = (1024, 2048, 3) if args.quick else (8192, 2048, 7)
+
+    table = synthetic_window(n_docs)
+    docs = [
+        table.tokens[a:b].tolist()
+        for a, b in zip(table.offsets[:-1], table.offsets[1:], strict=True)
+    ]
+    lineage = [tuple(row) for row in table.lineage.tolist()]
+    print(
+        f"window: {n_docs} documents, {len(table.tokens):,} tokens, mean length "
+        f"{table.lengths.mean():.0f}, max_length {max_length}, median of {repeats} runs"
+    )
+    print(
+        f"{'algorithm':>10} {'numpy tok/s':>14} {'python tok/s':>14} {'speed-up':>9} {'efficiency':>11}"
+    )
+    for algorithm in ALGORITHMS:
+        op = Pack(max_length, algorithm)
+        ctx = WindowContext(seed=0, lane=0, window=0, dataset_names=("synthetic",))
+        fast_s, out = median_time(lambda op=op, ctx=ctx: op.apply(table, ctx), repeats)
+        slow_s, ref = median_time(
+            lambda algorithm=algorithm: python_pack(docs, lineage, max_length, algorithm),
+            3,
+        )
+        ref_tokens, ref_positions, ref_doc_ids, ref_lineage = ref
+        if not (
+            out.tokens.tolist() == ref_tokens
+            and out.positions.tolist() == ref_positions
+            and out.document_ids.tolist() == ref_doc_ids
+            and [tuple(r) for r in out.lineage.tolist()] == ref_lineage
+        ):
+            raise SystemExit(f"{algorithm}: Pack and the pure-Python packer disagree")
+        packed = out.num_tokens
+        print(
+            f"{algorithm:>10} {packed / fast_s:>14,.0f} {packed / slow_s:>14,.0f} "
+            f"{slow_s / fast_s:>8.1f}x {packed / len(out.tokens):>11.4f}"
+        )
+
+
+if __name__ == "__main__":
+    main()

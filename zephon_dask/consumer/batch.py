@@ -1,0 +1,118 @@
+"""``Batch``: what the training loop receives. Built from one lane's samples; pure.
+
+A batch never mixes lanes. Its arrays are ``[microbatch, length]``:
+``tokens`` (padded with ``pad_id``), ``positions``, ``document_ids`` (``-1``
+on padding) and ``lengths``; on request ``input_ids``/``labels`` (next-token
+targets, ``ignore_index`` on padding and optionally across document
+boundaries), ``loss_mask`` and ``cu_seqlens`` (for variable-length attention).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import ConfigError
+from ..operators.table import SampleTable, segment_arange
+
+
+@dataclass(frozen=True)
+class BatchOptions:
+    """Batch shape and the fields to build (data settings, immutable)."""
+
+    microbatch_size: int = 8
+    drop_last: bool = True
+    labels: bool = False
+    ignore_index: int = -100
+    mask_document_boundaries: bool = False
+    cu_seqlens: bool = False
+    pad_id: int = 0
+
+    def __post_init__(self):
+        m = self.microbatch_size
+        if isinstance(m, bool) or not isinstance(m, int) or m < 1:
+            raise ConfigError(f"batch(microbatch_size={m!r}) must be a positive int, e.g. 8")
+        if not isinstance(self.ignore_index, int):
+            raise ConfigError(f"batch(ignore_index={self.ignore_index!r}) must be an int, e.g. -100")
+
+    def config(self) -> dict:
+        return dict(self.__dict__)
+
+
+class Batch(Mapping):
+    """A read-only mapping of field name -> numpy array, plus ``lane`` and ``index_in_lane``."""
+
+    def __init__(self, arrays: dict[str, np.ndarray], lane: int, index_in_lane: int,
+                 lineage: list[np.ndarray], dataset_names: tuple[str, ...]):
+        self._arrays = arrays
+        self.lane = lane
+        self.index_in_lane = index_in_lane
+        self.lineage = lineage  # per row: (dataset, shard, offset, token_start, token_count)
+        self.dataset_names = dataset_names
+
+    def __getitem__(self, key: str) -> np.ndarray:
+        return self._arrays[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._arrays)
+
+    def __len__(self) -> int:
+        return len(self._arrays)
+
+    @property
+    def num_samples(self) -> int:
+        return int(self._arrays["tokens"].shape[0])
+
+    def sources(self, row: int) -> list[tuple[str, int, int, int, int]]:
+        """Where row ``row``'s tokens came from: ``(dataset, shard, offset, token_start, count)``."""
+        return [(self.dataset_names[d], s, o, t, n) for d, s, o, t, n in self.lineage[row].tolist()]
+
+    def to_torch(self, device=None, non_blocking: bool = False) -> dict:
+        """Dict of torch tensors (int64 ids; see :mod:`zephon_dask.consumer.torch_io`)."""
+        from .torch_io import batch_to_torch
+
+        return batch_to_torch(self, device=device, non_blocking=non_blocking)
+
+    def __repr__(self) -> str:
+        shapes = ", ".join(f"{k}{tuple(v.shape)}" for k, v in self._arrays.items())
+        return f"Batch(lane={self.lane}, index_in_lane={self.index_in_lane}, {shapes})"
+
+
+def make_batch(table: SampleTable, lane: int, index_in_lane: int, opts: BatchOptions,
+               dataset_names: tuple[str, ...] = ()) -> Batch:
+    """Assemble a batch from a lane's samples (vectorised; pads to the longest sample)."""
+    lengths = table.lengths
+    b = len(lengths)
+    width = int(lengths.max()) if b else 0
+    rows = np.repeat(np.arange(b), lengths)
+    cols = segment_arange(lengths)
+    tokens = np.full((b, width), opts.pad_id, dtype=np.int64)
+    positions = np.zeros((b, width), dtype=np.int64)
+    doc_ids = np.full((b, width), -1, dtype=np.int64)
+    tokens[rows, cols] = table.tokens
+    positions[rows, cols] = table.positions
+    doc_ids[rows, cols] = table.document_ids
+    arrays = {"tokens": tokens, "positions": positions, "document_ids": doc_ids,
+              "lengths": lengths.astype(np.int64)}
+    if opts.labels:
+        labels = np.full_like(tokens, opts.ignore_index)
+        labels[:, :-1] = tokens[:, 1:]
+        invalid = np.ones_like(tokens, dtype=bool)
+        invalid[:, :-1] = doc_ids[:, 1:] < 0
+        if opts.mask_document_boundaries:
+            invalid[:, :-1] |= doc_ids[:, 1:] != doc_ids[:, :-1]
+        invalid |= doc_ids < 0
+        labels[invalid] = opts.ignore_index
+        arrays["input_ids"] = tokens
+        arrays["labels"] = labels
+        arrays["loss_mask"] = ~invalid
+    if opts.cu_seqlens:
+        flat = doc_ids.reshape(-1)
+        row_start = np.zeros_like(flat, dtype=bool)
+        row_start[::max(width, 1)] = True
+        starts = np.flatnonzero(row_start | np.concatenate(([True], flat[1:] != flat[:-1])))
+        arrays["cu_seqlens"] = np.concatenate((starts, [flat.size])).astype(np.int32)
+    lineage = [table.sample_lineage(i) for i in range(b)]
+    return Batch(arrays, lane, index_in_lane, lineage, dataset_names)

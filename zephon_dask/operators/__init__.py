@@ -1,0 +1,7 @@
+"""Operators: stateless record operators (chunk tasks) and accumulators (window tasks)."""
+
+from .base import Accumulator, RecordOp, WindowContext
+from .table import SampleTable
+from .tokenize import ByteTokenizer, HFTokenizer
+
+__all__ = ["Accumulator", "ByteTokenizer", "HFTokenizer", "RecordOp", "SampleTable", "WindowContext"]

@@ -1,0 +1,265 @@
+"""Sequence packing: a window's documents into rows of exactly ``max_length`` slots. Pure.
+
+``"wrap"`` concatenates the documents in order and cuts the stream into rows;
+the final partial row is dropped and counted (``pack.dropped_tokens``).
+``"first_fit"`` / ``"best_fit"`` place whole documents into at most
+``num_bins`` open bins and pad the rest of each row with ``pad_id``; a document
+longer than ``max_length`` is first cut into ``max_length`` pieces (counted in
+``pack.split_documents``), so no token is ever dropped. A document goes to the
+first open bin (in opening order) with room, or for ``best_fit`` the one with
+the least room that fits (earliest-opened on ties); when none fits and
+``num_bins`` are open, the fullest bin (earliest-opened on ties) is emitted
+first. Open bins are emitted in opening order at the end of the window.
+
+Within a row, each document segment restarts its positions at 0 and gets the
+next document id (from 0); padding has position 0 and document id -1. Each
+segment contributes one lineage row ``(dataset, shard, offset, token_start,
+token_count)`` whose ``token_start`` is shifted by the segment's offset inside
+its document. Zero-length documents contribute nothing (no slot, no lineage).
+
+Segments are computed as arrays and every output array is built at full size
+from them (repeat, cumsum, one gather), so no Python code runs per token; the
+bin choice loops once per document over a numpy array of open-bin room.
+"""
+
+from __future__ import annotations
+
+import numbers
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..errors import ConfigError
+from .base import Accumulator, WindowContext
+from .table import SampleTable, segment_arange
+
+ALGORITHMS = ("wrap", "first_fit", "best_fit")
+DEFAULT_NUM_BINS = 64
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True)
+class Pack(Accumulator):
+    """Pack a window's documents into ``max_length`` rows (``wrap``, ``first_fit``, ``best_fit``).
+
+    ``num_bins`` bounds the open bins of the bin-packing algorithms (default
+    64) and must stay ``None`` for ``wrap``. ``apply`` is a pure function of
+    its input table: no randomness and nothing kept between calls.
+    """
+
+    name = "pack"
+
+    max_length: int
+    algorithm: str = "wrap"
+    pad_id: int = 0
+    num_bins: int | None = None
+
+    def __post_init__(self) -> None:
+        if not _is_int(self.max_length) or self.max_length < 1:
+            raise ConfigError(
+                f"max_length={self.max_length!r} must be a positive integer: the row length in "
+                "tokens (e.g. 2048)"
+            )
+        if not isinstance(self.algorithm, str) or self.algorithm not in ALGORITHMS:
+            raise ConfigError(
+                f"algorithm={self.algorithm!r} is unknown; choose one of "
+                f"{', '.join(map(repr, ALGORITHMS))}"
+            )
+        if not _is_int(self.pad_id) or self.pad_id < 0:
+            raise ConfigError(
+                f"pad_id={self.pad_id!r} must be a non-negative integer: the tokenizer's "
+                "padding token id"
+            )
+        num_bins = self.num_bins
+        if self.algorithm == "wrap":
+            if num_bins is not None:
+                raise ConfigError(
+                    f"num_bins={num_bins!r} only applies to 'first_fit' and 'best_fit'; "
+                    "drop it for algorithm='wrap'"
+                )
+        elif num_bins is None:
+            num_bins = DEFAULT_NUM_BINS
+        elif not _is_int(num_bins) or num_bins < 1:
+            raise ConfigError(
+                f"num_bins={num_bins!r} must be a positive integer: how many bins stay open "
+                f"(default {DEFAULT_NUM_BINS})"
+            )
+        object.__setattr__(self, "max_length", int(self.max_length))
+        object.__setattr__(self, "pad_id", int(self.pad_id))
+        object.__setattr__(self, "num_bins", None if num_bins is None else int(num_bins))
+
+    def spec(self) -> dict[str, Any]:
+        return {
+            "op": self.name,
+            "max_length": self.max_length,
+            "algorithm": self.algorithm,
+            "pad_id": self.pad_id,
+            "num_bins": self.num_bins,
+        }
+
+    def apply(self, table: SampleTable, ctx: WindowContext) -> SampleTable:
+        """The packed rows of ``table``'s documents, in order; counts ``pack.*`` into ``ctx``."""
+        per_sample = np.diff(table.lineage_offsets)
+        if len(per_sample) != len(table) or np.any(per_sample != 1):
+            raise ConfigError(
+                "Pack expects one document per sample (exactly one lineage row each), but this "
+                "table's samples have several lineage rows; pack only once per pipeline"
+            )
+        length = self.max_length
+        if self.algorithm == "wrap":
+            seg_doc, seg_src, seg_len, seg_row, n_rows, dropped = _wrap_segments(
+                table.offsets, length
+            )
+            ctx.count("pack.dropped_tokens", dropped)
+        else:
+            dtype = table.tokens.dtype
+            if np.issubdtype(dtype, np.integer) and self.pad_id > np.iinfo(dtype).max:
+                raise ConfigError(
+                    f"pad_id={self.pad_id} does not fit the token dtype {dtype}; use a pad_id "
+                    f"<= {np.iinfo(dtype).max}"
+                )
+            seg_doc, seg_src, seg_len, seg_row, n_rows, split = self._bin_segments(table.offsets)
+            ctx.count("pack.split_documents", split)
+        out = _assemble(table, seg_doc, seg_src, seg_len, seg_row, n_rows, length, self.pad_id)
+        ctx.count("pack.documents", len(table))
+        ctx.count("pack.rows", n_rows)
+        ctx.count("pack.tokens", int(seg_len.sum()))
+        ctx.count("pack.slots", n_rows * length)
+        return out
+
+    def _bin_segments(self, offsets: np.ndarray):
+        """Segments of the bin-packing algorithms, sorted by (row, placement order)."""
+        length = self.max_length
+        doc_len = np.diff(offsets)
+        pieces = -(-doc_len // length)  # ceil; 0 for an empty document
+        piece_doc = np.repeat(np.arange(len(doc_len), dtype=np.int64), pieces)
+        skip = segment_arange(pieces) * length
+        piece_src = offsets[piece_doc] + skip
+        piece_len = np.minimum(length, doc_len[piece_doc] - skip)
+        piece_bin, emitted = self._place(piece_len)
+        row_of_bin = np.empty(len(emitted), dtype=np.int64)
+        row_of_bin[emitted] = np.arange(len(emitted), dtype=np.int64)
+        piece_row = row_of_bin[piece_bin]
+        order = np.argsort(piece_row, kind="stable")
+        split = int(np.count_nonzero(doc_len > length))
+        return (
+            piece_doc[order],
+            piece_src[order],
+            piece_len[order],
+            piece_row[order],
+            len(emitted),
+            split,
+        )
+
+    def _place(self, piece_len: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Bin id (numbered by opening) of each piece, and the bin ids in emission order."""
+        length, capacity = self.max_length, self.num_bins
+        best = self.algorithm == "best_fit"
+        # room of the open bins in opening order; unused slots have room 0, so nothing fits them
+        room = np.zeros(max(1, min(capacity, len(piece_len))), dtype=np.int64)
+        ids: list[int] = []  # the open bins' ids, in the same order
+        piece_bin: list[int] = []
+        emitted: list[int] = []
+        for n in piece_len.tolist():
+            if best:  # as unsigned, room - n wraps to a huge value where n does not fit
+                j = int((room - n).view(np.uint64).argmin())
+            else:
+                j = int((room >= n).argmax())
+            if room[j] >= n:
+                room[j] -= n
+                piece_bin.append(ids[j])
+                continue
+            if len(ids) == capacity:  # close the fullest bin (earliest-opened on ties)
+                j = int(room.argmin())
+                emitted.append(ids.pop(j))
+                room[j:-1] = room[j + 1 :]
+            room[len(ids)] = length - n
+            ids.append(len(emitted) + len(ids))
+            piece_bin.append(ids[-1])
+        emitted.extend(ids)
+        return np.asarray(piece_bin, dtype=np.int64), np.asarray(emitted, dtype=np.int64)
+
+
+def _wrap_segments(offsets: np.ndarray, length: int):
+    """Segments of ``wrap``: boundaries are the union of document starts and row starts."""
+    total = int(offsets[-1])
+    n_rows = total // length
+    kept = n_rows * length
+    doc_starts = offsets[:-1]
+    starts = np.union1d(doc_starts[doc_starts < kept], np.arange(0, kept, length, dtype=np.int64))
+    seg_len = np.diff(np.append(starts, kept))
+    # side="right" skips zero-length documents that share a start with the next one
+    seg_doc = np.searchsorted(offsets, starts, side="right") - 1
+    return seg_doc, starts, seg_len, starts // length, n_rows, total - kept
+
+
+def _ramp(start: np.ndarray, lengths: np.ndarray, slope: np.ndarray, dtype) -> np.ndarray:
+    """``concat(s + k * arange(n) for s, k, n in zip(start, slope, lengths))``, lengths >= 1.
+
+    One output allocation: repeat the slopes, write each segment's jump at its head, cumsum
+    in place.
+    """
+    out = np.repeat(slope.astype(dtype), lengths)
+    if len(out):
+        heads = np.cumsum(lengths) - lengths
+        ends = start + slope * (lengths - 1)
+        out[0] = start[0]
+        out[heads[1:]] = start[1:] - ends[:-1]
+        np.cumsum(out, out=out)
+    return out
+
+
+def _assemble(
+    table: SampleTable,
+    seg_doc: np.ndarray,
+    seg_src: np.ndarray,
+    seg_len: np.ndarray,
+    seg_row: np.ndarray,
+    n_rows: int,
+    length: int,
+    pad_id: int,
+) -> SampleTable:
+    """Lay segments (sorted by row, in slot order, each >= 1 token) into ``n_rows x length`` rows.
+
+    Segments fill each row from slot 0; a padding segment (slope 0) completes a short row, so
+    every output array is built at full size in one pass, with no scatter.
+    """
+    per_row = np.bincount(seg_row, minlength=n_rows)
+    row_end = np.cumsum(per_row)
+    rank = np.arange(len(seg_len), dtype=np.int64) - (row_end - per_row)[seg_row]
+    slope = np.ones(len(seg_len), dtype=np.int64)
+    pad = length - np.bincount(seg_row, weights=seg_len, minlength=n_rows).astype(np.int64)
+    short = np.flatnonzero(pad)
+    if len(short):  # one padding segment after each short row's last document
+        at = row_end[short]
+        lengths = np.insert(seg_len, at, pad[short])
+        src = _ramp(np.insert(seg_src, at, 0), lengths, np.insert(slope, at, 0), np.int64)
+        tokens = table.tokens[src]
+        document_ids = np.repeat(np.insert(rank, at, -1).astype(table.document_ids.dtype), lengths)
+        tokens[document_ids < 0] = pad_id
+        slope = np.insert(slope, at, 0)
+    else:
+        lengths = seg_len
+        if len(seg_src) and np.array_equal(seg_src[1:], seg_src[:-1] + seg_len[:-1]):
+            tokens = table.tokens[seg_src[0] : seg_src[0] + length * n_rows].copy()
+        else:
+            tokens = table.tokens[_ramp(seg_src, lengths, slope, np.int64)]
+        document_ids = np.repeat(rank.astype(table.document_ids.dtype), lengths)
+    positions = _ramp(np.zeros_like(lengths), lengths, slope, table.positions.dtype)
+    lineage = table.lineage[table.lineage_offsets[seg_doc]]
+    lineage[:, 3] += seg_src - table.offsets[seg_doc]
+    lineage[:, 4] = seg_len
+    lineage_offsets = np.zeros(n_rows + 1, dtype=np.int64)
+    np.cumsum(per_row, out=lineage_offsets[1:])
+    return SampleTable(
+        tokens=tokens,
+        offsets=np.arange(n_rows + 1, dtype=np.int64) * length,
+        positions=positions,
+        document_ids=document_ids,
+        lineage=lineage,
+        lineage_offsets=lineage_offsets,
+    )

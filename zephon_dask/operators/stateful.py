@@ -1,0 +1,84 @@
+"""User accumulators: ``.stateful(name, init, push, flush)``. Pure if the user's functions are.
+
+``init()`` makes a fresh state at each window's start; ``push(state, sample)``
+returns the samples to emit now (any iterable, possibly empty);
+``flush(state)`` returns what is left at the window's end. The state object
+never outlives one window.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import NamedTuple
+
+import numpy as np
+
+from ..errors import ConfigError
+from .base import Accumulator, WindowContext
+from .identity import function_identity
+from .table import TOKEN_DTYPE, SampleTable
+
+
+class Sample(NamedTuple):
+    """One sample as the user's accumulator sees it."""
+
+    tokens: np.ndarray
+    positions: np.ndarray
+    document_ids: np.ndarray
+    lineage: np.ndarray  # rows of (dataset, shard, offset, token_start, token_count)
+
+
+def to_samples(table: SampleTable) -> list[Sample]:
+    o, lo = table.offsets, table.lineage_offsets
+    return [
+        Sample(table.tokens[o[i]:o[i + 1]], table.positions[o[i]:o[i + 1]],
+               table.document_ids[o[i]:o[i + 1]], table.lineage[lo[i]:lo[i + 1]])
+        for i in range(len(table))
+    ]
+
+
+def from_samples(samples: list[Sample]) -> SampleTable:
+    if not samples:
+        return SampleTable.empty()
+    lengths = np.array([len(s.tokens) for s in samples], dtype=np.int64)
+    nlin = np.array([len(s.lineage) for s in samples], dtype=np.int64)
+    return SampleTable(
+        np.concatenate([np.asarray(s.tokens, TOKEN_DTYPE) for s in samples]),
+        np.concatenate(([0], np.cumsum(lengths))),
+        np.concatenate([np.asarray(s.positions, TOKEN_DTYPE) for s in samples]),
+        np.concatenate([np.asarray(s.document_ids, TOKEN_DTYPE) for s in samples]),
+        np.concatenate([np.asarray(s.lineage, np.int64).reshape(-1, 5) for s in samples]),
+        np.concatenate(([0], np.cumsum(nlin))),
+    )
+
+
+class Stateful(Accumulator):
+    name = "stateful"
+
+    def __init__(self, name: str, init: Callable[[], object],
+                 push: Callable[[object, Sample], Iterable[Sample]],
+                 flush: Callable[[object], Iterable[Sample]], version=None):
+        if not isinstance(name, str) or not name:
+            raise ConfigError(f"stateful(name={name!r}): give the accumulator a unique name")
+        for label, fn in (("init", init), ("push", push), ("flush", flush)):
+            if not callable(fn):
+                raise ConfigError(f"stateful({name!r}): {label}={fn!r} is not callable")
+        self.label, self.init, self.push, self.flush, self.version = name, init, push, flush, version
+
+    def spec(self) -> dict:
+        return {
+            "op": "stateful",
+            "name": self.label,
+            "version": self.version,
+            "init": function_identity(self.init, version=self.version),
+            "push": function_identity(self.push, version=self.version),
+            "flush": function_identity(self.flush, version=self.version),
+        }
+
+    def apply(self, table: SampleTable, ctx: WindowContext) -> SampleTable:
+        state = self.init()
+        out: list[Sample] = []
+        for sample in to_samples(table):
+            out.extend(self.push(state, sample))
+        out.extend(self.flush(state))
+        return from_samples([Sample(*s) for s in out])

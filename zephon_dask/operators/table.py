@@ -1,0 +1,145 @@
+"""``SampleTable``: a window's samples as flat arrays. Immutable values, pure helpers.
+
+A table holds ``n`` variable-length samples in CSR form: ``tokens``,
+``positions`` and ``document_ids`` are flat arrays cut by ``offsets``
+(length ``n + 1``). Before packing a sample is one document; after packing it
+is a row of ``max_length`` slots. ``document_ids`` numbers the documents of a
+sample from 0 and is ``-1`` on padding; ``positions`` restart at 0 at each
+document.
+
+Lineage is a second CSR level: sample ``i`` came from the rows
+``lineage[lineage_offsets[i]:lineage_offsets[i+1]]``, each
+``(dataset, shard, offset, token_start, token_count)``: which pointer
+contributed, and which of its tokens.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+import numpy as np
+
+TOKEN_DTYPE = np.int32
+LINEAGE_FIELDS = ("dataset", "shard", "offset", "token_start", "token_count")
+
+
+def csr_gather(offsets: np.ndarray, index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Flat source positions and new offsets for taking rows ``index`` of a CSR array."""
+    index = np.asarray(index, dtype=np.int64)
+    starts = offsets[index]
+    lengths = offsets[index + 1] - starts
+    new_offsets = np.zeros(len(index) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=new_offsets[1:])
+    flat = np.arange(new_offsets[-1], dtype=np.int64) + np.repeat(starts - new_offsets[:-1], lengths)
+    return flat, new_offsets
+
+
+def segment_arange(lengths: np.ndarray) -> np.ndarray:
+    """``concat(arange(n) for n in lengths)`` without a Python loop."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    total = int(lengths.sum())
+    starts = np.zeros(len(lengths), dtype=np.int64)
+    np.cumsum(lengths[:-1], out=starts[1:])
+    return np.arange(total, dtype=np.int64) - np.repeat(starts, lengths)
+
+
+@dataclass(frozen=True, eq=False)
+class SampleTable:
+    """Samples with tokens, positions, document ids and lineage (treat as immutable)."""
+
+    tokens: np.ndarray
+    offsets: np.ndarray
+    positions: np.ndarray
+    document_ids: np.ndarray
+    lineage: np.ndarray
+    lineage_offsets: np.ndarray
+
+    @classmethod
+    def empty(cls) -> SampleTable:
+        z = np.zeros(0, dtype=TOKEN_DTYPE)
+        return cls(z, np.zeros(1, np.int64), z, z, np.zeros((0, 5), np.int64), np.zeros(1, np.int64))
+
+    @classmethod
+    def from_documents(cls, tokens: np.ndarray, offsets: np.ndarray, lineage: np.ndarray) -> SampleTable:
+        """One sample per document; ``lineage`` has one row per document."""
+        offsets = np.asarray(offsets, dtype=np.int64)
+        lengths = np.diff(offsets)
+        n = len(lengths)
+        return cls(
+            tokens=np.asarray(tokens, dtype=TOKEN_DTYPE),
+            offsets=offsets,
+            positions=segment_arange(lengths).astype(TOKEN_DTYPE),
+            document_ids=np.zeros(int(offsets[-1]), dtype=TOKEN_DTYPE),
+            lineage=np.asarray(lineage, dtype=np.int64).reshape(n, 5),
+            lineage_offsets=np.arange(n + 1, dtype=np.int64),
+        )
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    @property
+    def lengths(self) -> np.ndarray:
+        return np.diff(self.offsets)
+
+    @property
+    def num_tokens(self) -> int:
+        """Real (non-padding) tokens."""
+        return int(np.count_nonzero(self.document_ids >= 0))
+
+    def padding(self) -> np.ndarray:
+        """Padding slots per sample."""
+        pad = (self.document_ids < 0).astype(np.int64)
+        sums = np.concatenate(([0], np.cumsum(pad)))
+        return sums[self.offsets[1:]] - sums[self.offsets[:-1]]
+
+    def take(self, index) -> SampleTable:
+        """Samples ``index`` in that order (vectorised gather)."""
+        index = np.asarray(index, dtype=np.int64)
+        flat, offsets = csr_gather(self.offsets, index)
+        lflat, loffsets = csr_gather(self.lineage_offsets, index)
+        return SampleTable(
+            self.tokens[flat], offsets, self.positions[flat], self.document_ids[flat],
+            self.lineage[lflat], loffsets,
+        )
+
+    def slice(self, start: int, stop: int) -> SampleTable:
+        return self.take(np.arange(start, stop))
+
+    @staticmethod
+    def concat(tables: list[SampleTable]) -> SampleTable:
+        tables = [t for t in tables if len(t)]
+        if not tables:
+            return SampleTable.empty()
+        if len(tables) == 1:
+            return tables[0]
+
+        def stack(field: str) -> np.ndarray:
+            return np.concatenate([getattr(t, field) for t in tables])
+
+        def offsets(field: str) -> np.ndarray:
+            parts, base = [np.zeros(1, np.int64)], 0
+            for t in tables:
+                o = getattr(t, field)
+                parts.append(o[1:] + base)
+                base += int(o[-1])
+            return np.concatenate(parts)
+
+        return SampleTable(
+            stack("tokens"), offsets("offsets"), stack("positions"), stack("document_ids"),
+            np.concatenate([t.lineage for t in tables]), offsets("lineage_offsets"),
+        )
+
+    def sample_lineage(self, i: int) -> np.ndarray:
+        """Lineage rows of sample ``i``: ``(dataset, shard, offset, token_start, token_count)``."""
+        return self.lineage[self.lineage_offsets[i] : self.lineage_offsets[i + 1]]
+
+    def digest(self) -> str:
+        """SHA-256 over every array: equal digests mean byte-identical tables."""
+        h = hashlib.sha256()
+        for name in ("tokens", "offsets", "positions", "document_ids", "lineage", "lineage_offsets"):
+            a = np.ascontiguousarray(getattr(self, name))
+            h.update(name.encode())
+            h.update(str(a.dtype).encode())
+            h.update(a.tobytes())
+        return h.hexdigest()

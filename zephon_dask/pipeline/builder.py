@@ -1,0 +1,279 @@
+"""``Pipeline``: the chainable builder users write. Holds configuration only.
+
+Data-defining calls (operators, ``.batch``, ``canonical_replicas``,
+``flush_every_k_chunks``) build a :class:`PipelineSpec`; execution options are
+kept apart and never reach the spec or the fingerprint. Each builder method
+validates its arguments at once and returns the pipeline.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from ..consumer.batch import BatchOptions
+from ..consumer.stream import BatchStream
+from ..curriculum import MixtureWorkSource
+from ..curriculum.routing import MAPPING_STRATEGIES, check_choice, check_replicas, group_lanes
+from ..errors import ConfigError
+from ..operators.base import Accumulator
+from ..operators.records import DecodeText, Filter, Map
+from ..operators.shuffle import Shuffle
+from ..operators.stateful import Stateful
+from ..operators.tokenize import Tokenize
+from .spec import PipelineSpec
+from .window import WindowOutput, compute_window
+
+DATA_OPTIONS = {"canonical_replicas": 8, "flush_every_k_chunks": 8}
+EXECUTION_OPTIONS = {
+    "runner": "distributed",
+    "n_workers": None,
+    "threads_per_worker": 1,
+    "client": None,
+    "address": None,
+    "prefetch_windows": 4,
+    "fuse": False,
+    "retries": 2,
+    "dp_degree": None,
+    "dp_group_id": None,
+    "mapping_strategy": "contiguous",
+    "deterministic": True,
+    "batches_per_step": None,
+    "ledger": None,
+}
+
+
+class Pipeline:
+    """``Pipeline(work_source).tokenize(...).pack(...).batch(...).options(...)``."""
+
+    def __init__(self, work_source: MixtureWorkSource):
+        if not isinstance(work_source, MixtureWorkSource):
+            raise ConfigError(
+                f"Pipeline needs a MixtureWorkSource, got {type(work_source).__name__}; "
+                "wrap datasets as MixtureWorkSource([dataset, ...])"
+            )
+        self.work_source = work_source
+        self._record_ops: list = []
+        self._accumulators: list[Accumulator] = []
+        self._batch = BatchOptions()
+        self._options: dict[str, Any] = {**DATA_OPTIONS, **EXECUTION_OPTIONS}
+        self._runner = None
+        self._runner_fp: str | None = None
+        self._stream: BatchStream | None = None
+
+    # -- stateless ------------------------------------------------------------------
+
+    def _add_record_op(self, op) -> Pipeline:
+        if self._accumulators:
+            raise ConfigError(
+                f".{op.name}() comes after .{self._accumulators[-1].name}(): stateless operators "
+                "run per chunk, before the accumulators; move it earlier in the chain"
+            )
+        self._record_ops.append(op)
+        return self
+
+    def map(self, fn, name: str | None = None, version=None) -> Pipeline:
+        return self._add_record_op(Map(fn, name, version))
+
+    def filter(self, fn, name: str | None = None, version=None) -> Pipeline:
+        return self._add_record_op(Filter(fn, name, version))
+
+    def decode_text(self, field: str = "text", encoding: str = "utf-8", errors: str = "strict") -> Pipeline:
+        return self._add_record_op(DecodeText(field, encoding, errors))
+
+    def tokenize(self, tokenizer="bytes", field: str = "text", bos: bool = False, eos: bool = True,
+                 max_length: int | None = None, split_long: bool = False, bos_id=None, eos_id=None,
+                 name: str | None = None, version=None) -> Pipeline:
+        if any(isinstance(op, Tokenize) for op in self._record_ops):
+            raise ConfigError("the pipeline already tokenizes; call .tokenize() once")
+        return self._add_record_op(
+            Tokenize(tokenizer, field, bos, eos, max_length, split_long, bos_id, eos_id, name, version)
+        )
+
+    # -- accumulators ---------------------------------------------------------------
+
+    def _add_accumulator(self, op: Accumulator) -> Pipeline:
+        self._accumulators.append(op)
+        return self
+
+    def pack(self, max_length: int, algorithm: str = "wrap", pad_id: int = 0,
+             num_bins: int | None = None) -> Pipeline:
+        from ..operators.pack import Pack
+
+        if any(isinstance(op, Pack) for op in self._accumulators):
+            raise ConfigError("the pipeline already packs; call .pack() once")
+        self._check_tokens("pack")
+        op = Pack(max_length, algorithm, pad_id, num_bins)
+        self._batch = BatchOptions(**{**self._batch.config(), "pad_id": pad_id})
+        return self._add_accumulator(op)
+
+    def shuffle(self, buffer_size: int, seed: int | None = None) -> Pipeline:
+        self._check_tokens("shuffle")
+        return self._add_accumulator(Shuffle(buffer_size, seed))
+
+    def stateful(self, name: str, init, push, flush, version=None) -> Pipeline:
+        self._check_tokens("stateful")
+        if any(isinstance(op, Stateful) and op.label == name for op in self._accumulators):
+            raise ConfigError(f"an accumulator named {name!r} exists already; names are unique")
+        return self._add_accumulator(Stateful(name, init, push, flush, version))
+
+    def _check_tokens(self, op: str) -> None:
+        pre_tokenized = all(getattr(d, "format", None) == "tokens" for d in self.work_source.datasets)
+        if not pre_tokenized and not any(isinstance(o, Tokenize) for o in self._record_ops):
+            raise ConfigError(
+                f".{op}() needs token ids: call .tokenize(...) first (or read a token store "
+                "with Dataset.from_tokens)"
+            )
+
+    # -- batch shape and options --------------------------------------------------------
+
+    def batch(self, microbatch_size: int, drop_last: bool = True, labels: bool = False,
+              ignore_index: int = -100, mask_document_boundaries: bool = False,
+              cu_seqlens: bool = False) -> Pipeline:
+        """Record the batch shape; batches are cut per lane by the consumer."""
+        self._batch = BatchOptions(microbatch_size, bool(drop_last), bool(labels), ignore_index,
+                                   bool(mask_document_boundaries), bool(cu_seqlens), self._batch.pad_id)
+        return self
+
+    def options(self, **kwargs) -> Pipeline:
+        unknown = sorted(set(kwargs) - set(self._options))
+        if unknown:
+            raise ConfigError(
+                f"unknown option(s) {unknown}; known: {sorted(self._options)}"
+            )
+        if "canonical_replicas" in kwargs:
+            check_replicas(kwargs["canonical_replicas"])
+        if "runner" in kwargs:
+            from ..execution import RUNNERS
+
+            check_choice(kwargs["runner"], RUNNERS, "runner")
+        if "mapping_strategy" in kwargs:
+            check_choice(kwargs["mapping_strategy"], MAPPING_STRATEGIES, "mapping_strategy")
+        for name in ("prefetch_windows", "n_workers", "threads_per_worker", "dp_degree"):
+            v = kwargs.get(name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+                raise ConfigError(f"{name}={v!r} must be a positive int")
+        for name in ("retries", "dp_group_id"):
+            v = kwargs.get(name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
+                raise ConfigError(f"{name}={v!r} must be a non-negative int")
+        if "flush_every_k_chunks" in kwargs:
+            k = kwargs["flush_every_k_chunks"]
+            if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+                raise ConfigError(f"flush_every_k_chunks={k!r} must be a positive int, e.g. 8")
+        self._options.update(kwargs)
+        return self
+
+    def get_option(self, name: str):
+        return self._options[name]
+
+    @property
+    def batch_options(self) -> BatchOptions:
+        return self._batch
+
+    # -- the data definition ---------------------------------------------------------
+
+    @property
+    def spec(self) -> PipelineSpec:
+        return PipelineSpec(
+            self.work_source,
+            tuple(self._record_ops),
+            tuple(self._accumulators),
+            self._options["canonical_replicas"],
+            self._options["flush_every_k_chunks"],
+        )
+
+    def fingerprint(self) -> str:
+        """SHA-256 of every data-defining setting (execution options never change it)."""
+        return self.spec.fingerprint
+
+    def compute_window(self, lane: int, window: int) -> WindowOutput:
+        """One window, computed here without Dask (for notebooks and tests)."""
+        return compute_window(self.spec, lane, window)
+
+    # -- identity -----------------------------------------------------------------------
+
+    def identity(self) -> tuple[int, int]:
+        """``(dp_degree, dp_group_id)``: from options, else ``torch.distributed``, else ``(1, 0)``."""
+        degree, group = self._options["dp_degree"], self._options["dp_group_id"]
+        dist = sys.modules.get("torch.distributed")  # initialised only if the user imported torch
+        if (degree is None or group is None) and dist is not None and dist.is_available() and dist.is_initialized():
+            degree = dist.get_world_size() if degree is None else degree
+            group = dist.get_rank() if group is None else group
+        degree = 1 if degree is None else degree
+        group = 0 if group is None else group
+        if group >= degree:
+            raise ConfigError(f"dp_group_id={group} must be < dp_degree={degree}")
+        return degree, group
+
+    def owned_lanes(self) -> list[int]:
+        """The lanes this DP group owns."""
+        degree, group = self.identity()
+        return group_lanes(self._options["canonical_replicas"], degree, self._options["mapping_strategy"])[group]
+
+    # -- execution ------------------------------------------------------------------------
+
+    def runner(self):
+        """The started runner for the current spec (started on first use, reused after)."""
+        spec = self.spec
+        if self._runner is not None and self._runner_fp != spec.fingerprint:
+            self._runner.close()
+            self._runner = None
+        if self._runner is None:
+            from ..execution import make_runner
+
+            self._runner = make_runner(spec, self._options)
+            self._runner_fp = spec.fingerprint
+        return self._runner
+
+    def _iter_lanes(self, lanes: list[int]) -> BatchStream:
+        if self._stream is not None:
+            self._stream.close()
+        spec = self.spec
+        self._stream = BatchStream(
+            spec, self._batch, lanes, self.runner(), self._options["prefetch_windows"],
+            deterministic=self._options["deterministic"], fused=self._options["fuse"],
+        )
+        return self._stream
+
+    def __iter__(self):
+        """Batches of this group's lanes, in strict round-robin."""
+        return self._iter_lanes(self.owned_lanes())
+
+    def to_torch(self, device=None, pin_memory: bool | None = None, prefetch: int = 2):
+        """Yield dicts of torch tensors; on CUDA pinned and copied ahead on a side stream."""
+        from ..consumer.torch_io import to_device_iter
+
+        return to_device_iter(iter(self), device=device, pin_memory=pin_memory, depth=prefetch)
+
+    def to_torch_dataset(self):
+        """An ``IterableDataset`` for ``DataLoader(num_workers=n)`` (lanes split across workers)."""
+        from ..consumer.torch_io import PipelineDataset
+
+        return PipelineDataset(self)
+
+    def close(self) -> None:
+        """Stop the iteration, and the cluster or threads this pipeline started."""
+        if self._stream is not None:
+            self._stream.close()
+            self._stream = None
+        if self._runner is not None:
+            self._runner.close()
+            self._runner = None
+
+    def __enter__(self) -> Pipeline:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown: best effort
+            pass
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state["_runner"] = state["_stream"] = state["_runner_fp"] = None
+        return state
