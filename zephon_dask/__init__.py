@@ -1,1 +1,42 @@
-"""zephon_dask."""
+"""zephon_dask: deterministic, elastically resumable LLM training batches computed on Dask.
+
+Importing the package is cheap: it pulls in neither dask nor torch; those
+load when a pipeline runs or converts batches to tensors.
+"""
+
+from .consumer import Batch, BatchOptions
+from .curriculum import MixtureWorkSource, Pointer, plan
+from .data import Dataset
+from .errors import (
+    ConfigError,
+    DataFormatError,
+    DatasetNotFoundError,
+    ElasticityWarning,
+    EmptyDatasetError,
+    MissingFieldError,
+    StateError,
+    ZephonError,
+)
+from .pipeline import Pipeline, WindowOutput, compute_window
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Batch",
+    "BatchOptions",
+    "ConfigError",
+    "DataFormatError",
+    "Dataset",
+    "DatasetNotFoundError",
+    "ElasticityWarning",
+    "EmptyDatasetError",
+    "MissingFieldError",
+    "MixtureWorkSource",
+    "Pipeline",
+    "Pointer",
+    "StateError",
+    "WindowOutput",
+    "ZephonError",
+    "compute_window",
+    "plan",
+]

@@ -1,0 +1,297 @@
+"""Execution on real runners and clusters never changes a byte of the data."""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import warnings
+from collections import Counter
+
+import psutil
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from oracles import batch_rows, ref_group_stream
+
+import zephon_dask as z
+from zephon_dask.curriculum import group_lanes
+from zephon_dask.errors import ElasticityWarning
+
+WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron".split()
+
+
+def write_corpus(root, n_files=3, docs=60, seed=0, prefix="doc"):
+    import random
+
+    rng = random.Random(seed)
+    root.mkdir(parents=True, exist_ok=True)
+    for f in range(n_files):
+        with open(root / f"part-{f}.jsonl", "w") as fh:
+            for i in range(docs):
+                words = " ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 80)))
+                fh.write(json.dumps({"text": f"{prefix} {f}/{i} {words}"}) + "\n")
+    return root
+
+
+@pytest.fixture(scope="module")
+def corpus_dir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("corpus")
+    write_corpus(root / "web", 3, 60, 1, "web")
+    write_corpus(root / "code", 2, 50, 2, "code")
+    return root
+
+
+def build(corpus_dir, seed=5, R=4, k=2, microbatch=3, algorithm="first_fit", **options):
+    web = z.Dataset.from_jsonl("web", str(corpus_dir / "web"), progress=False)
+    code = z.Dataset.from_jsonl("code", str(corpus_dir / "code"), progress=False)
+    ws = z.MixtureWorkSource([web, code], {"web": 3, "code": 1}, chunk_size=12, seed=seed)
+    return (
+        z.Pipeline(ws).tokenize().shuffle(16).pack(96, algorithm=algorithm).batch(microbatch)
+        .options(canonical_replicas=R, flush_every_k_chunks=k, **options)
+    )
+
+
+def stream(pipeline):
+    with pipeline:
+        return [batch_rows(b) for b in pipeline]
+
+
+def reference(pipeline):
+    return ref_group_stream(pipeline.spec, pipeline.owned_lanes(), pipeline.batch_options.microbatch_size)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    from distributed import Client, LocalCluster
+
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0") as lc:
+        with Client(lc, set_as_default=False) as client:
+            yield client
+
+
+@pytest.mark.parametrize("runner", ["synchronous", "threads"])
+@pytest.mark.parametrize("prefetch", [1, 8])
+@pytest.mark.parametrize("fuse", [False, True])
+def test_local_runners_match_reference(corpus_dir, runner, prefetch, fuse):
+    p = build(corpus_dir, runner=runner, prefetch_windows=prefetch, fuse=fuse)
+    truth = reference(p)
+    assert len(truth) > 10
+    assert stream(p) == truth
+
+
+def _children():
+    """Child processes, except Python's own resource tracker (it lives as long as we do)."""
+    out = set()
+    for c in psutil.Process().children(recursive=True):
+        try:
+            if "resource_tracker" not in " ".join(c.cmdline()):
+                out.add(c.pid)
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+def test_embedded_local_cluster_one_worker_and_close(corpus_dir):
+    before = _children()
+    p = build(corpus_dir, n_workers=1, prefetch_windows=2)
+    truth = reference(p)
+    got = []
+    with p:
+        for b in p:
+            got.append(batch_rows(b))
+        assert "distributed" in p.runner().describe()
+    assert got == truth
+    time.sleep(0.5)
+    assert _children() <= before  # no worker process left behind
+
+
+def test_garbage_collection_stops_the_cluster(corpus_dir):
+    before = _children()
+    p = build(corpus_dir, n_workers=1)
+    next(iter(p))
+    assert _children() - before
+    del p
+    gc.collect()
+    deadline = time.time() + 20
+    while _children() - before and time.time() < deadline:
+        time.sleep(0.2)
+    assert not (_children() - before)
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(
+    prefetch=st.integers(1, 8), fuse=st.booleans(), seed=st.integers(0, 1000),
+    degree=st.sampled_from([1, 2, 4]), mapping=st.sampled_from(["contiguous", "interleaved"]),
+    microbatch=st.integers(1, 5), algorithm=st.sampled_from(["wrap", "first_fit", "best_fit"]),
+)
+def test_two_worker_cluster_matches_reference(corpus_dir, cluster, prefetch, fuse, seed, degree, mapping,
+                                              microbatch, algorithm):
+    group = seed % degree
+    p = build(corpus_dir, seed=seed, microbatch=microbatch, algorithm=algorithm, client=cluster,
+              prefetch_windows=prefetch, fuse=fuse, dp_degree=degree, dp_group_id=group, mapping_strategy=mapping)
+    assert stream(p) == reference(p)
+
+
+def test_killed_worker_changes_nothing(corpus_dir):
+    from distributed import Client, LocalCluster
+
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0") as lc, \
+            Client(lc, set_as_default=False) as client:
+        p = build(corpus_dir, client=client, prefetch_windows=8, retries=0)
+        truth = reference(p)
+        it = iter(p)
+        got = [batch_rows(next(it))]
+        victim = next(iter(client.run(os.getpid).values()))
+        os.kill(victim, signal.SIGKILL)
+        got += [batch_rows(b) for b in it]
+        p.close()
+        assert got == truth
+
+
+def test_two_pipelines_share_keys_on_one_cluster(corpus_dir, cluster):
+    a = build(corpus_dir, client=cluster, prefetch_windows=64, dp_degree=2, dp_group_id=1)
+    b = build(corpus_dir, client=cluster, prefetch_windows=64, dp_degree=2, dp_group_id=1)
+    from distributed import get_task_stream
+
+    with get_task_stream(client=cluster) as ts:
+        ia, ib = iter(a), iter(b)  # both submit every window before either gathers
+        got_a = [batch_rows(x) for x in ia]
+        got_b = [batch_rows(x) for x in ib]
+    a.close(), b.close()
+    assert got_a == got_b == reference(a)
+    window_runs = Counter(t["key"] for t in ts.data if "window" in str(t["key"]))
+    assert window_runs and set(window_runs.values()) == {1}  # each shared key computed once
+
+
+@pytest.mark.parametrize("mapping", ["contiguous", "interleaved"])
+def test_union_over_dp_groups_is_topology_independent(corpus_dir, mapping):
+    def collect(degree):
+        items, orders = [], []
+        for group in range(degree):
+            p = build(corpus_dir, R=8, runner="synchronous", dp_degree=degree, dp_group_id=group,
+                      mapping_strategy=mapping)
+            got = stream(p)
+            items += [(lane, idx, json.dumps(rows)) for lane, idx, rows in got]
+            orders.append((group_lanes(8, degree, mapping)[group], [lane for lane, _, _ in got]))
+        return Counter(items), orders
+
+    truth, _ = collect(1)
+    for degree in (2, 4, 8):
+        got, orders = collect(degree)
+        assert got == truth
+        for lanes, emitted in orders:  # strict round-robin while every lane is active
+            n = min(Counter(emitted).values()) * len(lanes)
+            assert emitted[:n] == lanes * (n // len(lanes))
+
+
+def test_non_deterministic_mode_delivers_the_same_batches(corpus_dir):
+    p = build(corpus_dir, runner="threads", deterministic=False, prefetch_windows=4)
+    assert Counter(json.dumps(x) for x in stream(p)) == Counter(json.dumps(x) for x in reference(p))
+
+
+def test_errors_reach_the_loop_with_their_pointer(corpus_dir, cluster):
+    def explode(rec):
+        if "web 1/7 " in rec["text"]:
+            raise RuntimeError("bad record")
+        return rec
+
+    for opts in ({"runner": "threads"}, {"client": cluster}):
+        web = z.Dataset.from_jsonl("web", str(corpus_dir / "web"), progress=False)
+        ws = z.MixtureWorkSource([web], chunk_size=12, seed=1)
+        p = z.Pipeline(ws).map(explode).tokenize().pack(64).batch(2).options(canonical_replicas=2, **opts)
+        with pytest.raises(RuntimeError, match="bad record") as info, p:
+            list(p)
+        notes = "\n".join(getattr(info.value, "__notes__", []))
+        assert "dataset 'web', shard 1, offset 7" in notes
+        assert "lane " in notes and "window " in notes
+
+
+def test_to_torch_matches_batches(corpus_dir):
+    import torch
+
+    p = build(corpus_dir, runner="synchronous")
+    truth = [b for b in p]
+    got = list(build(corpus_dir, runner="synchronous").to_torch(device="cpu", prefetch=3))
+    assert len(got) == len(truth)
+    for t, b in zip(got, truth):
+        assert t["tokens"].dtype == torch.int64
+        assert torch.equal(t["tokens"], torch.from_numpy(b["tokens"]))
+        assert torch.equal(t["document_ids"], torch.from_numpy(b["document_ids"]))
+
+
+@pytest.mark.parametrize("num_workers", [0, 2, 3])
+def test_dataloader_workers_replay_round_robin(corpus_dir, num_workers):
+    import torch
+    from torch.utils.data import DataLoader
+
+    p = build(corpus_dir, runner="threads")
+    truth = reference(p)
+    loader = DataLoader(p.to_torch_dataset(), batch_size=None, num_workers=num_workers)
+    got = []
+    for t in loader:
+        rows = [row[:n].tolist() for row, n in zip(t["tokens"], t["lengths"])]
+        got.append((int(t["lane"]), int(t["index_in_lane"]), rows))
+    p.close()
+    assert Counter(json.dumps(x) for x in got) == Counter(json.dumps(x) for x in truth)
+    lanes = [lane for lane, _, _ in truth]
+    first_end = min(len(lanes) - lanes[::-1].index(lane) - 1 for lane in set(lanes))
+    assert got[: first_end + 1] == truth[: first_end + 1]  # identical while every lane is active
+    assert isinstance(t["tokens"], torch.Tensor)
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def address_cluster():
+    """A real ``dask scheduler`` and two ``dask worker`` processes on 127.0.0.1."""
+    dask_bin = shutil.which("dask", path=os.path.dirname(sys.executable)) or shutil.which("dask")
+    port = _free_port()
+    address = f"tcp://127.0.0.1:{port}"
+    procs = [subprocess.Popen([dask_bin, "scheduler", "--host", "127.0.0.1", "--port", str(port),
+                               "--dashboard-address", ":0", "--no-show"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
+    try:
+        from distributed import Client
+
+        for _ in range(2):
+            procs.append(subprocess.Popen([dask_bin, "worker", address, "--nthreads", "1", "--nworkers", "1",
+                                           "--no-dashboard", "--host", "127.0.0.1"],
+                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        with Client(address, timeout=30, set_as_default=False) as c:
+            c.wait_for_workers(2, timeout=60)
+        yield address
+    finally:
+        for proc in reversed(procs):
+            proc.terminate()
+        for proc in procs:
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def test_cluster_by_address_matches_reference(corpus_dir, address_cluster):
+    p = build(corpus_dir, address=address_cluster, prefetch_windows=3)
+    assert stream(p) == reference(p)
+
+
+def test_degree_warning_and_identity_errors(corpus_dir):
+    with pytest.warns(ElasticityWarning):
+        build(corpus_dir, dp_degree=3, dp_group_id=0).owned_lanes()
+    with pytest.raises(z.ConfigError, match="dp_group_id=2 must be < dp_degree=2"):
+        build(corpus_dir, dp_degree=2, dp_group_id=2).owned_lanes()
+    with pytest.raises(z.ConfigError, match="runner='spark'"):
+        build(corpus_dir, runner="spark")
+    warnings.simplefilter("default")

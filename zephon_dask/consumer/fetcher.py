@@ -1,0 +1,79 @@
+"""``WindowFetcher``: keeps a bounded number of windows in flight. Holds state.
+
+Windows are submitted in the order the consumer will need them: window index
+by window index, round-robin over the owned lanes (as the seed text says the
+pipeline is fed), with falling priorities so the next-needed window runs
+first. A window the consumer asks for that is not yet submitted jumps the
+queue. Each handle is released as soon as its result is local, so memory
+stays bounded however long the run is.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from ..graph import window_graph
+from ..pipeline.spec import PipelineSpec
+from ..pipeline.window import WindowOutput
+
+
+class WindowFetcher:
+    def __init__(self, spec: PipelineSpec, runner, lanes: list[int], prefetch: int,
+                 start_windows: dict[int, int] | None = None, fused: bool = False):
+        self.spec, self.runner, self.lanes = spec, runner, list(lanes)
+        self.prefetch = max(1, int(prefetch))
+        self.fused = fused
+        start = start_windows or {}
+        self.next_needed = {lane: start.get(lane, 0) for lane in self.lanes}
+        self.next_submit = dict(self.next_needed)
+        self.num_windows = {lane: spec.num_windows(lane) for lane in self.lanes}
+        self.inflight: OrderedDict = OrderedDict()
+        self._seq = 0
+        self._top_up()
+
+    def _exists(self, lane: int, w: int) -> bool:
+        n = self.num_windows[lane]
+        return n is None or w < n
+
+    def _submit(self, lane: int, w: int) -> None:
+        graph = window_graph(self.spec, lane, w, self.fused)
+        self.inflight[(lane, w)] = self.runner.submit(graph, priority=-self._seq)
+        self._seq += 1
+        self.next_submit[lane] = w + 1
+
+    def _top_up(self) -> None:
+        while len(self.inflight) < self.prefetch:
+            candidates = [(self.next_submit[lane], i, lane) for i, lane in enumerate(self.lanes)
+                          if self._exists(lane, self.next_submit[lane])]
+            if not candidates:
+                return
+            w, _, lane = min(candidates)
+            self._submit(lane, w)
+
+    def get(self, lane: int) -> WindowOutput | None:
+        """The lane's next window (blocking), or ``None`` past its last one."""
+        w = self.next_needed[lane]
+        if not self._exists(lane, w):
+            return None
+        if (lane, w) not in self.inflight:
+            self._submit(lane, w)
+        handle = self.inflight.pop((lane, w))
+        try:
+            out = handle.result()
+        finally:
+            handle.release()
+        self.next_needed[lane] = w + 1
+        self._top_up()
+        return out
+
+    def ready_lane(self) -> int | None:
+        """A lane whose next-needed window has finished computing (for non-deterministic mode)."""
+        for (lane, w), handle in self.inflight.items():
+            if w == self.next_needed[lane] and handle.done():
+                return lane
+        return None
+
+    def close(self) -> None:
+        for handle in self.inflight.values():
+            handle.release()
+        self.inflight.clear()

@@ -1,0 +1,114 @@
+"""In-process runners (``synchronous``, ``threads``) and the runner factory. Hold state.
+
+Every runner executes the same :class:`~zephon_dask.graph.WindowGraph`;
+``synchronous`` computes a window when its result is asked for (debugging,
+notebooks), ``threads`` computes submitted windows on a thread pool, and
+``distributed`` (see :mod:`.cluster`) runs them on a Dask cluster.
+"""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import dask
+
+from ..errors import ConfigError
+from ..graph import WindowGraph
+from ..pipeline.spec import PipelineSpec
+from ..pipeline.window import WindowOutput
+
+RUNNERS = ("distributed", "threads", "synchronous")
+
+
+class WindowHandle:
+    """A submitted window: ``result()`` blocks for it, ``release()`` frees it."""
+
+    def __init__(self, graph: WindowGraph, future=None, compute=None):
+        self.graph, self._future, self._compute = graph, future, compute
+
+    def done(self) -> bool:
+        return self._future is None or self._future.done()
+
+    def result(self) -> WindowOutput:
+        try:
+            if self._future is None:
+                return self._compute()
+            return self._future.result()
+        except Exception as exc:
+            exc.add_note(f"zephon_dask: while computing lane {self.graph.lane}, window {self.graph.window}")
+            raise
+
+    def release(self) -> None:
+        self._future = self._compute = None
+
+
+class Runner:
+    """Base runner: runs window graphs; ``close()`` frees every resource it started."""
+
+    name = "base"
+    dashboard_link: str | None = None
+
+    def __init__(self, spec: PipelineSpec):
+        self.spec = spec
+
+    def submit(self, graph: WindowGraph, priority: int) -> WindowHandle:  # pragma: no cover
+        raise NotImplementedError
+
+    def _run_local(self, graph: WindowGraph) -> WindowOutput:
+        return dask.get(graph.to_dict(self.spec), graph.key)
+
+    def close(self) -> None:
+        pass
+
+    def describe(self) -> str:
+        return self.name
+
+
+class SynchronousRunner(Runner):
+    name = "synchronous"
+
+    def submit(self, graph: WindowGraph, priority: int) -> WindowHandle:
+        return WindowHandle(graph, compute=lambda: self._run_local(graph))
+
+
+class ThreadRunner(Runner):
+    name = "threads"
+
+    def __init__(self, spec: PipelineSpec, n_workers: int | None = None):
+        super().__init__(spec)
+        self.n_workers = n_workers or os.cpu_count() or 1
+        self._pool = ThreadPoolExecutor(self.n_workers, thread_name_prefix="zephon-window")
+
+    def submit(self, graph: WindowGraph, priority: int) -> WindowHandle:
+        fut: Future = self._pool.submit(self._run_local, graph)
+        return WindowHandle(graph, future=fut)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+    def describe(self) -> str:
+        return f"threads ({self.n_workers} threads)"
+
+
+def make_runner(spec: PipelineSpec, options: dict) -> Runner:
+    """The runner ``options['runner']`` names, started."""
+    name = options["runner"]
+    if options.get("client") is not None or options.get("address") is not None:
+        name = "distributed"
+    if name == "synchronous":
+        return SynchronousRunner(spec)
+    if name == "threads":
+        return ThreadRunner(spec, options.get("n_workers"))
+    if name == "distributed":
+        from .cluster import DistributedRunner
+
+        return DistributedRunner(
+            spec,
+            n_workers=options.get("n_workers"),
+            threads_per_worker=options.get("threads_per_worker") or 1,
+            client=options.get("client"),
+            address=options.get("address"),
+            retries=options.get("retries") or 0,
+        )
+    raise ConfigError(f"runner={name!r} is unknown; choose one of {', '.join(map(repr, RUNNERS))}")
