@@ -121,9 +121,6 @@ class Plan:
         sizes = [len(g) for g in self.groups]
         return max(sizes) * len(sizes) / sum(sizes)
 
-    def group_of(self, lane: int) -> int:
-        return next(i for i, g in enumerate(self.groups) if lane in g)
-
     def rows(self) -> list[dict]:
         return [{"group": i, "lanes": list(g)} for i, g in enumerate(self.groups)]
 

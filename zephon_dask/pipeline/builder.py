@@ -164,9 +164,6 @@ class Pipeline:
         self._options.update(kwargs)
         return self
 
-    def get_option(self, name: str):
-        return self._options[name]
-
     @property
     def batch_options(self) -> BatchOptions:
         return self._batch
