@@ -32,7 +32,7 @@ EXECUTION_OPTIONS = {
     "client": None,
     "address": None,
     "prefetch_windows": 4,
-    "fuse": False,
+    "fuse": True,
     "retries": 2,
     "dp_degree": None,
     "dp_group_id": None,
