@@ -11,7 +11,6 @@ import socket
 import subprocess
 import sys
 import time
-import warnings
 from collections import Counter
 
 import psutil
@@ -294,4 +293,3 @@ def test_degree_warning_and_identity_errors(corpus_dir):
         build(corpus_dir, dp_degree=2, dp_group_id=2).owned_lanes()
     with pytest.raises(z.ConfigError, match="runner='spark'"):
         build(corpus_dir, runner="spark")
-    warnings.simplefilter("default")
