@@ -16,6 +16,7 @@ import numpy as np
 
 from ..errors import ConfigError
 from ..operators.table import SampleTable, segment_arange
+from ..validate import is_int_at_least
 
 
 @dataclass(frozen=True)
@@ -32,7 +33,7 @@ class BatchOptions:
 
     def __post_init__(self):
         m = self.microbatch_size
-        if isinstance(m, bool) or not isinstance(m, int) or m < 1:
+        if not is_int_at_least(m, 1):
             raise ConfigError(f"batch(microbatch_size={m!r}) must be a positive int, e.g. 8")
         if not isinstance(self.ignore_index, int):
             raise ConfigError(f"batch(ignore_index={self.ignore_index!r}) must be an int, e.g. -100")

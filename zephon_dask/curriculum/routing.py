@@ -13,6 +13,7 @@ import warnings
 from dataclasses import dataclass
 
 from ..errors import ConfigError, ElasticityWarning
+from ..validate import is_int_at_least
 from .permutation import permute
 from .seeding import stream_keys
 
@@ -22,7 +23,7 @@ MAPPING_STRATEGIES = ("contiguous", "interleaved")
 
 def check_replicas(canonical_replicas: object) -> int:
     """Validate ``canonical_replicas`` (R): a positive integer."""
-    if isinstance(canonical_replicas, bool) or not isinstance(canonical_replicas, int) or canonical_replicas < 1:
+    if not is_int_at_least(canonical_replicas, 1):
         raise ConfigError(
             f"canonical_replicas={canonical_replicas!r} must be a positive integer; "
             "size it for the largest data-parallel degree you expect (e.g. 8)"
@@ -58,7 +59,7 @@ def slot_of(lane: int, block: int, replicas: int, seed: int, assignment: str = "
 
 def check_degree(replicas: int, dp_degree: object) -> int:
     """Validate a DP degree against R: error above R, warning when it does not divide R."""
-    if isinstance(dp_degree, bool) or not isinstance(dp_degree, int) or dp_degree < 1:
+    if not is_int_at_least(dp_degree, 1):
         raise ConfigError(f"dp_degree={dp_degree!r} must be a positive integer")
     if dp_degree > replicas:
         raise ConfigError(

@@ -14,6 +14,7 @@ import numpy as np
 from ..curriculum.permutation import mix64
 from ..curriculum.seeding import stream_keys
 from ..errors import ConfigError
+from ..validate import is_int_at_least
 from .base import Accumulator, WindowContext
 from .table import SampleTable
 
@@ -56,9 +57,9 @@ class Shuffle(Accumulator):
     name = "shuffle"
 
     def __init__(self, buffer_size: int, seed: int | None = None):
-        if isinstance(buffer_size, bool) or not isinstance(buffer_size, int) or buffer_size < 1:
+        if not is_int_at_least(buffer_size, 1):
             raise ConfigError(f"shuffle(buffer_size={buffer_size!r}) must be a positive int, e.g. 1024")
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
+        if seed is not None and not is_int_at_least(seed, 0):
             raise ConfigError(f"shuffle(seed={seed!r}) must be a non-negative int or None")
         self.buffer_size, self.seed = buffer_size, seed
 

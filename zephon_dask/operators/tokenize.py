@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from ..errors import ConfigError, DatasetNotFoundError
+from ..validate import is_int_at_least
 from .identity import function_identity
 
 EOS_CANDIDATES = ("<|endoftext|>", "</s>", "<eos>", "<|end_of_text|>", "[SEP]")
@@ -145,9 +146,7 @@ class Tokenize:
         self.tokenizer = resolve_tokenizer(tokenizer, name, version)
         if not isinstance(field, str) or not field:
             raise ConfigError(f"tokenize(field={field!r}): give the name of the text field")
-        if max_length is not None and (
-            isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 1
-        ):
+        if max_length is not None and not is_int_at_least(max_length, 1):
             raise ConfigError(f"tokenize(max_length={max_length!r}) must be a positive int or None")
         if split_long and max_length is None:
             raise ConfigError("tokenize(split_long=True) needs max_length=<tokens per piece>")

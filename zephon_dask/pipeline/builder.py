@@ -21,6 +21,7 @@ from ..operators.records import DecodeText, Filter, Map
 from ..operators.shuffle import Shuffle
 from ..operators.stateful import Stateful
 from ..operators.tokenize import Tokenize
+from ..validate import is_int_at_least
 from .spec import PipelineSpec
 from .window import WindowOutput, compute_window
 
@@ -151,15 +152,15 @@ class Pipeline:
             check_choice(kwargs["mapping_strategy"], MAPPING_STRATEGIES, "mapping_strategy")
         for name in ("prefetch_windows", "n_workers", "threads_per_worker", "dp_degree"):
             v = kwargs.get(name)
-            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+            if v is not None and not is_int_at_least(v, 1):
                 raise ConfigError(f"{name}={v!r} must be a positive int")
         for name in ("retries", "dp_group_id"):
             v = kwargs.get(name)
-            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
+            if v is not None and not is_int_at_least(v, 0):
                 raise ConfigError(f"{name}={v!r} must be a non-negative int")
         if "flush_every_k_chunks" in kwargs:
             k = kwargs["flush_every_k_chunks"]
-            if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            if not is_int_at_least(k, 1):
                 raise ConfigError(f"flush_every_k_chunks={k!r} must be a positive int, e.g. 8")
         self._options.update(kwargs)
         return self
