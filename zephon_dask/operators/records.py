@@ -9,23 +9,23 @@ from .base import RecordOp
 from .identity import function_identity
 
 
-def _check_callable(fn: object, op: str) -> Callable:
-    if not callable(fn):
-        raise ConfigError(f".{op}({fn!r}): expected a callable taking a record dict")
-    return fn  # type: ignore[return-value]
+class _UserFunctionOp(RecordOp):
+    """A record operator wrapping a user function; its identity enters the fingerprint."""
 
-
-class Map(RecordOp):
-    """``record -> fn(record)``; ``fn`` must return a dict."""
-
-    name = "map"
-
-    def __init__(self, fn: Callable[[dict], dict], name: str | None = None, version=None):
-        self.fn = _check_callable(fn, "map")
+    def __init__(self, fn: Callable, name: str | None = None, version=None):
+        if not callable(fn):
+            raise ConfigError(f".{self.name}({fn!r}): expected a callable taking a record dict")
+        self.fn = fn
         self.identity = function_identity(fn, name, version)
 
     def spec(self) -> dict:
-        return {"op": "map", **self.identity}
+        return {"op": self.name, **self.identity}
+
+
+class Map(_UserFunctionOp):
+    """``record -> fn(record)``; ``fn`` must return a dict."""
+
+    name = "map"
 
     def apply(self, record: dict) -> list[dict]:
         out = self.fn(record)
@@ -37,17 +37,10 @@ class Map(RecordOp):
         return [out]
 
 
-class Filter(RecordOp):
+class Filter(_UserFunctionOp):
     """Keeps a record when ``fn(record)`` is truthy."""
 
     name = "filter"
-
-    def __init__(self, fn: Callable[[dict], bool], name: str | None = None, version=None):
-        self.fn = _check_callable(fn, "filter")
-        self.identity = function_identity(fn, name, version)
-
-    def spec(self) -> dict:
-        return {"op": "filter", **self.identity}
 
     def apply(self, record: dict) -> list[dict]:
         return [record] if self.fn(record) else []
