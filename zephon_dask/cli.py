@@ -1,8 +1,11 @@
-"""The ``zephon-dask`` command line."""
+"""The ``zephon-dask`` command line: dispatches to :mod:`zephon_dask.commands`."""
 
 from __future__ import annotations
 
 import argparse
+import importlib
+
+from .commands import COMMANDS
 
 
 def main(argv=None) -> int:
@@ -11,16 +14,16 @@ def main(argv=None) -> int:
         description="Deterministic, elastically resumable LLM training batches computed on Dask.",
     )
     sub = parser.add_subparsers(dest="command")
-    demo = sub.add_parser("demo", help="stream a stdlib corpus on an embedded LocalCluster")
-    demo.add_argument("--workdir", default=".zephon-demo", help="where the corpus is cached")
-    demo.add_argument("--steps", type=int, default=40, help="global steps to stream")
+    modules = {}
+    for name in COMMANDS:
+        module = importlib.import_module(f"zephon_dask.commands.{name}")
+        modules[name] = module
+        module.add_arguments(sub.add_parser(name, help=module.HELP, description=module.HELP))
     args = parser.parse_args(argv)
-    if args.command == "demo":
-        from .demo import run
-
-        return run(args.workdir, args.steps)
-    parser.print_help()
-    return 0
+    if args.command is None:
+        parser.print_help()
+        return 0
+    return modules[args.command].run(args)
 
 
 if __name__ == "__main__":

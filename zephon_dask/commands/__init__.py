@@ -1,0 +1,9 @@
+"""One module per ``zephon-dask`` subcommand.
+
+Each module defines ``HELP`` (one line), ``add_arguments(parser)`` and
+``run(args) -> int`` (the exit status). Modules import only the standard
+library at their top, so ``zephon-dask --help`` stays fast; heavy imports
+happen inside ``run``.
+"""
+
+COMMANDS = ("demo",)
