@@ -18,43 +18,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from oracles import batch_rows, ref_group_stream
+from pipelines import build
 
 import zephon_dask as z
 from zephon_dask.curriculum import group_lanes
 from zephon_dask.errors import ElasticityWarning
-
-WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron".split()
-
-
-def write_corpus(root, n_files=3, docs=60, seed=0, prefix="doc"):
-    import random
-
-    rng = random.Random(seed)
-    root.mkdir(parents=True, exist_ok=True)
-    for f in range(n_files):
-        with open(root / f"part-{f}.jsonl", "w") as fh:
-            for i in range(docs):
-                words = " ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 80)))
-                fh.write(json.dumps({"text": f"{prefix} {f}/{i} {words}"}) + "\n")
-    return root
-
-
-@pytest.fixture(scope="module")
-def corpus_dir(tmp_path_factory):
-    root = tmp_path_factory.mktemp("corpus")
-    write_corpus(root / "web", 3, 60, 1, "web")
-    write_corpus(root / "code", 2, 50, 2, "code")
-    return root
-
-
-def build(corpus_dir, seed=5, R=4, k=2, microbatch=3, algorithm="first_fit", **options):
-    web = z.Dataset.from_jsonl("web", str(corpus_dir / "web"), progress=False)
-    code = z.Dataset.from_jsonl("code", str(corpus_dir / "code"), progress=False)
-    ws = z.MixtureWorkSource([web, code], {"web": 3, "code": 1}, chunk_size=12, seed=seed)
-    return (
-        z.Pipeline(ws).tokenize().shuffle(16).pack(96, algorithm=algorithm).batch(microbatch)
-        .options(canonical_replicas=R, flush_every_k_chunks=k, **options)
-    )
 
 
 def stream(pipeline):

@@ -239,13 +239,19 @@ def test_batches_cut_per_lane_across_windows_with_drop_last_at_lane_end():
         opts = BatchOptions(microbatch_size=3, drop_last=drop_last)
         lb = LaneBatcher(2, opts, spec.source.names)
         batches = []
-        for t in tables:
-            lb.push(t)
+        for w, t in enumerate(tables):
+            lb.push(w, t)
             while lb.ready():
                 batches.append(lb.pop())
         last = lb.finish()
         batches += [last] if last is not None else []
         assert [b.index_in_lane for b in batches] == list(range(len(batches)))
+        assert [b.last for b in batches] == [False] * (len(batches) - 1) + [not drop_last]
+        starts = np.cumsum([0] + [len(t) for t in tables])
+        delivered = np.cumsum([b.num_samples for b in batches])
+        for b, n in zip(batches, delivered, strict=True):  # the frontier after each batch
+            w, o = b.position
+            assert starts[w] + o == n and (o < len(tables[w]) if w < len(tables) else o == 0)
         got = np.concatenate([b["tokens"] for b in batches])
         want = SampleTable.concat(tables).tokens.reshape(-1, 64)
         assert (got == want[: len(got)]).all()

@@ -43,15 +43,23 @@ class BatchOptions:
 
 
 class Batch(Mapping):
-    """A read-only mapping of field name -> numpy array, plus ``lane`` and ``index_in_lane``."""
+    """A read-only mapping of field name -> numpy array, plus where it sits in its lane.
+
+    ``lane`` and ``index_in_lane`` name the batch; ``position`` is the lane's
+    frontier after it, ``(window, offset)`` of the next undelivered sample,
+    and ``last`` says it is the lane's final batch (both feed checkpoints).
+    """
 
     def __init__(self, arrays: dict[str, np.ndarray], lane: int, index_in_lane: int,
-                 lineage: list[np.ndarray], dataset_names: tuple[str, ...]):
+                 lineage: list[np.ndarray], dataset_names: tuple[str, ...],
+                 position: tuple[int, int] = (0, 0), last: bool = False):
         self._arrays = arrays
         self.lane = lane
         self.index_in_lane = index_in_lane
         self.lineage = lineage  # per row: (dataset, shard, offset, token_start, token_count)
         self.dataset_names = dataset_names
+        self.position = position
+        self.last = last
 
     def __getitem__(self, key: str) -> np.ndarray:
         return self._arrays[key]
@@ -80,9 +88,15 @@ class Batch(Mapping):
         shapes = ", ".join(f"{k}{tuple(v.shape)}" for k, v in self._arrays.items())
         return f"Batch(lane={self.lane}, index_in_lane={self.index_in_lane}, {shapes})"
 
+    def _repr_html_(self) -> str:
+        from ..inspect import batch_html
+
+        return batch_html(self)
+
 
 def make_batch(table: SampleTable, lane: int, index_in_lane: int, opts: BatchOptions,
-               dataset_names: tuple[str, ...] = ()) -> Batch:
+               dataset_names: tuple[str, ...] = (), position: tuple[int, int] = (0, 0),
+               last: bool = False) -> Batch:
     """Assemble a batch from a lane's samples (vectorised; pads to the longest sample)."""
     lengths = table.lengths
     b = len(lengths)
@@ -116,4 +130,4 @@ def make_batch(table: SampleTable, lane: int, index_in_lane: int, opts: BatchOpt
         starts = np.flatnonzero(row_start | np.concatenate(([True], flat[1:] != flat[:-1])))
         arrays["cu_seqlens"] = np.concatenate((starts, [flat.size])).astype(np.int32)
     lineage = [table.sample_lineage(i) for i in range(b)]
-    return Batch(arrays, lane, index_in_lane, lineage, dataset_names)
+    return Batch(arrays, lane, index_in_lane, lineage, dataset_names, position, last)

@@ -5,6 +5,10 @@ into batches with a :class:`LaneBatcher`, and emits batches in strict
 round-robin over the owned lanes, skipping lanes that have finished (a group
 owning one lane passes straight through). With ``deterministic=False`` it
 emits whichever lane has a batch ready first.
+
+A resumed stream starts each lane at its saved frontier: the fetcher begins
+at the saved window, the batcher drops the ``offset`` samples of it that were
+delivered, and the round-robin begins at ``first_lane``.
 """
 
 from __future__ import annotations
@@ -17,14 +21,27 @@ from .fetcher import WindowFetcher
 
 class BatchStream:
     def __init__(self, spec: PipelineSpec, batch_options: BatchOptions, lanes: list[int], runner,
-                 prefetch: int, deterministic: bool = True, fused: bool = False):
+                 prefetch: int, deterministic: bool = True, fused: bool = False,
+                 start: dict[int, dict] | None = None, first_lane: int | None = None):
         self.lanes = list(lanes)
         self.deterministic = deterministic
-        self.fetcher = WindowFetcher(spec, runner, self.lanes, prefetch, fused=fused)
-        self.batchers = {lane: LaneBatcher(lane, batch_options, spec.source.names) for lane in self.lanes}
-        self.finished = {lane: False for lane in self.lanes}
-        self.pointer = 0  # index into self.lanes of the lane that emits next
+        start = start or {}
+        at = {lane: start.get(lane, {}) for lane in self.lanes}
+        self.finished = {lane: bool(at[lane].get("finished", False)) for lane in self.lanes}
+        self._skip = {lane: at[lane].get("offset", 0) for lane in self.lanes}
+        live = [lane for lane in self.lanes if not self.finished[lane]]
+        self.fetcher = WindowFetcher(spec, runner, live, prefetch, fused=fused,
+                                     start_windows={lane: at[lane].get("window", 0) for lane in live})
+        self.batchers = {
+            lane: LaneBatcher(lane, batch_options, spec.source.names,
+                              first_index=at[lane].get("batches_delivered", 0),
+                              position=(at[lane].get("window", 0), at[lane].get("offset", 0)))
+            for lane in self.lanes
+        }
+        # index into self.lanes of the lane that emits next
+        self.pointer = self.lanes.index(first_lane) if first_lane in self.lanes else 0
         self.stats: dict[str, int] = {}
+        self.on_finish = None  # called as on_finish(lane, batch count) when a lane ends without a last batch
 
     def __iter__(self):
         return self
@@ -33,19 +50,23 @@ class BatchStream:
         """Pull windows until the lane has a full batch; False when the lane has no more."""
         batcher = self.batchers[lane]
         while not batcher.ready():
+            window = self.fetcher.next_needed[lane]
             out = self.fetcher.get(lane)
             if out is None:
                 return False
             for key, n in out.stats.items():
                 self.stats[key] = self.stats.get(key, 0) + n
-            batcher.push(out.table)
+            batcher.push(window, out.table, skip=self._skip.pop(lane, 0))
         return True
 
     def _emit(self, lane: int) -> Batch | None:
         if self._fill(lane):
             return self.batchers[lane].pop()
         self.finished[lane] = True
-        return self.batchers[lane].finish()
+        batch = self.batchers[lane].finish()
+        if batch is None and self.on_finish is not None:
+            self.on_finish(lane, self.batchers[lane].next_index)
+        return batch
 
     def __next__(self) -> Batch:
         while not all(self.finished.values()):

@@ -9,6 +9,7 @@ block hands every lane exactly one chunk, so lane ``l``'s ``j``-th chunk is
 
 from __future__ import annotations
 
+import math
 import warnings
 from dataclasses import dataclass
 
@@ -137,3 +138,20 @@ def plan(replicas: int, dp_degree: int, mapping: str = "contiguous") -> Plan:
     """The lane-to-group assignment table."""
     groups = group_lanes(check_replicas(replicas), dp_degree, mapping)
     return Plan(replicas, dp_degree, mapping, tuple(tuple(g) for g in groups))
+
+
+def check_step(batches_per_step: object, dp_degree: int, replicas: int) -> int:
+    """Validate ``batches_per_step``: a global step is elastic only if ``N * dp_degree % R == 0``."""
+    n = batches_per_step
+    if not is_int_at_least(n, 1):
+        raise ConfigError(f"batches_per_step={n!r} must be a positive int (batches one rank takes per step)")
+    if (n * dp_degree) % replicas:
+        every = replicas // math.gcd(replicas, dp_degree)
+        degree = replicas // math.gcd(replicas, n)
+        raise ConfigError(
+            f"batches_per_step={n} x dp_degree={dp_degree} = {n * dp_degree} batches per global step is "
+            f"not a multiple of canonical_replicas={replicas}, so a step would depend on the topology. "
+            f"At dp_degree={dp_degree} use a multiple of {every} (the nearest is {-(-n // every) * every}); "
+            f"with batches_per_step={n} use a dp_degree that is a multiple of {degree}"
+        )
+    return n

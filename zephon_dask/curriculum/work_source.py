@@ -132,6 +132,7 @@ class MixtureWorkSource:
     ):
         if hasattr(datasets, "shard_sizes"):
             datasets = [datasets]
+        self._arguments = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
         self.datasets: tuple = tuple(datasets)
         self.names: tuple[str, ...] = self._check_datasets(self.datasets)
         self.seed = check_seed(seed)
@@ -334,6 +335,10 @@ class MixtureWorkSource:
 
     # -- identity -----------------------------------------------------------------
 
+    def with_seed(self, seed: int) -> MixtureWorkSource:
+        """The same mixture under another seed (a new source; this one is unchanged)."""
+        return MixtureWorkSource(**{**self._arguments, "seed": seed})
+
     def config(self) -> dict:
         """JSON-native description of every data-defining setting."""
         return {
@@ -358,6 +363,11 @@ class MixtureWorkSource:
         mix = ", ".join(f"{n}={float(w):.3g}" for n, w in zip(self.names, self.weights, strict=True))
         size = "endless" if self.num_chunks is None else f"{self.num_chunks} chunks"
         return f"MixtureWorkSource({mix}; chunk_size={self.chunk_size}, seed={self.seed}, {size})"
+
+    def _repr_html_(self) -> str:
+        from ..inspect import source_html
+
+        return source_html(self)
 
 
 def _positive_int(value: object, name: str, hint: str) -> int:

@@ -1,0 +1,34 @@
+"""Small real corpora and the pipeline the consumer-side tests share."""
+
+from __future__ import annotations
+
+import json
+
+import zephon_dask as z
+
+WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron".split()
+
+
+def write_corpus(root, n_files=3, docs=60, seed=0, prefix="doc"):
+    import random
+
+    rng = random.Random(seed)
+    root.mkdir(parents=True, exist_ok=True)
+    for f in range(n_files):
+        with open(root / f"part-{f}.jsonl", "w") as fh:
+            for i in range(docs):
+                words = " ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 80)))
+                fh.write(json.dumps({"text": f"{prefix} {f}/{i} {words}"}) + "\n")
+    return root
+
+
+def build(corpus_dir, seed=5, R=4, k=2, microbatch=3, algorithm="first_fit", **options):
+    web = z.Dataset.from_jsonl("web", str(corpus_dir / "web"), progress=False)
+    code = z.Dataset.from_jsonl("code", str(corpus_dir / "code"), progress=False)
+    ws = z.MixtureWorkSource([web, code], {"web": 3, "code": 1}, chunk_size=12, seed=seed)
+    return (
+        z.Pipeline(ws).tokenize().shuffle(16).pack(96, algorithm=algorithm).batch(microbatch)
+        .options(canonical_replicas=R, flush_every_k_chunks=k, **options)
+    )
+
+

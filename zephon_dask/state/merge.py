@@ -1,0 +1,63 @@
+"""Joining the per-rank states of one run into a state any topology can resume.
+
+A rank's state holds only the lanes it owns. :func:`merge_states` unions
+them; DP peers (ranks that own the same lanes) must agree exactly.
+:func:`gather_state` does the same collectively over ``torch.distributed``.
+"""
+
+from __future__ import annotations
+
+import copy
+
+from ..errors import StateError
+from .schema import check_state
+
+
+def merge_states(states) -> dict:
+    """One state with every lane of ``states`` (pure). Raises :class:`StateError` on a divergence."""
+    states = [check_state(s, where=f"state {i}") for i, s in enumerate(states)]
+    if not states:
+        raise StateError("merge_states needs at least one state")
+    first = states[0]
+    for i, s in enumerate(states[1:], 1):
+        for field in ("fingerprint", "version", "step"):
+            if s[field] != first[field]:
+                raise StateError(
+                    f"state {i} has {field} {s[field]!r} but state 0 has {first[field]!r}: the states "
+                    "come from different runs or were taken at different steps; take them together"
+                )
+    lanes: dict[str, dict] = {}
+    pointers: dict[str, int] = {}
+    diverged = []
+    for i, s in enumerate(states):
+        for lane, progress in s["lanes"].items():
+            if lanes.setdefault(lane, progress) != progress:
+                diverged.append((int(lane), lanes[lane], progress, i))
+        for key, value in s["pointers"].items():
+            if pointers.setdefault(key, value) != value:
+                raise StateError(f"state {i} has round-robin pointer {key!r} -> {value}, another state "
+                                 f"-> {pointers[key]}: DP peers diverged")
+    if diverged:
+        detail = "; ".join(f"lane {lane}: {a} vs {b} (state {i})" for lane, a, b, i in sorted(diverged)[:8])
+        raise StateError(f"DP peers disagree on lanes {sorted({d[0] for d in diverged})}: {detail}. "
+                         "Peers of one DP group must consume the same batches")
+    merged = copy.deepcopy(first)
+    merged["lanes"] = {lane: dict(lanes[lane]) for lane in sorted(lanes, key=int)}
+    merged["pointers"] = dict(sorted(pointers.items()))
+    return merged
+
+
+def gather_state(pipeline, group=None) -> dict:
+    """Collective: every rank's ``pipeline.state_dict()`` merged, returned on every rank.
+
+    Works with the gloo and nccl backends (with nccl, set the rank's CUDA
+    device first, as ``all_gather_object`` requires).
+    """
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        raise StateError("gather_state needs torch.distributed initialised (init_process_group); "
+                         "in a single process use pipeline.state_dict()")
+    states = [None] * dist.get_world_size(group)
+    dist.all_gather_object(states, pipeline.state_dict(), group=group)
+    return merge_states(states)
