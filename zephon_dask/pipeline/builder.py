@@ -8,19 +8,30 @@ validates its arguments at once and returns the pipeline.
 
 from __future__ import annotations
 
+import copy
 import sys
+import warnings
 from typing import Any
 
 from ..consumer.batch import BatchOptions
 from ..consumer.stream import BatchStream
 from ..curriculum import MixtureWorkSource
-from ..curriculum.routing import MAPPING_STRATEGIES, check_choice, check_replicas, group_lanes
-from ..errors import ConfigError
+from ..curriculum.routing import (
+    MAPPING_STRATEGIES,
+    check_choice,
+    check_replicas,
+    check_step,
+    group_lanes,
+)
+from ..errors import ConfigError, StateError, ZephonWarning
 from ..operators.base import Accumulator
 from ..operators.records import DecodeText, Filter, Map
 from ..operators.shuffle import Shuffle
 from ..operators.stateful import Stateful
 from ..operators.tokenize import Tokenize
+from ..state.ledger import LedgerWriter
+from ..state.progress import Progress, resume_point
+from ..state.schema import check_state, config_diff, describe_diff
 from ..validate import is_int_at_least
 from .spec import PipelineSpec
 from .window import WindowOutput, compute_window
@@ -61,6 +72,8 @@ class Pipeline:
         self._runner = None
         self._runner_fp: str | None = None
         self._stream: BatchStream | None = None
+        self._resume: dict | None = None  # the state given to load_state_dict
+        self._progress: Progress | None = None  # what the current iteration delivered
 
     # -- stateless ------------------------------------------------------------------
 
@@ -150,7 +163,7 @@ class Pipeline:
             check_choice(kwargs["runner"], RUNNERS, "runner")
         if "mapping_strategy" in kwargs:
             check_choice(kwargs["mapping_strategy"], MAPPING_STRATEGIES, "mapping_strategy")
-        for name in ("prefetch_windows", "n_workers", "threads_per_worker", "dp_degree"):
+        for name in ("prefetch_windows", "n_workers", "threads_per_worker", "dp_degree", "batches_per_step"):
             v = kwargs.get(name)
             if v is not None and not is_int_at_least(v, 1):
                 raise ConfigError(f"{name}={v!r} must be a positive int")
@@ -224,31 +237,136 @@ class Pipeline:
             self._runner_fp = spec.fingerprint
         return self._runner
 
-    def _iter_lanes(self, lanes: list[int]) -> BatchStream:
+    def _tracked_stream(self, progress: Progress) -> BatchStream:
+        stream = self._open_stream(progress.lanes, progress.first_lane)
+        stream.on_finish = progress.lane_finished
+        return stream
+
+    def _open_stream(self, lanes: list[int], first_lane: int | None = None) -> BatchStream:
+        """A stream over ``lanes`` starting at the loaded state (or the beginning)."""
         if self._stream is not None:
             self._stream.close()
-        spec = self.spec
+        start, _ = resume_point(self._resume, lanes)
         self._stream = BatchStream(
-            spec, self._batch, lanes, self.runner(), self._options["prefetch_windows"],
+            self.spec, self._batch, lanes, self.runner(), self._options["prefetch_windows"],
             deterministic=self._options["deterministic"], fused=self._options["fuse"],
+            start={lane: p.as_dict() for lane, p in start.items()}, first_lane=first_lane,
         )
         return self._stream
 
+    def _begin(self) -> Progress:
+        """Start tracking a new iteration over this group's lanes (from the loaded state)."""
+        if self._progress is not None:
+            self._progress.close()
+        lanes = self.owned_lanes()
+        if self._resume is not None:
+            self._check_covers(self._resume, lanes)
+        ledger = self._options["ledger"]
+        self._progress = Progress(self.spec, lanes, self._resume, *self._step_shape(),
+                                  LedgerWriter(ledger, self._rank()) if ledger is not None else None)
+        return self._progress
+
     def __iter__(self):
-        """Batches of this group's lanes, in strict round-robin."""
-        return self._iter_lanes(self.owned_lanes())
+        """Batches of this group's lanes, in strict round-robin (from the loaded state, if any)."""
+        progress = self._begin()
+        return _delivered(self._tracked_stream(progress), progress.observe_batch)
 
     def to_torch(self, device=None, pin_memory: bool | None = None, prefetch: int = 2):
         """Yield dicts of torch tensors; on CUDA pinned and copied ahead on a side stream."""
         from ..consumer.torch_io import to_device_iter
 
-        return to_device_iter(iter(self), device=device, pin_memory=pin_memory, depth=prefetch)
+        progress = self._begin()
+        return to_device_iter(self._tracked_stream(progress), device=device, pin_memory=pin_memory, depth=prefetch,
+                              on_deliver=progress.observe_batch)
 
     def to_torch_dataset(self):
-        """An ``IterableDataset`` for ``DataLoader(num_workers=n)`` (lanes split across workers)."""
+        """An ``IterableDataset`` for ``DataLoader(num_workers=n)`` (lanes split across workers).
+
+        A plain ``DataLoader`` does not report what it delivered; use
+        :meth:`to_torch_loader` when you need :meth:`state_dict`.
+        """
         from ..consumer.torch_io import PipelineDataset
 
         return PipelineDataset(self)
+
+    def to_torch_loader(self, num_workers: int = 0, **dataloader_kwargs):
+        """A ``DataLoader`` over this pipeline whose deliveries feed :meth:`state_dict` and the ledger."""
+        from ..consumer.torch_io import PipelineLoader
+
+        return PipelineLoader(self, num_workers=num_workers, **dataloader_kwargs)
+
+    # -- checkpoints ------------------------------------------------------------------------
+
+    def _step_shape(self) -> tuple[int, bool, int]:
+        """``(batches_per_step, set explicitly, dp_degree)``; checks that the step is elastic."""
+        degree, _ = self.identity()
+        n = self._options["batches_per_step"]
+        if n is None:  # one round-robin cycle over the owned lanes
+            return len(self.owned_lanes()), False, degree
+        return check_step(n, degree, self._options["canonical_replicas"]), True, degree
+
+    def _rank(self) -> int:
+        dist = sys.modules.get("torch.distributed")
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            return dist.get_rank()
+        return self.identity()[1]
+
+    @staticmethod
+    def _check_covers(state: dict, lanes: list[int]) -> None:
+        missing = [lane for lane in lanes if str(lane) not in state["lanes"]]
+        if missing:
+            raise StateError(
+                f"the state has no progress for lanes {missing}, which this group owns: a rank's "
+                "state holds only its own lanes. Resume from the merged state of all ranks "
+                "(zephon_dask.gather_state(pipeline), or zephon_dask.merge_states(states))"
+            )
+
+    def state_dict(self) -> dict:
+        """JSON-native progress of what this group's iteration delivered to the caller."""
+        progress = self._progress
+        if progress is None:  # nothing iterated yet: the loaded state (or the start)
+            progress = Progress(self.spec, self.owned_lanes(), self._resume, *self._step_shape())
+        return progress.state()
+
+    def load_state_dict(self, state: dict) -> Pipeline:
+        """Resume from ``state`` at the next iteration; refuses a state of other data.
+
+        The seed comes from the state (with a warning if this pipeline says
+        otherwise). A different ``canonical_replicas`` or any other
+        data-defining difference raises :class:`StateError`; execution
+        options, DP degree and mapping, DataLoader workers and the microbatch
+        size may change.
+        """
+        state = check_state(state)
+        saved = state["config"]
+        replicas = saved.get("canonical_replicas")
+        if replicas != self._options["canonical_replicas"]:
+            raise StateError(
+                f"the checkpoint was written with canonical_replicas={replicas} but this pipeline has "
+                f"canonical_replicas={self._options['canonical_replicas']}; lanes are fixed for a run's "
+                f"lifetime: set .options(canonical_replicas={replicas})"
+            )
+        source = self.work_source
+        seed = saved.get("source", {}).get("seed")
+        if isinstance(seed, int) and seed != source.seed:
+            source = source.with_seed(seed)
+        spec = PipelineSpec(source, tuple(self._record_ops), tuple(self._accumulators),
+                            self._options["canonical_replicas"], self._options["flush_every_k_chunks"])
+        diff = config_diff(saved, spec.config())
+        if diff:
+            raise StateError("the checkpoint was written by a different data configuration:\n"
+                             + describe_diff(diff))
+        if spec.fingerprint != state["fingerprint"]:
+            raise StateError(f"the checkpoint's fingerprint {state['fingerprint'][:16]} does not match its "
+                             f"own config ({spec.fingerprint[:16]}): the file was edited or corrupted")
+        self._check_covers(state, self.owned_lanes())
+        if source is not self.work_source:
+            warnings.warn(f"resuming with the checkpoint's seed {seed}, not this pipeline's seed "
+                          f"{self.work_source.seed}", ZephonWarning, stacklevel=2)
+            self.work_source = source
+        self._resume = copy.deepcopy(state)
+        self._progress = None
+        return self
 
     def close(self) -> None:
         """Stop the iteration, and the cluster or threads this pipeline started."""
@@ -258,6 +376,8 @@ class Pipeline:
         if self._runner is not None:
             self._runner.close()
             self._runner = None
+        if self._progress is not None:
+            self._progress.close()
 
     def __enter__(self) -> Pipeline:
         return self
@@ -273,5 +393,50 @@ class Pipeline:
 
     def __getstate__(self):
         state = dict(self.__dict__)
-        state["_runner"] = state["_stream"] = state["_runner_fp"] = None
+        state["_runner"] = state["_stream"] = state["_runner_fp"] = state["_progress"] = None
         return state
+
+    # -- inspection (zephon_dask.inspect) --
+
+    @classmethod
+    def from_config(cls, path) -> Pipeline:
+        """The pipeline a TOML recipe describes (see ``docs/recipes.md``)."""
+        from ..recipe import load_recipe
+
+        return load_recipe(path).pipeline()
+
+    def explain(self):
+        """A readable plan: datasets, mixture, lanes, operators, runner, warnings."""
+        from ..inspect import explain
+
+        return explain(self)
+
+    def preview(self, n: int = 3, lane: int = 0):
+        """The first ``n`` rows of ``lane`` decoded to text, with each document's lineage."""
+        from ..inspect import preview
+
+        return preview(self, n, lane)
+
+    def plan(self, dp_degrees=(1, 2, 4, 8)):
+        """The lane-to-group table for each DP degree and mapping, with load imbalance."""
+        from ..inspect import plan_table
+
+        return plan_table(self, dp_degrees)
+
+    def window_graph(self, lane: int, window: int, fused: bool | None = None):
+        """The Dask graph of one window (``.visualize()`` draws it when graphviz is installed)."""
+        from ..inspect import window_graph
+
+        return window_graph(self, lane, window, fused)
+
+    def _repr_html_(self) -> str:
+        from ..inspect import pipeline_html
+
+        return pipeline_html(self)
+
+
+def _delivered(stream, deliver):
+    """Yield the stream's batches, recording each as the caller receives it."""
+    for batch in stream:
+        deliver(batch)
+        yield batch
