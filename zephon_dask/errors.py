@@ -41,6 +41,14 @@ class MissingFieldError(DataFormatError):
     """A record lacks the field an operator or reader needs."""
 
 
+class IncompleteStoreError(DataFormatError):
+    """A token store's preparation was interrupted (or still runs): it is not complete."""
+
+
+class TokenizerMismatchError(ConfigError):
+    """A token store was written with another tokenizer than the one expected."""
+
+
 class StateError(ZephonError, ValueError):
     """A checkpoint cannot be restored into this pipeline."""
 
@@ -55,3 +63,23 @@ class ZephonWarning(UserWarning):
 
 class ElasticityWarning(ZephonWarning):
     """A setting is valid but costs balance or elasticity (e.g. lanes not divisible by groups)."""
+
+
+class RecipeError(ConfigError):
+    """A TOML recipe cannot be used: bad TOML, a missing key or a bad value."""
+
+
+class RecipeKeyError(RecipeError):
+    """A recipe has a table or key zephon_dask does not know (often a typo), or lacks a required one."""
+
+
+class RecipeTypeError(RecipeError, TypeError):
+    """A recipe value has the wrong TOML type (a string where a number belongs, ...)."""
+
+
+class RecipePathError(DatasetNotFoundError):
+    """A recipe, or a dataset or tokenizer path it names, does not exist."""
+
+
+class MissingDependencyError(ZephonError, ImportError):
+    """An optional package or program that a feature needs is not installed."""

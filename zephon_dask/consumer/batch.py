@@ -78,6 +78,14 @@ class Batch(Mapping):
         """Where row ``row``'s tokens came from: ``(dataset, shard, offset, token_start, count)``."""
         return [(self.dataset_names[d], s, o, t, n) for d, s, o, t, n in self.lineage[row].tolist()]
 
+    def dataset_tokens(self) -> np.ndarray:
+        """Real (non-padding) tokens per dataset, indexed like ``dataset_names``."""
+        if not self.lineage:
+            return np.zeros(len(self.dataset_names), dtype=np.int64)
+        rows = np.concatenate(self.lineage)
+        counts = np.bincount(rows[:, 0], weights=rows[:, 4], minlength=len(self.dataset_names))
+        return counts.astype(np.int64)
+
     def to_torch(self, device=None, non_blocking: bool = False) -> dict:
         """Dict of torch tensors (int64 ids; see :mod:`zephon_dask.consumer.torch_io`)."""
         from .torch_io import batch_to_torch

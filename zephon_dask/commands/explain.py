@@ -1,0 +1,28 @@
+"""``zephon-dask explain RECIPE``: print the plan of a recipe's pipeline (no cluster is started)."""
+
+import sys
+
+HELP = "print what a recipe's pipeline will do: datasets, mixture, lanes, operators, warnings"
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("recipe", help="a TOML recipe (see docs/recipes.md)")
+    parser.add_argument("--dp-degree", type=int, default=None,
+                        help="explain for this many DP groups (default: the recipe's options, else 1)")
+    parser.add_argument("--dp-group-id", type=int, default=None,
+                        help="explain for this DP group (default: the recipe's options, else 0)")
+
+
+def run(args) -> int:
+    from ..errors import ZephonError
+    from ..recipe import load_recipe
+
+    try:
+        pipeline = load_recipe(args.recipe).pipeline()
+        identity = {"dp_degree": args.dp_degree, "dp_group_id": args.dp_group_id}
+        pipeline.options(**{k: v for k, v in identity.items() if v is not None})
+        print(pipeline.explain())
+    except ZephonError as exc:
+        print(f"zephon-dask explain: error: {exc}", *getattr(exc, "__notes__", ()), sep="\n", file=sys.stderr)
+        return 2
+    return 0

@@ -1,0 +1,40 @@
+"""Inspection for notebooks and the command line: plans, previews, lane tables, graphs, HTML views.
+
+Every function here is pure: it reads a pipeline (or a dataset, work source,
+batch or state dict) and returns text, HTML or a small value object. Nothing
+here starts a runner or a cluster; :func:`preview` computes windows in this
+process with ``pipeline.compute_window``.
+"""
+
+from .explain import Explanation, Section, explain
+from .graph import WindowGraphView, window_graph
+from .plans import PlanEntry, PlanTable, lane_plans, plan_table
+from .plots import plot_mixture, plot_packing
+from .preview import Preview, PreviewDocument, PreviewRow, preview
+from .reprs import batch_html, dataset_html, pipeline_html, source_html, state_html
+from .stats import PipelineStats, stats
+
+__all__ = [
+    "Explanation",
+    "PlanEntry",
+    "PipelineStats",
+    "PlanTable",
+    "Preview",
+    "PreviewDocument",
+    "PreviewRow",
+    "Section",
+    "WindowGraphView",
+    "batch_html",
+    "dataset_html",
+    "explain",
+    "lane_plans",
+    "pipeline_html",
+    "plan_table",
+    "plot_mixture",
+    "plot_packing",
+    "preview",
+    "source_html",
+    "state_html",
+    "stats",
+    "window_graph",
+]

@@ -1,0 +1,229 @@
+"""``explain(pipeline)``: a readable plan of what a pipeline will do. Pure.
+
+It reads the pipeline's configuration and the curriculum's direct answers
+(stream length, chunks per lane); it opens no data file, computes no window
+and never starts a runner: the dashboard link shows only once a runner is
+running.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from dataclasses import dataclass
+
+from ..curriculum import routing
+from ..errors import ConfigError, ElasticityWarning
+from ..graph.keys import FP_CHARS
+from .render import (
+    html_block,
+    html_pairs,
+    html_table,
+    html_title,
+    html_warnings,
+    text_pairs,
+    text_table,
+)
+
+
+@dataclass(frozen=True)
+class Section:
+    """One titled part: key/value ``pairs`` and/or a table (``headers`` + ``rows``)."""
+
+    title: str
+    pairs: tuple[tuple[str, str], ...] = ()
+    headers: tuple[str, ...] = ()
+    rows: tuple[tuple[str, ...], ...] = ()
+
+    def text(self) -> str:
+        parts = [f"{self.title}:"]
+        if self.pairs:
+            parts.append(text_pairs(self.pairs))
+        if self.headers:
+            parts.append(text_table(self.headers, self.rows) if self.rows else "  (none)")
+        return "\n".join(parts)
+
+    def html(self) -> str:
+        parts = [html_title(self.title)]
+        if self.pairs:
+            parts.append(html_pairs(self.pairs))
+        if self.headers:
+            parts.append(html_table(self.headers, self.rows))
+        return "".join(parts)
+
+
+@dataclass(frozen=True)
+class Explanation:
+    """The plan of a pipeline: ``str()`` for a terminal, ``_repr_html_`` for a notebook (a value)."""
+
+    fingerprint: str
+    sections: tuple[Section, ...]
+    warnings: tuple[str, ...]
+
+    def section(self, title: str) -> Section:
+        return next(s for s in self.sections if s.title == title)
+
+    def __str__(self) -> str:
+        parts = [f"zephon_dask pipeline {self.fingerprint}", *(s.text() for s in self.sections)]
+        parts.append("warnings:\n" + "\n".join(f"  - {w}" for w in self.warnings) if self.warnings
+                     else "warnings: none")
+        return "\n\n".join(parts)
+
+    def _repr_html_(self) -> str:
+        return html_block(
+            html_title(f"zephon_dask pipeline {self.fingerprint}"),
+            html_warnings(self.warnings),
+            *(s.html() for s in self.sections),
+        )
+
+
+def _fraction(w) -> str:
+    return f"{w.numerator}/{w.denominator} ({float(w):.1%})"
+
+
+def _span(values: list[int]) -> str:
+    lo, hi = min(values), max(values)
+    return str(lo) if lo == hi else f"{lo}-{hi}"
+
+
+def _datasets(source) -> Section:
+    rows = []
+    for ds, size, weight in zip(source.datasets, source.sizes, source.weights, strict=True):
+        shards = getattr(ds, "num_shards", len(ds.shard_sizes))
+        rows.append((ds.name, getattr(ds, "format", "?"), str(shards), f"{size:,}",
+                     getattr(ds, "text_field", "?"), _fraction(weight)))
+    return Section("datasets", headers=("name", "format", "shards", "samples", "text field", "weight"),
+                   rows=tuple(rows))
+
+
+def _stream_end(source) -> str:
+    if source.exhausted_policy is None:
+        return f"after {source.stop_after_passes} pass(es) of every dataset"
+    if source.exhausted_policy == "stop":
+        return "before any dataset would repeat (exhausted_policy='stop')"
+    if source.max_repeats is None:
+        return "never (exhausted_policy='repeat')"
+    return f"after {source.max_repeats} repeat(s) (exhausted_policy='repeat')"
+
+
+def _mixture(source) -> Section:
+    chunks = source.num_chunks
+    length = "endless" if chunks is None else f"{chunks:,} chunks ({chunks * source.chunk_size:,} samples)"
+    shuffles = [name for name, on in (("shards", source.shuffle_shards),
+                                      ("within shards", source.shuffle_within_shard)) if on]
+    if source.shuffle_block_size:
+        shuffles.append(f"blocks of {source.shuffle_block_size}")
+    return Section("mixture", pairs=(
+        ("chunk_size", str(source.chunk_size)),
+        ("seed", str(source.seed)),
+        ("stream length", length),
+        ("stream ends", _stream_end(source)),
+        ("sample order", "shuffled: " + ", ".join(shuffles) if shuffles else "file order"),
+        ("reshuffle_on_repeat", str(source.reshuffle_on_repeat)),
+        ("lane_assignment", source.lane_assignment),
+    ))
+
+
+def _lanes(spec) -> tuple[Section, list[str]]:
+    source, replicas, k = spec.source, spec.canonical_replicas, spec.flush_every_k_chunks
+    pairs = [("canonical_replicas", str(replicas)), ("flush_every_k_chunks", str(k))]
+    notes = []
+    if source.num_chunks is None:
+        pairs.append(("chunks per lane", "endless"))
+        pairs.append(("windows per lane", "endless"))
+    else:
+        per_lane = [len(source.lane_chunks(lane, replicas)) for lane in range(replicas)]
+        windows = [-(-n // k) for n in per_lane]
+        pairs += [("chunks per lane", _span(per_lane)), ("windows per lane", _span(windows)),
+                  ("windows in all", f"{sum(windows):,}")]
+        empty = sum(1 for n in per_lane if n == 0)
+        if empty:
+            notes.append(
+                f"{empty} of {replicas} lanes get no chunk: the stream has {source.num_chunks} chunks. "
+                "Lower chunk_size or canonical_replicas so every lane has data"
+            )
+    return Section("lanes and windows", pairs=tuple(pairs)), notes
+
+
+def _group(pipeline, replicas: int, options: dict) -> tuple[Section, list[str]]:
+    notes: list[str] = []
+    mapping = options["mapping_strategy"]
+    try:
+        degree, group = pipeline.identity()
+    except ConfigError as exc:
+        return Section("this DP group", pairs=(("identity", "invalid"),)), [str(exc)]
+    pairs = [("dp_degree", str(degree)), ("dp_group_id", str(group)), ("mapping_strategy", mapping)]
+    if degree > replicas:
+        notes.append(
+            f"dp_degree={degree} exceeds canonical_replicas={replicas}: some DP groups would own no "
+            f"lane; use dp_degree <= {replicas} or a larger canonical_replicas for a new run"
+        )
+        return Section("this DP group", pairs=tuple(pairs)), notes
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ElasticityWarning)
+        groups = routing.group_lanes(replicas, degree, mapping)
+    pairs.append(("lanes owned", str(groups[group])))
+    if replicas % degree:
+        notes.append(
+            f"canonical_replicas={replicas} is not divisible by dp_degree={degree}: groups own "
+            f"{_span([len(g) for g in groups])} lanes, so some do more work per step. Prefer a "
+            f"degree that divides {replicas}"
+        )
+    bps = options.get("batches_per_step")
+    if bps is not None:
+        try:
+            routing.check_step(bps, degree, replicas)
+        except ConfigError as exc:
+            notes.append(str(exc))
+    return Section("this DP group", pairs=tuple(pairs)), notes
+
+
+def _settings(op) -> str:
+    spec = op.spec()
+    return ", ".join(f"{k}={json.dumps(spec[k], sort_keys=True)}" for k in sorted(spec) if k != "op")
+
+
+def _operators(spec) -> Section:
+    rows = [(str(i), op.name, "stateless (per chunk)", _settings(op)) for i, op in enumerate(spec.record_ops)]
+    n = len(rows)
+    rows += [(str(n + i), op.name, "accumulator (per window)", _settings(op))
+             for i, op in enumerate(spec.accumulators)]
+    return Section("operators", headers=("#", "operator", "kind", "settings"), rows=tuple(rows))
+
+
+def _execution(pipeline, options: dict, fingerprint: str) -> Section:
+    runner = getattr(pipeline, "_runner", None)  # only a runner already started; never start one
+    if runner is None:
+        remote = options["client"] is not None or options["address"] is not None
+        name = "distributed" if remote else options["runner"]
+        state = f"{name} (not started; it starts on the first iteration)"
+        dashboard = ("shown here once the runner has started" if name == "distributed"
+                     else f"none (the {name} runner has no Dask dashboard)")
+    else:
+        state = runner.describe()
+        dashboard = runner.dashboard_link or "none (this runner has no Dask dashboard)"
+    fuse = "one fused task per window" if options["fuse"] else "a task per chunk + one per window"
+    return Section("execution (never changes the data)", pairs=(
+        ("runner", state),
+        ("dashboard", dashboard),
+        ("n_workers", str(options["n_workers"] or "one per core")),
+        ("prefetch_windows", str(options["prefetch_windows"])),
+        ("tasks", fuse),
+        ("retries", str(options["retries"])),
+        ("deterministic", str(options["deterministic"])),
+        ("batches_per_step", str(options["batches_per_step"] or "not set")),
+        ("task keys", f"zephon-*-{fingerprint[:FP_CHARS]}-<lane>-<window>"),
+    ))
+
+
+def explain(pipeline) -> Explanation:
+    """The plan of ``pipeline`` (see the module docstring for what it touches)."""
+    spec = pipeline.spec
+    options = pipeline._options
+    fingerprint = spec.fingerprint
+    lanes, lane_notes = _lanes(spec)
+    group, group_notes = _group(pipeline, spec.canonical_replicas, options)
+    batch = Section("batches", pairs=tuple((k, str(v)) for k, v in pipeline.batch_options.config().items()))
+    sections = (_datasets(spec.source), _mixture(spec.source), lanes, group, _operators(spec), batch,
+                _execution(pipeline, options, fingerprint))
+    return Explanation(fingerprint, sections, tuple(lane_notes + group_notes))

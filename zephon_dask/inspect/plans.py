@@ -1,0 +1,99 @@
+"""``plan_table``: which DP group owns which lanes, for several degrees and both mappings. Pure.
+
+Each entry is :func:`zephon_dask.curriculum.routing.plan` for one
+``(dp_degree, mapping)``; a degree above ``canonical_replicas`` is kept as an
+entry with its problem instead of failing the whole table.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from ..curriculum import routing
+from ..errors import ConfigError, ElasticityWarning
+from ..validate import is_int_at_least
+from .render import html_block, html_table, text_table
+
+
+@dataclass(frozen=True)
+class PlanEntry:
+    """One ``(dp_degree, mapping)``: its :class:`~zephon_dask.curriculum.Plan` or why there is none."""
+
+    dp_degree: int
+    mapping: str
+    plan: routing.Plan | None
+    notes: tuple[str, ...]
+
+    def cells(self) -> tuple[str, ...]:
+        if self.plan is None:
+            return (str(self.dp_degree), self.mapping, "-", "-", "-", "; ".join(self.notes))
+        groups = " | ".join(",".join(map(str, g)) for g in self.plan.groups)
+        sizes = sorted({len(g) for g in self.plan.groups})
+        per_group = "-".join(map(str, (sizes[0], sizes[-1]))) if len(sizes) > 1 else str(sizes[0])
+        return (str(self.dp_degree), self.mapping, groups, per_group, f"{self.plan.imbalance:.2f}",
+                "; ".join(self.notes) or "ok")
+
+
+HEADERS = ("dp_degree", "mapping", "lanes of group 0 | 1 | ...", "lanes/group", "imbalance", "notes")
+
+
+@dataclass(frozen=True)
+class PlanTable:
+    """Lane-to-group plans (a value): ``str()`` for a terminal, HTML for a notebook."""
+
+    canonical_replicas: int
+    batches_per_step: int | None
+    entries: tuple[PlanEntry, ...]
+
+    def __str__(self) -> str:
+        head = f"canonical_replicas={self.canonical_replicas}"
+        if self.batches_per_step is not None:
+            head += f", batches_per_step={self.batches_per_step}"
+        return head + "\n" + text_table(HEADERS, [e.cells() for e in self.entries])
+
+    def _repr_html_(self) -> str:
+        caption = f"lane plans for canonical_replicas={self.canonical_replicas}"
+        return html_block(html_table(HEADERS, [e.cells() for e in self.entries], caption=caption))
+
+
+def _entry(replicas: int, degree: int, mapping: str, batches_per_step: int | None) -> PlanEntry:
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ElasticityWarning)
+            plan = routing.plan(replicas, degree, mapping)
+    except ConfigError as exc:
+        return PlanEntry(degree, mapping, None, (str(exc),))
+    notes = []
+    if replicas % degree:
+        notes.append(f"{replicas} lanes do not divide into {degree} groups")
+    if batches_per_step is not None:
+        try:
+            routing.check_step(batches_per_step, degree, replicas)
+        except ConfigError:
+            notes.append(f"batches_per_step={batches_per_step} x {degree} is not a multiple of "
+                         f"{replicas}: steps not elastic")
+    return PlanEntry(degree, mapping, plan, tuple(notes))
+
+
+def lane_plans(canonical_replicas: int, dp_degrees: Iterable[int],
+               mappings: Sequence[str] = routing.MAPPING_STRATEGIES,
+               batches_per_step: int | None = None) -> PlanTable:
+    """Plans for every degree in ``dp_degrees`` (in that order) and every mapping."""
+    routing.check_replicas(canonical_replicas)
+    degrees = list(dp_degrees)
+    bad = [d for d in degrees if not is_int_at_least(d, 1)]
+    if bad or not degrees:
+        raise ConfigError(f"dp_degrees={degrees!r} must be positive ints, e.g. [1, 2, 4, 8]")
+    for m in mappings:
+        routing.check_choice(m, routing.MAPPING_STRATEGIES, "mapping_strategy")
+    entries = tuple(_entry(canonical_replicas, d, m, batches_per_step) for d in degrees for m in mappings)
+    return PlanTable(canonical_replicas, batches_per_step, entries)
+
+
+def plan_table(pipeline, dp_degrees: Iterable[int] = (1, 2, 4, 8),
+               mappings: Sequence[str] = routing.MAPPING_STRATEGIES) -> PlanTable:
+    """:func:`lane_plans` for a pipeline's ``canonical_replicas`` and ``batches_per_step``."""
+    options = pipeline._options
+    return lane_plans(options["canonical_replicas"], dp_degrees, mappings, options.get("batches_per_step"))

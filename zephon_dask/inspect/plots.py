@@ -1,0 +1,50 @@
+"""matplotlib views of :class:`PipelineStats`: the mixture over steps, packing efficiency. Pure.
+
+matplotlib is imported when a plot is drawn; without it the functions raise
+:class:`MissingDependencyError` naming the install command.
+"""
+
+from __future__ import annotations
+
+from ..errors import MissingDependencyError
+
+
+def _pyplot():
+    try:
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise MissingDependencyError(
+            "plots need matplotlib: pip install matplotlib (it comes with zephon_dask[dev])"
+        ) from None
+    return plt
+
+
+def plot_mixture(stats, ax=None):
+    """Stacked share of real tokens per dataset at each global step, with the target as dashes."""
+    plt = _pyplot()
+    if ax is None:
+        _, ax = plt.subplots(figsize=(7, 3))
+    steps = [h["global_step"] for h in stats.history]
+    names = [m["dataset"] for m in stats.mixture]
+    totals = [max(sum(h["dataset_tokens"].values()), 1) for h in stats.history]
+    shares = [[h["dataset_tokens"][n] / t for h, t in zip(stats.history, totals, strict=True)] for n in names]
+    ax.stackplot(steps, shares, labels=names, alpha=0.8)
+    level = 0.0
+    for m in stats.mixture[:-1]:
+        level += m["target"]
+        ax.axhline(level, color="black", linestyle="--", linewidth=0.8)
+    ax.set(xlabel="global step", ylabel="share of real tokens", ylim=(0, 1),
+           title="realized mixture per step (dashes: target sample weights)")
+    ax.legend(loc="upper right", fontsize=8)
+    return ax
+
+
+def plot_packing(stats, ax=None):
+    """Real tokens over batch slots per global step (1.0 = no padding)."""
+    plt = _pyplot()
+    if ax is None:
+        _, ax = plt.subplots(figsize=(7, 3))
+    steps = [h["global_step"] for h in stats.history]
+    ax.plot(steps, [h["tokens"] / h["slots"] if h["slots"] else 0 for h in stats.history], marker=".")
+    ax.set(xlabel="global step", ylabel="real tokens / slots", ylim=(0, 1.05), title="padding efficiency per step")
+    return ax

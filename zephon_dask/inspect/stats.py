@@ -1,0 +1,108 @@
+"""``stats(pipeline)``: how the current iteration is going. Reads state; changes nothing.
+
+Per-lane progress (what was delivered), windows fetched and in flight,
+tokens/s since the iteration started, padding efficiency of the delivered
+batches, packing efficiency of the computed windows, and the realized mixture
+(share of real tokens per dataset) against the target weights (share of
+samples per chunk).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from .render import html_block, html_pairs, html_table, html_title, text_pairs, text_table
+
+
+@dataclass(frozen=True)
+class PipelineStats:
+    """A snapshot of one iteration (immutable)."""
+
+    lanes: list[dict]
+    global_step: int
+    batches: int
+    tokens: int
+    elapsed_s: float
+    padding_efficiency: float | None
+    packing_efficiency: float | None
+    windows_done: int
+    windows_in_flight: int
+    mixture: list[dict]
+    history: list[dict] = field(repr=False)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    def _summary(self) -> list[tuple[str, object]]:
+        def pct(x):
+            return "n/a" if x is None else f"{x:.1%}"
+
+        return [
+            ("global step", self.global_step),
+            ("batches delivered", self.batches),
+            ("tokens delivered", f"{self.tokens:,}"),
+            ("tokens/s", f"{self.tokens_per_s:,.0f} over {self.elapsed_s:.1f} s"),
+            ("padding efficiency", pct(self.padding_efficiency)),
+            ("packing efficiency", pct(self.packing_efficiency)),
+            ("windows fetched / in flight", f"{self.windows_done} / {self.windows_in_flight}"),
+        ]
+
+    def _mixture_rows(self):
+        return [(m["dataset"], f"{m['target']:.3f}", f"{m['realized']:.3f}", f"{m['tokens']:,}")
+                for m in self.mixture]
+
+    def _lane_rows(self):
+        return [(p["lane"], p["window"], p["offset"], p["batches_delivered"], "yes" if p["finished"] else "")
+                for p in self.lanes]
+
+    def __str__(self) -> str:
+        return "\n".join([
+            "zephon_dask stats", text_pairs(self._summary()),
+            "mixture (target: samples per chunk; realized: real tokens delivered)",
+            text_table(["dataset", "target", "realized", "tokens"], self._mixture_rows()),
+            "lanes", text_table(["lane", "window", "offset", "batches", "finished"], self._lane_rows()),
+        ])
+
+    def _repr_html_(self) -> str:
+        return html_block(
+            html_title("zephon_dask stats"),
+            html_pairs(self._summary()),
+            html_table(["dataset", "target", "realized", "tokens"], self._mixture_rows(),
+                       caption="mixture (target: samples per chunk; realized: real tokens delivered)"),
+            html_table(["lane", "window", "offset", "batches", "finished"], self._lane_rows(), caption="lanes"),
+        )
+
+
+def stats(pipeline) -> PipelineStats:
+    """Snapshot the pipeline's current (or last) iteration; zeros before the first."""
+    progress = pipeline._progress
+    if progress is None:
+        from ..state.progress import Progress
+
+        progress = Progress(pipeline.spec, pipeline.owned_lanes(), pipeline._resume,
+                            *pipeline._step_shape())
+    stream = pipeline._stream
+    source = pipeline.work_source
+    pack = stream.stats if stream is not None else {}
+    fetcher = stream.fetcher if stream is not None else None
+    total = max(int(progress.dataset_tokens.sum()), 1)
+    mixture = [{"dataset": name, "target": float(weight), "realized": int(n) / total, "tokens": int(n)}
+               for name, weight, n in zip(source.names, source.weights, progress.dataset_tokens, strict=True)]
+    history = [{"global_step": h["global_step"], "tokens": h["tokens"], "slots": h["slots"],
+                "dataset_tokens": dict(zip(source.names, h["dataset_tokens"].tolist(), strict=True))}
+               for h in progress.history]
+    return PipelineStats(
+        lanes=[{"lane": lane, **progress.lane[lane].as_dict()} for lane in progress.lanes],
+        global_step=progress.global_step,
+        batches=progress.batches,
+        tokens=progress.tokens,
+        elapsed_s=time.perf_counter() - progress.started,
+        padding_efficiency=progress.tokens / progress.slots if progress.slots else None,
+        packing_efficiency=pack["pack.tokens"] / pack["pack.slots"] if pack.get("pack.slots") else None,
+        windows_done=fetcher.windows_done if fetcher else 0,
+        windows_in_flight=len(fetcher.inflight) if fetcher else 0,
+        mixture=mixture,
+        history=history,
+    )

@@ -1,0 +1,295 @@
+"""TOML recipes: a pipeline described in a file (reference: ``docs/recipes.md``).
+
+:func:`load_recipe` reads a recipe and checks its tables, keys, TOML types and
+that the local paths it names exist, then returns an immutable
+:class:`Recipe`; it opens no dataset. :meth:`Recipe.pipeline` builds the
+datasets (indexing their files) and the :class:`~zephon_dask.pipeline.Pipeline`.
+Values are checked by the same constructors as in Python, so a recipe and the
+equivalent hand-built pipeline have the same fingerprint.
+
+Relative paths (datasets, a ``tokenizer.json``) are relative to the recipe's
+folder; URLs (anything with ``://``) are used as written.
+"""
+
+from __future__ import annotations
+
+import difflib
+import glob
+import os
+import tomllib
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from .data.paths import has_glob
+from .errors import RecipeError, RecipeKeyError, RecipePathError, RecipeTypeError
+from .pipeline.builder import DATA_OPTIONS, EXECUTION_OPTIONS
+
+DATASET_FORMATS = ("jsonl", "parquet", "tokens")
+_INT, _BOOL, _STR = (int,), (bool,), (str,)
+_NUMBER = (int, float)
+
+DATASET_KEYS = {"name": _STR, "path": _STR, "format": _STR, "text_field": _STR, "weight": _NUMBER}
+DATASET_REQUIRED = ("name", "path")
+
+# table -> key -> accepted TOML types; keys are the keyword arguments of the
+# matching constructor or Pipeline method.
+TABLES: dict[str, dict[str, tuple[type, ...]]] = {
+    "source": {  # MixtureWorkSource
+        "chunk_size": _INT, "seed": _INT, "shuffle_shards": _BOOL, "shuffle_within_shard": _BOOL,
+        "shuffle_block_size": _INT, "stop_after_passes": _INT, "exhausted_policy": _STR,
+        "max_repeats": _INT, "reshuffle_on_repeat": _BOOL, "lane_assignment": _STR,
+    },
+    "tokenize": {  # Pipeline.tokenize
+        "tokenizer": _STR, "field": _STR, "bos": _BOOL, "eos": _BOOL, "max_length": _INT,
+        "split_long": _BOOL, "bos_id": (int, str), "eos_id": (int, str),
+    },
+    "shuffle": {"buffer_size": _INT, "seed": _INT},  # Pipeline.shuffle
+    "pack": {"max_length": _INT, "algorithm": _STR, "pad_id": _INT, "num_bins": _INT},  # Pipeline.pack
+    "batch": {  # Pipeline.batch
+        "microbatch_size": _INT, "drop_last": _BOOL, "labels": _BOOL, "ignore_index": _INT,
+        "mask_document_boundaries": _BOOL, "cu_seqlens": _BOOL,
+    },
+}
+REQUIRED = {"shuffle": ("buffer_size",), "pack": ("max_length",), "batch": ("microbatch_size",)}
+# [options] takes every Pipeline.options key but client (a live object); these are type-checked
+# here, any other is passed to Pipeline.options, which checks it.
+OPTION_TYPES: dict[str, tuple[type, ...]] = {
+    "canonical_replicas": _INT, "flush_every_k_chunks": _INT, "runner": _STR, "n_workers": _INT,
+    "threads_per_worker": _INT, "address": _STR, "prefetch_windows": _INT, "fuse": _BOOL,
+    "retries": _INT, "dp_degree": _INT, "dp_group_id": _INT, "mapping_strategy": _STR,
+    "deterministic": _BOOL, "batches_per_step": _INT,
+}
+TOP_LEVEL = ("datasets", *TABLES, "options")
+
+_TYPE_NAMES = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+_EXAMPLES = {int: "8", float: "0.5", bool: "true", str: '"..."'}
+
+
+@dataclass(frozen=True)
+class DatasetEntry:
+    """One ``[[datasets]]`` table; ``path`` is resolved against the recipe's folder."""
+
+    name: str
+    path: str
+    format: str | None = None
+    text_field: str | None = None
+    weight: int | float | None = None
+
+    def open(self):
+        """The :class:`~zephon_dask.data.Dataset` (does the I/O of indexing its files)."""
+        from .data import Dataset
+
+        kwargs = {} if self.text_field is None else {"text_field": self.text_field}
+        ctor = {
+            None: Dataset.from_path,
+            "jsonl": Dataset.from_jsonl,
+            "parquet": Dataset.from_parquet,
+            "tokens": Dataset.from_tokens,
+        }[self.format]
+        return ctor(self.name, self.path, **kwargs)
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """A checked recipe (immutable; treat the dicts as read-only). Build it with :func:`load_recipe`."""
+
+    path: str
+    datasets: tuple[DatasetEntry, ...]
+    source: dict[str, Any] = field(default_factory=dict)
+    tokenize: dict[str, Any] | None = None
+    shuffle: dict[str, Any] | None = None
+    pack: dict[str, Any] | None = None
+    batch: dict[str, Any] | None = None
+    options: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def weights(self) -> dict[str, int | float] | None:
+        """``{dataset: weight}``, or ``None`` (weights proportional to size) when no dataset sets one."""
+        if self.datasets[0].weight is None:
+            return None
+        return {d.name: d.weight for d in self.datasets}
+
+    def pipeline(self):
+        """Open the datasets and build the pipeline: tokenize, then shuffle, then pack, then batch."""
+        from .curriculum import MixtureWorkSource
+        from .pipeline import Pipeline
+
+        datasets = []
+        for i, entry in enumerate(self.datasets):
+            with _context(self.path, f"[[datasets]] #{i + 1} (name {entry.name!r})"):
+                datasets.append(entry.open())
+        with _context(self.path, "[source] and the datasets' weights"):
+            pipeline = Pipeline(MixtureWorkSource(datasets, self.weights, **self.source))
+        steps = (("tokenize", pipeline.tokenize), ("shuffle", pipeline.shuffle),
+                 ("pack", pipeline.pack), ("batch", pipeline.batch))
+        for name, method in steps:
+            kwargs = getattr(self, name)
+            if kwargs is not None:
+                with _context(self.path, f"[{name}]"):
+                    method(**kwargs)
+        with _context(self.path, "[options]"):
+            pipeline.options(**self.options)
+        return pipeline
+
+
+@contextmanager
+def _context(file: str, where: str) -> Iterator[None]:
+    try:
+        yield
+    except Exception as exc:
+        exc.add_note(f"zephon_dask: in recipe {file}, {where}")
+        raise
+
+
+def load_recipe(path: str | os.PathLike) -> Recipe:
+    """Read and check the TOML recipe at ``path`` (no dataset is opened)."""
+    file = os.path.abspath(os.fspath(path))
+    try:
+        with open(file, "rb") as fh:
+            doc = tomllib.load(fh)
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+        raise RecipePathError(
+            f"recipe {file!r} does not exist or is not a file; pass the path of a TOML recipe "
+            "(examples/recipe.toml in the source tree is one)"
+        ) from None
+    except tomllib.TOMLDecodeError as exc:
+        raise RecipeError(f"{file}: not valid TOML ({exc}); fix the syntax at that line") from None
+    base = os.path.dirname(file)
+    _check_known(file, "the top level", doc, TOP_LEVEL, "table or key")
+    tables: dict[str, dict[str, Any] | None] = {}
+    for name, types in TABLES.items():
+        table = _table(file, name, doc.get(name))
+        if table is not None:
+            _check_table(file, f"[{name}]", table, types, REQUIRED.get(name, ()))
+        tables[name] = table
+    if tables["tokenize"] is not None and tables["tokenize"].get("tokenizer", "bytes") != "bytes":
+        tok = tables["tokenize"]["tokenizer"]
+        tables["tokenize"]["tokenizer"] = _existing_path(file, base, "[tokenize]", "tokenizer", tok)
+    return Recipe(
+        path=file,
+        datasets=_datasets(file, base, doc.get("datasets")),
+        source=tables["source"] or {},
+        tokenize=tables["tokenize"],
+        shuffle=tables["shuffle"],
+        pack=tables["pack"],
+        batch=tables["batch"],
+        options=_options(file, _table(file, "options", doc.get("options")) or {}),
+    )
+
+
+# -- checks ----------------------------------------------------------------------------
+
+
+def _check_known(file: str, where: str, table: dict, known, what: str = "key") -> None:
+    for key in sorted(table):
+        if key not in known:
+            close = difflib.get_close_matches(key, list(known), n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise RecipeKeyError(
+                f"{file}: {where} has an unknown {what} {key!r}; {hint}known: {', '.join(known)}"
+            )
+
+
+def _check_type(file: str, where: str, key: str, value: Any, types: tuple[type, ...]) -> None:
+    ok = isinstance(value, types) and (bool in types or not isinstance(value, bool))
+    if not ok:
+        expected = " or ".join(_TYPE_NAMES[t] for t in types)
+        raise RecipeTypeError(
+            f"{file}: {where} {key} = {value!r} must be {expected}; "
+            f"write e.g. {key} = {_EXAMPLES[types[-1]]}"
+        )
+
+
+def _check_table(file: str, where: str, table: dict, types: dict, required=()) -> None:
+    _check_known(file, where, table, types)
+    for key in required:
+        if key not in table:
+            raise RecipeKeyError(
+                f"{file}: {where} lacks the required key {key!r}; add e.g. {key} = "
+                f"{_EXAMPLES[types[key][-1]]}"
+            )
+    for key in sorted(table):
+        _check_type(file, where, key, table[key], types[key])
+
+
+def _table(file: str, name: str, value: Any) -> dict | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise RecipeTypeError(
+            f"{file}: {name} = {value!r} must be a table; write it as [{name}] followed by "
+            "key = value lines"
+        )
+    return dict(value)
+
+
+def _existing_path(file: str, base: str, where: str, key: str, value: str) -> str:
+    """``value`` resolved against ``base``; local paths must exist (URLs are not checked)."""
+    if "://" in value:
+        return value
+    resolved = os.path.normpath(os.path.join(base, os.path.expanduser(value)))
+    found = glob.glob(resolved, recursive=True) if has_glob(resolved) else os.path.exists(resolved)
+    if not found:
+        raise RecipePathError(
+            f"{file}: {where} {key} = {value!r} does not exist (looked for {resolved!r}); "
+            "relative paths start at the recipe's folder: fix the path or create the data"
+        )
+    return resolved
+
+
+def _datasets(file: str, base: str, value: Any) -> tuple[DatasetEntry, ...]:
+    if value is None or value == []:
+        raise RecipeKeyError(
+            f"{file}: the recipe has no [[datasets]]; add one table per dataset, e.g.\n"
+            '[[datasets]]\nname = "web"\npath = "data/web/"'
+        )
+    if not isinstance(value, list) or not all(isinstance(t, dict) for t in value):
+        raise RecipeTypeError(
+            f"{file}: datasets must be an array of tables: write each as [[datasets]] (two brackets)"
+        )
+    entries: list[DatasetEntry] = []
+    for i, table in enumerate(value):
+        where = f"[[datasets]] #{i + 1}"
+        _check_table(file, where, table, DATASET_KEYS, DATASET_REQUIRED)
+        fmt = table.get("format")
+        if fmt is not None and fmt not in DATASET_FORMATS:
+            raise RecipeError(
+                f"{file}: {where} format = {fmt!r} is unknown; choose one of "
+                f"{', '.join(map(repr, DATASET_FORMATS))}, or leave it out to detect it from the path"
+            )
+        if fmt == "tokens" and "text_field" in table:
+            raise RecipeKeyError(
+                f"{file}: {where} text_field = {table['text_field']!r} does not apply to a token "
+                "store (its documents are token ids); remove it"
+            )
+        if any(e.name == table["name"] for e in entries):
+            raise RecipeError(
+                f"{file}: {where} name = {table['name']!r} is used by an earlier dataset; "
+                "give each dataset a unique name"
+            )
+        path = _existing_path(file, base, where, "path", table["path"])
+        entries.append(DatasetEntry(table["name"], path, fmt, table.get("text_field"), table.get("weight")))
+    weighted = [e.weight is not None for e in entries]
+    if any(weighted) and not all(weighted):
+        missing = [e.name for e in entries if e.weight is None]
+        raise RecipeKeyError(
+            f"{file}: datasets {missing} have no weight while others do; set weight = ... in "
+            "every [[datasets]] table, or in none (weights proportional to size)"
+        )
+    return tuple(entries)
+
+
+def _options(file: str, table: dict) -> dict[str, Any]:
+    if "client" in table:
+        raise RecipeKeyError(
+            f"{file}: [options] client cannot be set in a recipe (it is a live dask Client); "
+            'use address = "tcp://scheduler:8786", or pass client= to Pipeline.options in Python'
+        )
+    known = sorted((set(DATA_OPTIONS) | set(EXECUTION_OPTIONS)) - {"client"})
+    _check_known(file, "[options]", table, known)
+    for key in sorted(table):
+        if key in OPTION_TYPES:
+            _check_type(file, "[options]", key, table[key], OPTION_TYPES[key])
+    return table
