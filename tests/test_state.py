@@ -393,3 +393,16 @@ def test_ledger_of_elastic_run_verifies_against_uninterrupted(corpus_dir, tmp_pa
     assert cli(["verify", str(tmp_path / "a"), str(tmp_path / "b")]) == 1
     assert "global step 17 differs" in capsys.readouterr().out
     assert cli(["verify", str(tmp_path / "a"), str(tmp_path / "missing")]) == 2
+
+
+def test_iterating_a_temporary_pipeline_keeps_it_alive(corpus_dir):
+    """``for b in build(...)``: the pipeline object is only referenced by the iterator."""
+    import gc
+
+    truth = ref_group_stream(build(corpus_dir).spec, [0, 1, 2, 3], 3)
+    got = []
+    for batch in build(corpus_dir, runner="threads", prefetch_windows=2):
+        gc.collect()
+        got.append(batch_rows(batch))
+    assert got == truth
+    assert len(list(build(corpus_dir, runner="threads").to_torch())) == len(truth)

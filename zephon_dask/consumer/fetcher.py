@@ -26,6 +26,7 @@ class WindowFetcher:
         start = start_windows or {}
         self.next_needed = {lane: start.get(lane, 0) for lane in self.lanes}
         self.next_submit = dict(self.next_needed)
+        self.first = dict(self.next_needed)  # where each lane started (for stats)
         self.num_windows = {lane: spec.num_windows(lane) for lane in self.lanes}
         self.inflight: OrderedDict = OrderedDict()
         self._seq = 0
@@ -65,6 +66,11 @@ class WindowFetcher:
         self.next_needed[lane] = w + 1
         self._top_up()
         return out
+
+    @property
+    def windows_done(self) -> int:
+        """Windows handed to the consumer since the fetcher started."""
+        return sum(self.next_needed[lane] - self.first[lane] for lane in self.lanes)
 
     def ready_lane(self) -> int | None:
         """A lane whose next-needed window has finished computing (for non-deterministic mode)."""

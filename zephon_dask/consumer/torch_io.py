@@ -142,6 +142,7 @@ class PipelineDataset(IterableDataset):
                 out["index_in_lane"] = torch.tensor(batch.index_in_lane)
                 out["position"] = torch.tensor(batch.position)
                 out["last"] = torch.tensor(batch.last)
+                out["dataset_tokens"] = torch.from_numpy(batch.dataset_tokens())
                 yield out
         finally:
             if pipe is not self.pipeline:
@@ -166,5 +167,5 @@ class PipelineLoader:
         for out in loader:
             window, offset = (int(v) for v in out["position"])
             progress.observe(int(out["lane"]), int(out["index_in_lane"]), window, offset,
-                             bool(out["last"]), tokens=out["tokens"].numpy())
+                             bool(out["last"]), out["tokens"].numpy(), out["dataset_tokens"].numpy())
             yield out

@@ -269,15 +269,19 @@ class Pipeline:
     def __iter__(self):
         """Batches of this group's lanes, in strict round-robin (from the loaded state, if any)."""
         progress = self._begin()
-        return _delivered(self._tracked_stream(progress), progress.observe_batch)
+        return self._hold(_delivered(self._tracked_stream(progress), progress.observe_batch))
 
     def to_torch(self, device=None, pin_memory: bool | None = None, prefetch: int = 2):
         """Yield dicts of torch tensors; on CUDA pinned and copied ahead on a side stream."""
         from ..consumer.torch_io import to_device_iter
 
         progress = self._begin()
-        return to_device_iter(self._tracked_stream(progress), device=device, pin_memory=pin_memory, depth=prefetch,
-                              on_deliver=progress.observe_batch)
+        return self._hold(to_device_iter(self._tracked_stream(progress), device=device, pin_memory=pin_memory,
+                                         depth=prefetch, on_deliver=progress.observe_batch))
+
+    def _hold(self, iterator):
+        """``iterator``, keeping this pipeline (and so its runner) alive while it is consumed."""
+        yield from iterator
 
     def to_torch_dataset(self):
         """An ``IterableDataset`` for ``DataLoader(num_workers=n)`` (lanes split across workers).
@@ -428,6 +432,24 @@ class Pipeline:
         from ..inspect import window_graph
 
         return window_graph(self, lane, window, fused)
+
+    def stats(self):
+        """Progress of the current iteration: lanes, windows, tokens/s, efficiency, mixture."""
+        from ..inspect import stats
+
+        return stats(self)
+
+    def plot_mixture(self, ax=None):
+        """Realized mixture per global step against the target (matplotlib)."""
+        from ..inspect import plot_mixture
+
+        return plot_mixture(self.stats(), ax)
+
+    def plot_packing(self, ax=None):
+        """Padding efficiency per global step (matplotlib)."""
+        from ..inspect import plot_packing
+
+        return plot_packing(self.stats(), ax)
 
     def _repr_html_(self) -> str:
         from ..inspect import pipeline_html

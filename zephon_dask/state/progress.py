@@ -9,12 +9,19 @@ and appends the run ledger.
 from __future__ import annotations
 
 import copy
+import time
+from collections import deque
 import warnings
 from dataclasses import dataclass
+
+import numpy as np
 
 from ..errors import ZephonWarning
 from .ledger import LedgerWriter
 from .schema import FORMAT, VERSION, lanes_of, pointer_key
+
+
+HISTORY_STEPS = 10_000  # global steps kept for stats() and the plots
 
 
 @dataclass
@@ -67,6 +74,11 @@ class Progress:
         self.delivered = step["batches_in_step"] if same_shape else 0
         self.ledger = ledger
         self._ends: dict[int, int] = {}  # lane -> batch count at which it is known to end
+        # throughput and mixture, for stats() only (never part of the data or the state)
+        self.started = time.perf_counter()
+        self.tokens = self.slots = self.batches = 0
+        self.dataset_tokens = np.zeros(len(spec.source.names), dtype=np.int64)
+        self.history: deque[dict] = deque(maxlen=HISTORY_STEPS)  # per step: tokens per dataset, real, slots
 
     def lane_finished(self, lane: int, batches: int) -> None:
         """The lane has no batch after its ``batches``-th; finished once those are delivered."""
@@ -83,10 +95,23 @@ class Progress:
         return self.start_step + self.delivered // self.batches_per_step
 
     def observe(self, lane: int, index_in_lane: int, window: int, offset: int, last: bool,
-                tokens=None) -> None:
-        """Record one batch handed to the caller."""
+                tokens, dataset_tokens) -> None:
+        """Record one batch handed to the caller (its token matrix, real tokens per dataset)."""
+        step = self.global_step
         if self.ledger is not None:
-            self.ledger.write(self.global_step, lane, index_in_lane, tokens)
+            self.ledger.write(step, lane, index_in_lane, tokens)
+        real = int(dataset_tokens.sum())
+        self.tokens += real
+        self.slots += int(np.size(tokens))
+        self.batches += 1
+        self.dataset_tokens += dataset_tokens
+        if not self.history or self.history[-1]["global_step"] != step:
+            self.history.append({"global_step": step, "tokens": 0, "slots": 0,
+                                 "dataset_tokens": np.zeros_like(self.dataset_tokens)})
+        entry = self.history[-1]
+        entry["tokens"] += real
+        entry["slots"] += int(np.size(tokens))
+        entry["dataset_tokens"] += dataset_tokens
         p = self.lane[lane]
         p.window, p.offset, p.batches_delivered = window, offset, index_in_lane + 1
         p.finished = p.finished or last
@@ -95,7 +120,8 @@ class Progress:
         self.delivered += 1
 
     def observe_batch(self, batch) -> None:
-        self.observe(batch.lane, batch.index_in_lane, *batch.position, batch.last, tokens=batch["tokens"])
+        self.observe(batch.lane, batch.index_in_lane, *batch.position, batch.last,
+                     batch["tokens"], batch.dataset_tokens())
 
     def state(self) -> dict:
         in_step = self.delivered % self.batches_per_step

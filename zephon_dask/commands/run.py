@@ -1,0 +1,66 @@
+"""``zephon-dask run RECIPE --steps N``: stream a recipe's batches with a progress bar."""
+
+import sys
+
+HELP = "stream a recipe's batches for N global steps (progress, throughput, ledger, checkpoint)"
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("recipe", help="a TOML recipe (see docs/recipes.md)")
+    parser.add_argument("--steps", type=int, required=True, help="global steps to stream")
+    parser.add_argument("--resume", help="a checkpoint written by --checkpoint (or save_state) to start from")
+    parser.add_argument("--checkpoint", help="write the state here after the last step")
+    parser.add_argument("--ledger", help="append a ledger line per batch to DIR/rank-<n>.jsonl")
+    parser.add_argument("--runner", choices=["synchronous", "threads", "distributed"],
+                        help="override the recipe's runner")
+    parser.add_argument("--address", help="an existing Dask scheduler to run on")
+    parser.add_argument("--dp-degree", type=int, help="DP groups (default: the recipe's, else 1)")
+    parser.add_argument("--dp-group-id", type=int, help="this DP group (default: the recipe's, else 0)")
+
+
+def _stream(pipeline, steps: int) -> int:
+    import time
+
+    from tqdm import tqdm
+
+    per_step = pipeline._step_shape()[0]
+    batches = iter(pipeline)
+    start = time.perf_counter()
+    tokens = done = 0
+    with tqdm(total=steps, desc="global steps", unit="step") as bar:
+        for _ in range(steps):
+            for _ in range(per_step):
+                batch = next(batches, None)
+                if batch is None:
+                    bar.write(f"the stream ended after {done} full steps")
+                    return done
+                tokens += int(batch["lengths"].sum())
+            done += 1
+            bar.update(1)
+            bar.set_postfix(tok_s=f"{tokens / max(time.perf_counter() - start, 1e-9):,.0f}")
+    return done
+
+
+def run(args) -> int:
+    from ..errors import ZephonError
+    from ..recipe import load_recipe
+    from ..state import load_state, save_state
+
+    try:
+        pipeline = load_recipe(args.recipe).pipeline()
+        overrides = {"dp_degree": args.dp_degree, "dp_group_id": args.dp_group_id, "runner": args.runner,
+                     "address": args.address, "ledger": args.ledger}
+        pipeline.options(**{k: v for k, v in overrides.items() if v is not None})
+        if args.resume:
+            pipeline.load_state_dict(load_state(args.resume))
+        with pipeline:
+            done = _stream(pipeline, args.steps)
+            print(pipeline.stats())
+            if args.checkpoint:
+                state = pipeline.state_dict()
+                save_state(args.checkpoint, state)
+                print(f"checkpoint at global step {state['step']['global_step']} -> {args.checkpoint}")
+    except ZephonError as exc:
+        print(f"zephon-dask run: error: {exc}", *getattr(exc, "__notes__", ()), sep="\n", file=sys.stderr)
+        return 2
+    return 0 if done == args.steps else 1
