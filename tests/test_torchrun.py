@@ -40,7 +40,7 @@ def test_two_ranks_checkpoint_then_four_ranks_resume(corpus_dir, tmp_path):
     truth = build(corpus_dir, R=8, k=1, microbatch=2, runner="synchronous", batches_per_step=8,
                   ledger=str(tmp_path / "truth"))
     with truth:
-        for step, _ in zip(range(30 * 8), truth, strict=False):
+        for _ in zip(range(30 * 8), truth, strict=False):
             pass
     ckpt = tmp_path / "ckpt.json"
     common = ["--corpus", str(corpus_dir), "--ledger", str(tmp_path / "run")]

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import copy
 import time
-from collections import deque
 import warnings
+from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
@@ -19,7 +19,6 @@ import numpy as np
 from ..errors import ZephonWarning
 from .ledger import LedgerWriter
 from .schema import FORMAT, VERSION, lanes_of, pointer_key
-
 
 HISTORY_STEPS = 10_000  # global steps kept for stats() and the plots
 
