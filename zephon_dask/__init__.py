@@ -7,6 +7,7 @@ load when a pipeline runs or converts batches to tensors.
 from .consumer import Batch, BatchOptions
 from .curriculum import MixtureWorkSource, Pointer, plan
 from .data import Dataset
+from .data.prepare import prepare_tokens
 from .errors import (
     ConfigError,
     DataFormatError,
@@ -18,6 +19,7 @@ from .errors import (
     ZephonError,
 )
 from .pipeline import Pipeline, WindowOutput, compute_window
+from .state import gather_state, load_state, merge_states, save_state, verify_ledgers
 
 __version__ = "0.1.0"
 
@@ -38,5 +40,11 @@ __all__ = [
     "WindowOutput",
     "ZephonError",
     "compute_window",
+    "gather_state",
+    "load_state",
+    "merge_states",
     "plan",
+    "prepare_tokens",
+    "save_state",
+    "verify_ledgers",
 ]

@@ -6,4 +6,4 @@ library at their top, so ``zephon-dask --help`` stays fast; heavy imports
 happen inside ``run``.
 """
 
-COMMANDS = ("demo",)
+COMMANDS = ("demo", "run", "verify", "prepare", "explain", "plan", "bench")

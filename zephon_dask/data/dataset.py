@@ -269,11 +269,25 @@ class Dataset:
 
     @classmethod
     def from_tokens(
-        cls, name: str, path: Any, *, storage_options: dict[str, Any] | None = None
+        cls,
+        name: str,
+        path: Any,
+        *,
+        tokenizer: Any = None,
+        storage_options: dict[str, Any] | None = None,
     ) -> Dataset:
-        """A pre-tokenized zarr token store (see :mod:`zephon_dask.data.tokens`)."""
+        """A pre-tokenized zarr token store (see :mod:`zephon_dask.data.tokens`).
+
+        An incomplete store (an interrupted ``prepare_tokens`` job) is refused.
+        ``tokenizer`` (anything ``Pipeline.tokenize`` accepts) is the tokenizer the
+        caller expects: a store written with another one raises TokenizerMismatchError.
+        """
         _check_name(name)
         shards, meta = tokens.open_store(str(path), storage_options)
+        if tokenizer is not None:
+            from ..operators.tokenize import resolve_tokenizer
+
+            tokens.check_tokenizer(str(path), meta, resolve_tokenizer(tokenizer).identity())
         return cls(
             name,
             "tokens",
@@ -295,6 +309,11 @@ class Dataset:
         fmt = _detect(name, str(path), kwargs.get("storage_options"))
         ctor = {"jsonl": cls.from_jsonl, "parquet": cls.from_parquet, "tokens": cls.from_tokens}
         return ctor[fmt](name, path, **kwargs)
+
+    def _repr_html_(self) -> str:
+        from ..inspect import dataset_html
+
+        return dataset_html(self)
 
 
 def _detect(name: str, path: str, storage_options: dict[str, Any] | None) -> str:

@@ -11,16 +11,30 @@ Layout (a zarr v3 group at ``path``)::
                                     non-decreasing, offsets[-1] == len(tokens)
 
 Document ``i`` of a shard is ``tokens[offsets[i]:offsets[i+1]]``. Shard ids
-match ``[A-Za-z0-9][A-Za-z0-9._-]*``. Construction reads metadata only; a
+match ``[A-Za-z0-9][A-Za-z0-9._-]*``.
+
+A store written by :func:`zephon_dask.prepare_tokens` also carries
+``"complete"`` (``false`` until every shard is written and verified), ``"dtype"``
+and ``"source"`` (the source dataset's identity) at the root, and a completion
+record (attribute ``"record"``: counts, sha256 of tokens and offsets, source
+shard) on each ``shards/<shard_id>`` group, written last by
+:class:`ShardWriter` and checked by :func:`verify_shard`. :func:`open_store`
+refuses a store whose ``"complete"`` is not true (a store without the key,
+such as one from :func:`write_token_store`, which writes the root attributes
+last, is complete).
+
+Construction reads metadata only; a
 shard's offsets array is loaded (and checked) on its first read in a process
 and kept in a byte-bounded LRU (:data:`OPENED`, keyed by the :class:`Shard`).
-Reads fetch one token slice per run of nearby documents (gaps under
-:data:`GAP` tokens are read through). Documents come back in the stored dtype.
+A read fetches the tokens of all requested documents with one orthogonal
+selection, so zarr decodes each chunk that holds any of them once. Documents
+come back in the stored dtype.
 :func:`write_token_store` is the writer.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from collections.abc import Mapping, Sequence
@@ -29,7 +43,13 @@ from typing import Any
 import numpy as np
 import zarr
 
-from ..errors import ConfigError, DataFormatError, DatasetNotFoundError
+from ..errors import (
+    ConfigError,
+    DataFormatError,
+    DatasetNotFoundError,
+    IncompleteStoreError,
+    TokenizerMismatchError,
+)
 from .memo import ByteLRU
 from .paths import filesystem, to_url
 from .shard import Shard
@@ -38,10 +58,10 @@ FORMAT = "zephon_dask.tokens"
 VERSION = 1
 TOKEN_CHUNK = 1 << 20
 OFFSET_CHUNK = 1 << 16
-GAP = 1 << 14  # token gap under which two needed documents are fetched in one slice
 _SHARD_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 _TOKEN_DTYPES = (np.dtype(np.uint16), np.dtype(np.uint32))
 OPENED = ByteLRU(1 << 30)
+RECORD = "record"  # a shard group's completion record (prepare_tokens)
 
 
 def _root(path: str, storage_options: dict[str, Any] | None) -> str:
@@ -113,6 +133,12 @@ def open_store(
             f"(attributes format={attrs.get('format')!r}, version={attrs.get('version')!r}); "
             "write it with zephon_dask.data.write_token_store"
         )
+    if attrs.get("complete", True) is not True:
+        raise IncompleteStoreError(
+            f"token store {path!r} is incomplete: its prepare_tokens job was interrupted or is "
+            "still running. Rerun zephon_dask.prepare_tokens (or `zephon-dask prepare`) with the "
+            "same dataset, tokenizer and output path to finish it"
+        )
     ids = attrs.get("shards")
     if not isinstance(ids, list) or not all(isinstance(s, str) for s in ids):
         raise DataFormatError(f"token store {path!r}: attribute 'shards' must be a list of ids")
@@ -173,16 +199,131 @@ def read(
     """``{"tokens": array}`` for the documents at ``offsets`` (validated), in order; fresh arrays."""
     tok, off = _open(shard, storage_options)
     uniq, inverse = np.unique(offsets, return_inverse=True)
-    start, end = off[uniq], off[uniq + 1]
-    cut = np.flatnonzero(start[1:] - end[:-1] > GAP) + 1
-    first = np.concatenate(([0], cut))
-    last = np.concatenate((cut, [uniq.size])) - 1
-    docs: list[np.ndarray] = []
-    for a, b in zip(first.tolist(), last.tolist(), strict=True):
-        lo = int(start[a])
-        run = tok[lo : int(end[b])]
-        docs.extend(
-            run[s - lo : e - lo]
-            for s, e in zip(start[a : b + 1].tolist(), end[a : b + 1].tolist(), strict=True)
+    start = off[uniq]
+    lengths = off[uniq + 1] - start
+    bounds = np.concatenate(([0], np.cumsum(lengths)))
+    index = np.repeat(start - bounds[:-1], lengths) + np.arange(bounds[-1])
+    flat = tok.oindex[index] if index.size else np.empty(0, tok.dtype)
+    return [
+        {"tokens": flat[bounds[j] : bounds[j + 1]].copy()} for j in inverse.ravel().tolist()
+    ]
+
+
+def check_tokenizer(path: str, meta: dict[str, Any], expected: dict[str, Any]) -> None:
+    """Raise TokenizerMismatchError unless the store's tokenizer identity is ``expected``. Pure.
+
+    ``meta`` is the store's ``tokenizer`` attribute; a store from ``prepare_tokens``
+    holds the tokenize settings there, with the tokenizer's identity under ``"tokenizer"``.
+    """
+    got = meta.get("tokenizer")
+    if got != expected:
+        raise TokenizerMismatchError(
+            f"token store {path!r} was written with tokenizer {got!r}, not the expected "
+            f"{expected!r}; prepare the store again with the expected tokenizer "
+            "(zephon_dask.prepare_tokens) or expect the tokenizer it was written with"
         )
-    return [{"tokens": docs[j].copy()} for j in inverse.ravel().tolist()]
+
+
+class ShardWriter:
+    """Streams one shard's documents into ``<url>/tokens`` and ``<url>/offsets``.
+
+    Holds state: the open group (emptied on construction, so an earlier partial
+    attempt is dropped), a buffer shorter than one chunk, the document lengths
+    and the running sha256. Tokens are written whole chunks at a time;
+    :meth:`close` writes the tail, the offsets and then the completion record,
+    last. Every id must fit ``dtype``.
+    """
+
+    def __init__(self, url: str, dtype: Any, storage_options: dict[str, Any] | None):
+        self._dtype = np.dtype(dtype).newbyteorder("<")
+        self._top = int(np.iinfo(self._dtype).max)
+        self._group = zarr.open_group(url, mode="w", storage_options=storage_options or None)
+        self._tokens = self._group.create_array(
+            "tokens", shape=(0,), dtype=self._dtype, chunks=(TOKEN_CHUNK,)
+        )
+        self._lengths: list[np.ndarray] = []
+        self._pending: list[np.ndarray] = [np.empty(0, self._dtype)]
+        self._pending_n = self._written = 0
+        self._sha = hashlib.sha256()
+
+    def add(self, docs: Sequence[np.ndarray]) -> None:
+        """Append documents (1-D integer arrays), in order."""
+        lengths = np.fromiter((d.size for d in docs), np.int64, len(docs))
+        flat = np.concatenate([np.empty(0, np.int64), *docs])
+        if flat.size and (int(flat.min()) < 0 or int(flat.max()) > self._top):
+            bad = int(flat[(flat < 0) | (flat > self._top)][0])
+            raise ConfigError(
+                f"the tokenizer produced id {bad}, outside the store's {self._dtype.name} range "
+                f"[0, {self._top}]; a tokenizer must produce ids in [0, vocab_size)"
+            )
+        self._lengths.append(lengths)
+        self._pending.append(flat.astype(self._dtype))
+        self._pending_n += flat.size
+        if self._pending_n >= TOKEN_CHUNK:
+            self._flush(whole_chunks=True)
+
+    def _flush(self, whole_chunks: bool) -> None:
+        buf = np.concatenate(self._pending)
+        n = buf.size - buf.size % TOKEN_CHUNK if whole_chunks else buf.size
+        if n:
+            self._tokens.resize((self._written + n,))
+            self._tokens[self._written : self._written + n] = buf[:n]
+            self._sha.update(buf[:n].tobytes())
+            self._written += n
+        self._pending, self._pending_n = [buf[n:]], buf.size - n
+
+    def close(self, source: dict[str, Any], truncated_tokens: int = 0) -> dict[str, Any]:
+        """Write the tail, the offsets and the completion record; return the record."""
+        self._flush(whole_chunks=False)
+        lengths = np.concatenate([np.empty(0, np.int64), *self._lengths])
+        offsets = np.concatenate(([0], np.cumsum(lengths))).astype("<i8")
+        self._group.create_array(
+            "offsets", data=offsets, chunks=(min(offsets.size, OFFSET_CHUNK),)
+        )
+        record = {
+            "num_docs": int(lengths.size),
+            "num_tokens": self._written,
+            "tokens_sha256": self._sha.hexdigest(),
+            "offsets_sha256": hashlib.sha256(offsets.tobytes()).hexdigest(),
+            "truncated_tokens": int(truncated_tokens),
+            "source": source,
+        }
+        self._group.attrs.update({RECORD: record})
+        return record
+
+
+def verify_shard(
+    url: str, source: dict[str, Any], dtype: Any, storage_options: dict[str, Any] | None
+) -> dict[str, Any] | None:
+    """The shard's completion record if it names ``source`` and the data hash to it, else ``None``.
+
+    Reads only. Anything unreadable (a missing group, array or chunk, a corrupt
+    chunk) counts as unverified: the caller writes the shard again.
+    """
+    want = np.dtype(dtype).newbyteorder("<")
+    try:
+        group = zarr.open_group(url, mode="r", storage_options=storage_options or None)
+        record = group.attrs.get(RECORD)
+        if not isinstance(record, dict) or record.get("source") != source:
+            return None
+        tok, off = group["tokens"], group["offsets"]
+        if (
+            tok.dtype != want
+            or tok.shape != (record["num_tokens"],)
+            or off.shape != (record["num_docs"] + 1,)
+        ):
+            return None
+        sha = hashlib.sha256()
+        for lo in range(0, tok.shape[0], TOKEN_CHUNK):
+            sha.update(np.ascontiguousarray(tok[lo : lo + TOKEN_CHUNK], want).tobytes())
+        offsets = np.ascontiguousarray(off[:], "<i8")
+    except Exception:  # unreadable in any way means "write it again"
+        return None
+    ok = (
+        sha.hexdigest() == record["tokens_sha256"]
+        and hashlib.sha256(offsets.tobytes()).hexdigest() == record["offsets_sha256"]
+        and offsets[0] == 0
+        and offsets[-1] == tok.shape[0]
+        and not np.any(np.diff(offsets) < 0)
+    )
+    return record if ok else None

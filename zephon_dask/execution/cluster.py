@@ -1,9 +1,11 @@
 """The ``distributed`` runner: windows as Dask tasks on a cluster. Holds the client.
 
-This is the only module that imports ``distributed``. By default it starts an
-embedded ``LocalCluster`` (worker processes with one thread each, so a Hugging
-Face tokenizer never oversubscribes a core) and closes it on ``close()``; an
-existing cluster is reached with ``client=`` or ``address=`` and left running.
+This is the only module that imports ``distributed``. By default the runner
+starts an embedded ``LocalCluster`` (worker processes with one thread each, so
+a Hugging Face tokenizer never oversubscribes a core) and closes it on
+``close()``; an existing cluster is reached with ``client=`` or ``address=``
+and left running. :func:`connect` and :func:`each_completed` do the same for
+jobs other than the pipeline (``prepare_tokens``).
 
 The pipeline spec is submitted once as a task (recomputable, unlike scattered data); each window is submitted as chunk tasks
 plus a window task (or one fused task) under keys derived from the pipeline
@@ -16,8 +18,11 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
 
-from distributed import CancelledError, Client, LocalCluster
+from distributed import CancelledError, Client, LocalCluster, as_completed
 from distributed.comm import CommClosedError
 
 from ..graph import WindowGraph
@@ -139,3 +144,57 @@ class DistributedRunner(Runner):
         workers = len(self.client.scheduler_info().get("workers", {}))
         where = "embedded LocalCluster" if self._cluster is not None else self.client.scheduler.address
         return f"distributed ({where}, {workers} workers, dashboard {self.dashboard_link})"
+
+
+@contextmanager
+def connect(client=None, address: str | None = None, n_workers: int | None = None,
+            processes: bool = True) -> Iterator[Client]:
+    """Yield ``client``, a client of the scheduler at ``address``, or one on an embedded
+    ``LocalCluster`` (``n_workers`` or all cores, one thread each; worker processes with
+    :data:`WORKER_ENV`, or threads of this process with ``processes=False``). Closes only
+    what it started."""
+    if client is not None:
+        yield client
+        return
+    if address is not None:
+        with Client(address, set_as_default=False) as own:
+            yield own
+        return
+    extra = {"env": WORKER_ENV} if processes else {}
+    with LocalCluster(n_workers=n_workers or os.cpu_count() or 1, threads_per_worker=1,
+                      processes=processes, dashboard_address=":0", silence_logs=logging.ERROR,
+                      **extra) as cluster, Client(cluster, set_as_default=False) as own:
+        yield own
+
+
+def _shared_value(value):
+    return value
+
+
+def _apply(fn: Callable, shared: tuple, *args):
+    return fn(*shared, *args)
+
+
+def each_completed(client: Client, fn: Callable, shared: tuple, calls: Sequence[tuple],
+                   keys: Sequence[str], shared_key: str) -> Iterator[tuple[int, Any, BaseException | None]]:
+    """Run ``fn(*shared, *call)`` as one task per call under ``keys``; yield ``(index, result,
+    error)`` as the tasks finish.
+
+    ``shared`` travels once, as a task (recomputed if the worker holding it dies). A task
+    lost with its worker is rerun by the scheduler. On exit (close the generator, e.g. with
+    ``contextlib.closing``) every future is cancelled, so the client forgets the keys
+    before a later run submits them again.
+    """
+    common = client.submit(_shared_value, shared, key=shared_key, pure=False, priority=1_000_000)
+    futures = [client.submit(_apply, fn, common, *call, key=key, pure=False)
+               for call, key in zip(calls, keys, strict=True)]
+    index = {f.key: i for i, f in enumerate(futures)}
+    try:
+        for fut in as_completed(futures, loop=client.loop):
+            try:
+                result, error = fut.result(), None
+            except Exception as exc:  # the task's own error, re-raised here by distributed
+                result, error = None, exc
+            yield index[fut.key], result, error
+    finally:
+        client.cancel([*futures, common])

@@ -1,0 +1,68 @@
+"""``zephon-dask prepare RECIPE --out PATH``: tokenize a recipe's datasets into token stores.
+
+Reads the recipe (see ``docs/recipes.md``) with :func:`zephon_dask.recipe.load_recipe`,
+uses its ``[[datasets]]`` and ``[tokenize]`` tables, and runs ``prepare_tokens`` for each
+dataset on one Dask cluster, writing ``<out>/<name>``. Datasets that already
+are token stores are skipped. Other recipe tables are ignored here.
+"""
+
+import posixpath
+import sys
+
+HELP = "tokenize a recipe's datasets once, on a Dask cluster, into zarr token stores"
+
+def add_arguments(parser) -> None:
+    parser.add_argument("recipe", help="TOML recipe with [[datasets]] and [tokenize]")
+    parser.add_argument("--out", required=True,
+                        help="folder or fsspec URL; each dataset's store goes to OUT/<name>")
+    parser.add_argument("--workers", type=int, default=None,
+                        help="workers of the embedded LocalCluster (default: all cores)")
+    parser.add_argument("--address", default=None,
+                        help="scheduler address of a running Dask cluster (instead of a local one)")
+    parser.add_argument("--no-progress", action="store_true", help="hide the progress bars")
+
+
+def _read_recipe(path: str):
+    """``(datasets, tokenize settings)``: the two parts of the recipe ``prepare`` uses."""
+    from ..errors import ConfigError
+    from ..recipe import load_recipe
+
+    recipe = load_recipe(path)
+    tokenize = dict(recipe.tokenize or {})
+    if tokenize.pop("split_long", False):
+        raise ConfigError(
+            f"recipe {path!r}: [tokenize] split_long = true cannot be prepared (a token store "
+            "keeps one document per record); drop it or use max_length truncation"
+        )
+    tokenize.setdefault("tokenizer", "bytes")
+    return [entry.open() for entry in recipe.datasets], tokenize
+
+
+def run(args) -> int:
+    import tomllib
+
+    from ..data.prepare import prepare_tokens
+    from ..errors import ZephonError
+    from ..execution.cluster import connect
+
+    try:
+        datasets, tokenize = _read_recipe(args.recipe)
+        todo = [d for d in datasets if d.format != "tokens"]
+        for d in datasets:
+            if d.format == "tokens":
+                print(f"{d.name}: already a token store, skipped")
+        if not todo:
+            return 0
+        tokenizer = tokenize.pop("tokenizer")
+        with connect(address=args.address, n_workers=args.workers) as client:
+            for d in todo:
+                out = posixpath.join(args.out.rstrip("/"), d.name)
+                r = prepare_tokens(d, tokenizer, out, client=client, progress=not args.no_progress,
+                                   **tokenize)
+                print(f"{d.name}: {r.num_docs:,} documents, {r.num_tokens:,} tokens -> {r.path} "
+                      f"({len(r.computed)} shards tokenized, {len(r.reused)} verified and kept, "
+                      f"{r.seconds:.1f} s)")
+    except (ZephonError, OSError, tomllib.TOMLDecodeError) as exc:
+        print(f"zephon-dask prepare: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
