@@ -402,7 +402,8 @@ def test_iterating_a_temporary_pipeline_keeps_it_alive(corpus_dir):
     truth = ref_group_stream(build(corpus_dir).spec, [0, 1, 2, 3], 3)
     got = []
     for batch in build(corpus_dir, runner="threads", prefetch_windows=2):
-        gc.collect()
+        if len(got) < 3:  # a dead pipeline would close its runner here
+            gc.collect()
         got.append(batch_rows(batch))
     assert got == truth
     assert len(list(build(corpus_dir, runner="threads").to_torch())) == len(truth)
