@@ -1,8 +1,10 @@
-"""Small real corpora and the pipeline the consumer-side tests share."""
+"""Helpers the tests share: small real corpora, the consumer-side pipeline, child processes."""
 
 from __future__ import annotations
 
 import json
+
+import psutil
 
 import zephon_dask as z
 
@@ -32,3 +34,15 @@ def build(corpus_dir, seed=5, R=4, k=2, microbatch=3, algorithm="first_fit", **o
     )
 
 
+
+
+def child_pids() -> set[int]:
+    """Child processes, except Python's own resource tracker (it lives as long as we do)."""
+    out = set()
+    for c in psutil.Process().children(recursive=True):
+        try:
+            if "resource_tracker" not in " ".join(c.cmdline()):
+                out.add(c.pid)
+        except psutil.NoSuchProcess:
+            pass
+    return out

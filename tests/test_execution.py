@@ -13,12 +13,11 @@ import sys
 import time
 from collections import Counter
 
-import psutil
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from oracles import batch_rows, ref_group_stream
-from pipelines import build
+from pipelines import build, child_pids
 
 import zephon_dask as z
 from zephon_dask.curriculum import group_lanes
@@ -53,20 +52,8 @@ def test_local_runners_match_reference(corpus_dir, runner, prefetch, fuse):
     assert stream(p) == truth
 
 
-def _children():
-    """Child processes, except Python's own resource tracker (it lives as long as we do)."""
-    out = set()
-    for c in psutil.Process().children(recursive=True):
-        try:
-            if "resource_tracker" not in " ".join(c.cmdline()):
-                out.add(c.pid)
-        except psutil.NoSuchProcess:
-            pass
-    return out
-
-
 def test_embedded_local_cluster_one_worker_and_close(corpus_dir):
-    before = _children()
+    before = child_pids()
     p = build(corpus_dir, n_workers=1, prefetch_windows=2)
     truth = reference(p)
     got = []
@@ -76,20 +63,20 @@ def test_embedded_local_cluster_one_worker_and_close(corpus_dir):
         assert "distributed" in p.runner().describe()
     assert got == truth
     time.sleep(0.5)
-    assert _children() <= before  # no worker process left behind
+    assert child_pids() <= before  # no worker process left behind
 
 
 def test_garbage_collection_stops_the_cluster(corpus_dir):
-    before = _children()
+    before = child_pids()
     p = build(corpus_dir, n_workers=1)
     next(iter(p))
-    assert _children() - before
+    assert child_pids() - before
     del p
     gc.collect()
     deadline = time.time() + 20
-    while _children() - before and time.time() < deadline:
+    while child_pids() - before and time.time() < deadline:
         time.sleep(0.2)
-    assert not (_children() - before)
+    assert not (child_pids() - before)
 
 
 @settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])

@@ -18,6 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 import zarr
 from oracles import batch_rows
+from pipelines import child_pids
 
 import zephon_dask as z
 from zephon_dask.cli import main as cli_main
@@ -122,17 +123,6 @@ def records(out: str) -> dict[str, dict | None]:
     return {sid: dict(root[f"shards/{sid}"].attrs).get("record") for sid in root.attrs["shards"]}
 
 
-def _children() -> set[int]:
-    out = set()
-    for c in psutil.Process().children(recursive=True):
-        try:
-            if "resource_tracker" not in " ".join(c.cmdline()):
-                out.add(c.pid)
-        except psutil.NoSuchProcess:
-            pass
-    return out
-
-
 # ----------------------------------------------------------------------------- exactness
 
 
@@ -181,10 +171,10 @@ def test_embedded_cluster_parquet_uint32_and_nothing_left_running(tmp_path):
         pq.write_table(pa.table({"body": texts[f"f{f}.parquet"]}), tmp_path / "pq" / f"f{f}.parquet",
                        row_group_size=7)
     ds = z.Dataset.from_parquet("pq", tmp_path / "pq", text_field="body", progress=False)
-    before = _children()
+    before = child_pids()
     report = z.prepare_tokens(ds, big, str(tmp_path / "out"), n_workers=2, eos_id=3, progress=False)
     time.sleep(0.5)
-    assert _children() <= before  # the embedded cluster is gone
+    assert child_pids() <= before  # the embedded cluster is gone
     got = store_docs(str(tmp_path / "out"))
     for sid, shard in zip(got, ds.shards):
         assert got[sid] == [[int(w[1:]) for w in t.split()] + [3] for t in texts[shard.shard_id]]
@@ -382,9 +372,9 @@ def test_memory_urls_run_on_an_in_process_cluster(bpe, corpus, cluster):
     try:
         texts = write_jsonl_corpus(fs, f"{root}/web")
         ds = z.Dataset.from_jsonl("web", f"memory://{root}/web", progress=False)
-        before = _children()
+        before = child_pids()
         report = z.prepare_tokens(ds, bpe, f"memory://{root}/store", n_workers=2, progress=False)
-        assert _children() <= before  # workers were threads of this process
+        assert child_pids() <= before  # workers were threads of this process
         got = store_docs(f"memory://{root}/store")
         for sid, shard in zip(got, ds.shards):
             assert got[sid] == hf_oracle(bpe, texts[shard.shard_id], bos=False, eos=True)

@@ -34,7 +34,7 @@ def _stream(pipeline, steps: int) -> int:
                 if batch is None:
                     bar.write(f"the stream ended after {done} full steps")
                     return done
-                tokens += int(batch["lengths"].sum())
+                tokens += int(batch.dataset_tokens().sum())
             done += 1
             bar.update(1)
             bar.set_postfix(tok_s=f"{tokens / max(time.perf_counter() - start, 1e-9):,.0f}")

@@ -9,21 +9,22 @@ from __future__ import annotations
 from ..errors import MissingDependencyError
 
 
-def _pyplot():
+def _axes(ax):
+    """``ax``, or new axes from matplotlib (imported here)."""
+    if ax is not None:
+        return ax
     try:
         import matplotlib.pyplot as plt
     except ImportError:
         raise MissingDependencyError(
             "plots need matplotlib: pip install matplotlib (it comes with zephon_dask[dev])"
         ) from None
-    return plt
+    return plt.subplots(figsize=(7, 3))[1]
 
 
 def plot_mixture(stats, ax=None):
     """Stacked share of real tokens per dataset at each global step, with the target as dashes."""
-    plt = _pyplot()
-    if ax is None:
-        _, ax = plt.subplots(figsize=(7, 3))
+    ax = _axes(ax)
     steps = [h["global_step"] for h in stats.history]
     names = [m["dataset"] for m in stats.mixture]
     totals = [max(sum(h["dataset_tokens"].values()), 1) for h in stats.history]
@@ -41,9 +42,7 @@ def plot_mixture(stats, ax=None):
 
 def plot_packing(stats, ax=None):
     """Real tokens over batch slots per global step (1.0 = no padding)."""
-    plt = _pyplot()
-    if ax is None:
-        _, ax = plt.subplots(figsize=(7, 3))
+    ax = _axes(ax)
     steps = [h["global_step"] for h in stats.history]
     ax.plot(steps, [h["tokens"] / h["slots"] if h["slots"] else 0 for h in stats.history], marker=".")
     ax.set(xlabel="global step", ylabel="real tokens / slots", ylim=(0, 1.05), title="padding efficiency per step")
