@@ -185,7 +185,7 @@ def round_robin(spec, batch_options, get_window):
                 out = get_window(lane)
                 if out is None:
                     break
-                b.push(out.table)
+                b.push(out.window, out.table)
             if b.ready():
                 yield b.pop()
             else:
@@ -314,7 +314,8 @@ def _timed_pass(pipe: Pipeline) -> dict:
         tally.add(batch)
     t_end = time.perf_counter()
     return {"wall": t_end - t0, "start": t_iter - t0, "first": first, "tokens": tally.tokens,
-            "batches": tally.batches, "sha": tally.digest(), "stats": dict(it.stats)}
+            "batches": tally.batches, "sha": tally.digest(),
+            "packing": pipe.stats().packing_efficiency}
 
 
 def pipeline_child(args) -> None:
@@ -436,9 +437,8 @@ def report(info: dict, single: dict, pool: dict, pipe: dict, workers: int) -> No
           f"warm {ratio_warm:.2f}x  (best {best_rate / 1e6:.2f} M tokens/s)")
     print(f"  first batch <= {TARGET_FIRST_BATCH_S:.0f} s: cold {cold['first']:.2f} s, warm {warm['first']:.2f} s")
     print(f"  peak RSS <= {TARGET_RSS_MB:.0f} MB: {pipe['rss_peak_mb']:.0f} MB")
-    st = cold["stats"]
-    if st.get("pack.slots"):
-        print(f"  (packing efficiency {st.get('pack.tokens', 0) / st['pack.slots']:.3f}; "
+    if cold["packing"] is not None:
+        print(f"  (packing efficiency {cold['packing']:.3f}; "
               f"{info['windows']} windows of ~{info['docs_per_window']} documents)")
 
 
