@@ -269,19 +269,23 @@ class Pipeline:
     def __iter__(self):
         """Batches of this group's lanes, in strict round-robin (from the loaded state, if any)."""
         progress = self._begin()
-        return self._hold(_delivered(self._tracked_stream(progress), progress.observe_batch))
+        return self._serve(self._tracked_stream(progress), progress.observe_batch)
 
     def to_torch(self, device=None, pin_memory: bool | None = None, prefetch: int = 2):
         """Yield dicts of torch tensors; on CUDA pinned and copied ahead on a side stream."""
         from ..consumer.torch_io import to_device_iter
 
         progress = self._begin()
-        return self._hold(to_device_iter(self._tracked_stream(progress), device=device, pin_memory=pin_memory,
-                                         depth=prefetch, on_deliver=progress.observe_batch))
+        return self._serve(to_device_iter(self._tracked_stream(progress), device=device, pin_memory=pin_memory,
+                                          depth=prefetch, on_deliver=progress.observe_batch))
 
-    def _hold(self, iterator):
-        """``iterator``, keeping this pipeline (and so its runner) alive while it is consumed."""
-        yield from iterator
+    def _serve(self, items, deliver=None):
+        """Yield ``items`` (recording each with ``deliver`` as the caller receives it), keeping
+        this pipeline, and so its runner, alive while the iterator is in use."""
+        for item in items:
+            if deliver is not None:
+                deliver(item)
+            yield item
 
     def to_torch_dataset(self):
         """An ``IterableDataset`` for ``DataLoader(num_workers=n)`` (lanes split across workers).
@@ -456,9 +460,3 @@ class Pipeline:
 
         return pipeline_html(self)
 
-
-def _delivered(stream, deliver):
-    """Yield the stream's batches, recording each as the caller receives it."""
-    for batch in stream:
-        deliver(batch)
-        yield batch
