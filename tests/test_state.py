@@ -228,6 +228,7 @@ def test_state_schema_and_seed_from_checkpoint(corpus_dir, tmp_path):
     take(pipe, 9)
     state = pipe.state_dict()
     assert json.loads(json.dumps(state)) == state  # JSON-native
+    assert isinstance(state, dict) and "<table" in state._repr_html_()  # tables in a notebook
     assert state["format"] == "zephon_dask.state" and state["version"] == 1
     assert state["fingerprint"] == pipe.fingerprint()
     assert state["config"]["source"]["seed"] == 5 and state["config"]["canonical_replicas"] == 4

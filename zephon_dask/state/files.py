@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 
 from ..errors import StateError
-from .schema import check_state
+from .schema import StateDict, check_state
 
 
 def _digest(state: dict) -> str:
@@ -60,4 +60,4 @@ def load_state(path) -> dict:
     if not isinstance(state, dict) or _digest(state) != payload["sha256"]:
         raise StateError(f"checkpoint {str(path)!r} is corrupted: its checksum does not match; "
                          "resume from an earlier checkpoint")
-    return check_state(state, where=f"checkpoint {str(path)!r}")
+    return StateDict(check_state(state, where=f"checkpoint {str(path)!r}"))

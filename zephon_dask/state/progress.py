@@ -18,7 +18,7 @@ import numpy as np
 
 from ..errors import ZephonWarning
 from .ledger import LedgerWriter
-from .schema import FORMAT, VERSION, lanes_of, pointer_key
+from .schema import FORMAT, VERSION, StateDict, lanes_of, pointer_key
 
 HISTORY_STEPS = 10_000  # global steps kept for stats() and the plots
 
@@ -131,7 +131,7 @@ class Progress:
                 "interleave lanes differently. Checkpoint at step boundaries",
                 ZephonWarning, stacklevel=3,
             )
-        return {
+        return StateDict({
             "format": FORMAT,
             "version": VERSION,
             "fingerprint": self.fingerprint,
@@ -140,7 +140,7 @@ class Progress:
             "pointers": {pointer_key(0, 1, self.lanes): self.next_lane},
             "step": {"global_step": self.global_step, "batches_in_step": in_step,
                      "batches_per_step": self.batches_per_step, "dp_degree": self.dp_degree},
-        }
+        })
 
     def close(self) -> None:
         if self.ledger is not None:

@@ -26,6 +26,15 @@ LANE_FIELDS = ("window", "offset", "batches_delivered", "finished")
 STEP_FIELDS = ("global_step", "batches_in_step", "batches_per_step", "dp_degree")
 
 
+class StateDict(dict):
+    """A state: a plain ``dict`` (JSON-serialisable as is) that renders as tables in a notebook."""
+
+    def _repr_html_(self) -> str:
+        from ..inspect.reprs import state_html
+
+        return state_html(self)
+
+
 def pointer_key(worker: int, active_workers: int, lanes: list[int]) -> str:
     """``"<worker>/<active_workers>:<owned lanes>"``: never a rank, so DP peers share it."""
     return f"{worker}/{active_workers}:{','.join(str(lane) for lane in lanes)}"
