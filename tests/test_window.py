@@ -339,3 +339,13 @@ def test_user_errors_carry_the_pointer_as_a_note():
         compute_window(p.spec, 0, 0)
     notes = "\n".join(info.value.__notes__)
     assert "dataset 'a', shard 0, offset 1" in notes and "lane 0, window 0" in notes
+
+
+def test_dask_sees_the_memory_a_window_holds():
+    """Dask sizes results with ``sys.getsizeof``; a window must report its arrays, not ~56 bytes."""
+    from dask.sizeof import sizeof
+
+    out = compute_window(make_pipeline().spec, 0, 0)
+    t = out.table
+    arrays = t.tokens.nbytes + t.offsets.nbytes + t.positions.nbytes + t.document_ids.nbytes
+    assert sizeof(out) >= arrays + t.lineage.nbytes > 1000

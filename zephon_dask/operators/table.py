@@ -55,6 +55,11 @@ class SampleTable:
     lineage: np.ndarray
     lineage_offsets: np.ndarray
 
+    def __sizeof__(self) -> int:
+        """Bytes held, arrays included (what Dask's memory accounting sees via ``sys.getsizeof``)."""
+        arrays = (self.tokens, self.offsets, self.positions, self.document_ids, self.lineage, self.lineage_offsets)
+        return object.__sizeof__(self) + sum(a.nbytes for a in arrays)
+
     @classmethod
     def empty(cls) -> SampleTable:
         z = np.zeros(0, dtype=TOKEN_DTYPE)

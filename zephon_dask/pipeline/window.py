@@ -33,6 +33,9 @@ class ChunkOutput:
     table: SampleTable
     stats: dict[str, int] = field(default_factory=dict)
 
+    def __sizeof__(self) -> int:
+        return object.__sizeof__(self) + self.table.__sizeof__()
+
 
 @dataclass(eq=False)
 class WindowOutput:
@@ -47,6 +50,9 @@ class WindowOutput:
 
     def __len__(self) -> int:
         return len(self.table)
+
+    def __sizeof__(self) -> int:
+        return object.__sizeof__(self) + self.table.__sizeof__()
 
     @property
     def efficiency(self) -> float | None:
