@@ -77,12 +77,7 @@ class PipelineStats:
 
 def stats(pipeline) -> PipelineStats:
     """Snapshot the pipeline's current (or last) iteration; zeros before the first."""
-    progress = pipeline._progress
-    if progress is None:
-        from ..state.progress import Progress
-
-        progress = Progress(pipeline.spec, pipeline.owned_lanes(), pipeline._resume,
-                            *pipeline._step_shape())
+    progress = pipeline._current_progress()
     stream = pipeline._stream
     source = pipeline.work_source
     pack = stream.stats if stream is not None else {}

@@ -258,13 +258,19 @@ class Pipeline:
         """Start tracking a new iteration over this group's lanes (from the loaded state)."""
         if self._progress is not None:
             self._progress.close()
-        lanes = self.owned_lanes()
         if self._resume is not None:
-            self._check_covers(self._resume, lanes)
+            self._check_covers(self._resume, self.owned_lanes())
         ledger = self._options["ledger"]
-        self._progress = Progress(self.spec, lanes, self._resume, *self._step_shape(),
-                                  LedgerWriter(ledger, self._rank()) if ledger is not None else None)
+        self._progress = self._new_progress(LedgerWriter(ledger, self._rank()) if ledger is not None else None)
         return self._progress
+
+    def _new_progress(self, ledger: LedgerWriter | None = None) -> Progress:
+        """Progress of an iteration starting at the loaded state (or the beginning)."""
+        return Progress(self.spec, self.owned_lanes(), self._resume, *self._step_shape(), ledger)
+
+    def _current_progress(self) -> Progress:
+        """The current (or last) iteration's progress; before the first, where one would start."""
+        return self._progress if self._progress is not None else self._new_progress()
 
     def __iter__(self):
         """Batches of this group's lanes, in strict round-robin (from the loaded state, if any)."""
@@ -331,10 +337,7 @@ class Pipeline:
 
     def state_dict(self) -> dict:
         """JSON-native progress of what this group's iteration delivered to the caller."""
-        progress = self._progress
-        if progress is None:  # nothing iterated yet: the loaded state (or the start)
-            progress = Progress(self.spec, self.owned_lanes(), self._resume, *self._step_shape())
-        return progress.state()
+        return self._current_progress().state()
 
     def load_state_dict(self, state: dict) -> Pipeline:
         """Resume from ``state`` at the next iteration; refuses a state of other data.
