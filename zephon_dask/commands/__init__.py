@@ -7,3 +7,11 @@ happen inside ``run``.
 """
 
 COMMANDS = ("demo", "run", "verify", "prepare", "explain", "plan", "bench")
+
+
+def fail(command: str, exc: BaseException) -> int:
+    """Print ``exc`` (and its notes) for ``zephon-dask COMMAND`` on stderr; the exit status 2."""
+    import sys
+
+    print(f"zephon-dask {command}: error: {exc}", *getattr(exc, "__notes__", ()), sep="\n", file=sys.stderr)
+    return 2

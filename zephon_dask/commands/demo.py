@@ -16,13 +16,11 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    import sys
-
     from ..demo import run as run_demo
     from ..errors import ConfigError
+    from . import fail
 
     try:
         return run_demo(args.workdir, args.steps, args.resume_at, args.dp_after, args.max_files)
     except ConfigError as exc:
-        print(f"zephon-dask demo: {exc}", file=sys.stderr)
-        return 2
+        return fail("demo", exc)

@@ -1,6 +1,6 @@
 """``zephon-dask explain RECIPE``: print the plan of a recipe's pipeline (no cluster is started)."""
 
-import sys
+from . import fail
 
 HELP = "print what a recipe's pipeline will do: datasets, mixture, lanes, operators, warnings"
 
@@ -23,6 +23,5 @@ def run(args) -> int:
         pipeline.options(**{k: v for k, v in identity.items() if v is not None})
         print(pipeline.explain())
     except ZephonError as exc:
-        print(f"zephon-dask explain: error: {exc}", *getattr(exc, "__notes__", ()), sep="\n", file=sys.stderr)
-        return 2
+        return fail("explain", exc)
     return 0

@@ -4,7 +4,8 @@ Only the recipe's ``[options]`` matter here, so no dataset is opened.
 """
 
 import argparse
-import sys
+
+from . import fail
 
 HELP = "print the lane-to-group table of a recipe for several data-parallel degrees"
 MAPPINGS = ("contiguous", "interleaved")
@@ -41,6 +42,5 @@ def run(args) -> int:
         mappings = MAPPINGS if args.mapping is None else (args.mapping,)
         print(lane_plans(replicas, args.dp, mappings, options.get("batches_per_step")))
     except ZephonError as exc:
-        print(f"zephon-dask plan: error: {exc}", *getattr(exc, "__notes__", ()), sep="\n", file=sys.stderr)
-        return 2
+        return fail("plan", exc)
     return 0

@@ -7,7 +7,8 @@ are token stores are skipped. Other recipe tables are ignored here.
 """
 
 import posixpath
-import sys
+
+from . import fail
 
 HELP = "tokenize a recipe's datasets once, on a Dask cluster, into zarr token stores"
 
@@ -63,6 +64,5 @@ def run(args) -> int:
                       f"({len(r.computed)} shards tokenized, {len(r.reused)} verified and kept, "
                       f"{r.seconds:.1f} s)")
     except (ZephonError, OSError, tomllib.TOMLDecodeError) as exc:
-        print(f"zephon-dask prepare: error: {exc}", file=sys.stderr)
-        return 2
+        return fail("prepare", exc)
     return 0

@@ -1,6 +1,6 @@
 """``zephon-dask run RECIPE --steps N``: stream a recipe's batches with a progress bar."""
 
-import sys
+from . import fail
 
 HELP = "stream a recipe's batches for N global steps (progress, throughput, ledger, checkpoint)"
 
@@ -61,6 +61,5 @@ def run(args) -> int:
                 save_state(args.checkpoint, state)
                 print(f"checkpoint at global step {state['step']['global_step']} -> {args.checkpoint}")
     except ZephonError as exc:
-        print(f"zephon-dask run: error: {exc}", *getattr(exc, "__notes__", ()), sep="\n", file=sys.stderr)
-        return 2
+        return fail("run", exc)
     return 0 if done == args.steps else 1

@@ -9,15 +9,13 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    import sys
-
     from ..errors import StateError
     from ..state.ledger import verify_ledgers
+    from . import fail
 
     try:
         same, report = verify_ledgers(args.dir_a, args.dir_b)
     except StateError as exc:
-        print(f"zephon-dask verify: {exc}", file=sys.stderr)
-        return 2
+        return fail("verify", exc)
     print(("OK: " if same else "DIFFERENT: ") + report)
     return 0 if same else 1
