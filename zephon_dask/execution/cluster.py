@@ -40,6 +40,14 @@ WORKER_ENV = {
 }
 
 
+def local_cluster(n_workers: int | None, threads_per_worker: int = 1, processes: bool = True) -> LocalCluster:
+    """The embedded cluster: ``n_workers`` (default: one per core) with quiet logs and a dashboard on
+    a free port; worker processes get :data:`WORKER_ENV` (threads of this process share its env)."""
+    extra = {"env": WORKER_ENV} if processes else {}
+    return LocalCluster(n_workers=n_workers or os.cpu_count() or 1, threads_per_worker=threads_per_worker,
+                        processes=processes, dashboard_address=":0", silence_logs=logging.ERROR, **extra)
+
+
 def _spec_value(spec: PipelineSpec) -> PipelineSpec:
     return spec
 
@@ -89,14 +97,7 @@ class DistributedRunner(Runner):
         elif address is not None:
             self.client = Client(address, set_as_default=False)
         else:
-            self._cluster = LocalCluster(
-                n_workers=n_workers or os.cpu_count() or 1,
-                threads_per_worker=threads_per_worker,
-                processes=True,
-                dashboard_address=":0",
-                silence_logs=logging.ERROR,
-                env=WORKER_ENV,
-            )
+            self._cluster = local_cluster(n_workers, threads_per_worker)
             self.client = Client(self._cluster, set_as_default=False)
         # A task, not scattered data: if the worker holding it dies, the
         # scheduler recomputes it from the task definition.
@@ -160,10 +161,7 @@ def connect(client=None, address: str | None = None, n_workers: int | None = Non
         with Client(address, set_as_default=False) as own:
             yield own
         return
-    extra = {"env": WORKER_ENV} if processes else {}
-    with LocalCluster(n_workers=n_workers or os.cpu_count() or 1, threads_per_worker=1,
-                      processes=processes, dashboard_address=":0", silence_logs=logging.ERROR,
-                      **extra) as cluster, Client(cluster, set_as_default=False) as own:
+    with local_cluster(n_workers, 1, processes) as cluster, Client(cluster, set_as_default=False) as own:
         yield own
 
 
