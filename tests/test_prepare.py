@@ -8,6 +8,7 @@ import signal
 import threading
 import time
 import uuid
+from contextlib import closing
 from pathlib import Path
 
 import fsspec
@@ -23,7 +24,7 @@ from pipelines import child_pids
 import zephon_dask as z
 from zephon_dask.cli import main as cli_main
 from zephon_dask.data import write_token_store
-from zephon_dask.data.prepare import token_dtype
+from zephon_dask.data.prepare import token_dtype, tokenize_shard
 from zephon_dask.errors import (
     ConfigError,
     DataFormatError,
@@ -312,6 +313,48 @@ def test_killed_worker_mid_job_still_gives_a_complete_store(corpus, cluster, tmp
         assert got[sid] == [list(t.encode()) for t in texts[shard.shard_id]]
     assert report.num_docs == sum(SHARDS.values())
     cluster.wait_for_workers(2, timeout=60)
+
+
+def test_rerun_of_a_finished_shard_task_leaves_its_files_untouched(corpus, tmp_path):
+    """A task rerun after its worker died (the result was lost, the files were not) must
+    not empty a shard that the driver may be verifying at that moment."""
+    root, texts = corpus
+    ds = z.Dataset.from_jsonl("web", str(root), progress=False)
+    op = Tokenize(lambda t: list(t.encode("utf-8")), "text", split_long=False, eos=False,
+                  name="bytes", version=1)
+    url, source = str(tmp_path / "shard"), {"shard_id": ds.shards[0].shard_id}
+    first = tokenize_shard(ds, op, "uint32", None, 0, url, source)
+    files = sorted(p for p in Path(url).rglob("*") if p.is_file())
+    stamps = {p: p.stat().st_mtime_ns for p in files}
+    time.sleep(0.01)
+    assert tokenize_shard(ds, op, "uint32", None, 0, url, source) == first
+    assert {p: p.stat().st_mtime_ns for p in files} == stamps
+    # a damaged one is written again
+    (Path(url) / "offsets" / "c" / "0").unlink()
+    assert tokenize_shard(ds, op, "uint32", None, 0, url, source) == first
+    assert (Path(url) / "offsets" / "c" / "0").exists()
+
+
+def test_each_completed_forgets_a_task_once_its_result_is_read(cluster):
+    """Otherwise the scheduler reruns a finished task when the worker holding its result dies."""
+    from zephon_dask.execution.cluster import each_completed
+
+    def work(delay, i):
+        time.sleep(delay * i)
+        return i
+
+    tag = uuid.uuid4().hex
+    keys = [f"test-each-{tag}-{i}" for i in range(2)]
+    tasks = each_completed(cluster, work, (1.0,), [(0,), (1,)], keys, f"test-shared-{tag}")
+    with closing(tasks):
+        index, result, error = next(tasks)
+        assert (index, result, error) == (0, 0, None)
+        known = lambda dask_scheduler, key=keys[0]: key in dask_scheduler.tasks  # noqa: E731
+        deadline = time.time() + 10
+        while cluster.run_on_scheduler(known) and time.time() < deadline:
+            time.sleep(0.02)
+        assert not cluster.run_on_scheduler(known)
+        assert next(tasks) == (1, 1, None)
 
 
 # ---------------------------------------------------------------------------- refusals

@@ -96,8 +96,13 @@ def tokenize_shard(
     """Tokenize input shard ``index`` into the group at ``url``, verify it, return its record.
 
     Writes only that group (emptied first, so a partial earlier attempt is dropped);
-    the same inputs write the same bytes.
+    the same inputs write the same bytes. A group that already verifies for ``source``
+    is returned untouched, so a rerun of a finished task (its worker died after
+    writing) never empties a shard another process may be reading.
     """
+    record = verify_shard(url, source, dtype, storage_options)
+    if record is not None:
+        return record
     writer = ShardWriter(url, dtype, storage_options)
     n = dataset.shards[index].num_samples
     truncated = 0

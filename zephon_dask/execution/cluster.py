@@ -179,7 +179,8 @@ def each_completed(client: Client, fn: Callable, shared: tuple, calls: Sequence[
     error)`` as the tasks finish.
 
     ``shared`` travels once, as a task (recomputed if the worker holding it dies). A task
-    lost with its worker is rerun by the scheduler. On exit (close the generator, e.g. with
+    lost with its worker before its result reached this process is rerun by the
+    scheduler; once read, a result is released, so no later worker loss reruns it. On exit (close the generator, e.g. with
     ``contextlib.closing``) every future is cancelled, so the client forgets the keys
     before a later run submits them again.
     """
@@ -193,6 +194,7 @@ def each_completed(client: Client, fn: Callable, shared: tuple, calls: Sequence[
                 result, error = fut.result(), None
             except Exception as exc:  # the task's own error, re-raised here by distributed
                 result, error = None, exc
+            client.cancel([fut])  # forget it now: a worker lost later must not rerun a finished task
             yield index[fut.key], result, error
     finally:
         client.cancel([*futures, common])
