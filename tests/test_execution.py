@@ -66,6 +66,29 @@ def test_embedded_local_cluster_one_worker_and_close(corpus_dir):
     assert child_pids() <= before  # no worker process left behind
 
 
+def test_embedded_cluster_workers_keep_glibc_malloc_defaults(corpus_dir, monkeypatch):
+    # Dask's default MALLOC_TRIM_THRESHOLD_=65536 made tokenize + pack ~20% slower in a worker
+    monkeypatch.delenv("MALLOC_TRIM_THRESHOLD_", raising=False)
+    with build(corpus_dir, n_workers=1) as p:
+        next(iter(p))
+        env = p.runner().client.run(lambda: os.environ.get("MALLOC_TRIM_THRESHOLD_"))
+    assert list(env.values()) == [None]
+    assert "MALLOC_TRIM_THRESHOLD_" not in os.environ  # nor is this process's environment changed
+
+
+def test_prefetch_defaults_to_two_windows_per_slot_plus_four(corpus_dir):
+    p = build(corpus_dir, runner="threads", n_workers=3)
+    assert "auto: 2 per worker thread + 4" in str(p.explain())
+    it = iter(p)
+    next(it)
+    assert p._stream.fetcher.prefetch == 10
+    assert "auto: 10" in str(p.explain())
+    p.options(prefetch_windows=1)
+    next(iter(p))
+    assert p._stream.fetcher.prefetch == 1
+    p.close()
+
+
 def test_garbage_collection_stops_the_cluster(corpus_dir):
     before = child_pids()
     p = build(corpus_dir, n_workers=1)

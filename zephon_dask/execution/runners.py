@@ -55,6 +55,17 @@ class Runner:
     def submit(self, graph: WindowGraph, priority: int) -> WindowHandle:  # pragma: no cover
         raise NotImplementedError
 
+    @property
+    def slots(self) -> int:
+        """How many windows this runner computes at once."""
+        return 1
+
+    def default_prefetch(self) -> int:
+        """Windows to keep in flight when ``prefetch_windows`` is not set: two per slot plus
+        four, so that while the consumer waits for the window it needs next, every other
+        slot still has a window to compute (results are taken in order, computed out of it)."""
+        return 2 * self.slots + 4
+
     def _run_local(self, graph: WindowGraph) -> WindowOutput:
         return dask.get(graph.to_dict(self.spec), graph.key)
 
@@ -79,6 +90,10 @@ class ThreadRunner(Runner):
         super().__init__(spec)
         self.n_workers = n_workers or os.cpu_count() or 1
         self._pool = ThreadPoolExecutor(self.n_workers, thread_name_prefix="zephon-window")
+
+    @property
+    def slots(self) -> int:
+        return self.n_workers
 
     def submit(self, graph: WindowGraph, priority: int) -> WindowHandle:
         fut: Future = self._pool.submit(self._run_local, graph)

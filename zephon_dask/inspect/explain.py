@@ -191,6 +191,14 @@ def _operators(spec) -> Section:
     return Section("operators", headers=("#", "operator", "kind", "settings"), rows=tuple(rows))
 
 
+def _prefetch(given: int | None, runner) -> str:
+    if given is not None:
+        return str(given)
+    if runner is None:
+        return "auto: 2 per worker thread + 4"
+    return f"auto: {runner.default_prefetch()} (2 per worker thread + 4)"
+
+
 def _execution(pipeline, options: dict, fingerprint: str) -> Section:
     runner = getattr(pipeline, "_runner", None)  # only a runner already started; never start one
     if runner is None:
@@ -207,7 +215,7 @@ def _execution(pipeline, options: dict, fingerprint: str) -> Section:
         ("runner", state),
         ("dashboard", dashboard),
         ("n_workers", str(options["n_workers"] or "one per core")),
-        ("prefetch_windows", str(options["prefetch_windows"])),
+        ("prefetch_windows", _prefetch(options["prefetch_windows"], runner)),
         ("tasks", fuse),
         ("retries", str(options["retries"])),
         ("deterministic", str(options["deterministic"])),

@@ -43,7 +43,7 @@ EXECUTION_OPTIONS = {
     "threads_per_worker": 1,
     "client": None,
     "address": None,
-    "prefetch_windows": 4,
+    "prefetch_windows": None,  # None: the runner's default_prefetch()
     "fuse": True,
     "retries": 2,
     "dp_degree": None,
@@ -247,8 +247,9 @@ class Pipeline:
         if self._stream is not None:
             self._stream.close()
         start, _ = resume_point(self._resume, lanes)
+        runner = self.runner()
         self._stream = BatchStream(
-            self.spec, self._batch, lanes, self.runner(), self._options["prefetch_windows"],
+            self.spec, self._batch, lanes, runner, self._options["prefetch_windows"] or runner.default_prefetch(),
             deterministic=self._options["deterministic"], fused=self._options["fuse"],
             start={lane: p.as_dict() for lane, p in start.items()}, first_lane=first_lane,
         )
