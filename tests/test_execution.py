@@ -89,6 +89,50 @@ def test_prefetch_defaults_to_two_windows_per_slot_plus_four(corpus_dir):
     p.close()
 
 
+UNGUARDED_SCRIPT = """
+import hashlib, json, sys
+import torch  # a training script's imports: the embedded cluster's workers must not repeat them
+import zephon_dask as z
+
+class Shout:  # a tokenizer defined in the script itself
+    def __call__(self, text):
+        return list(text.upper().encode())
+
+def exclaim(rec):  # so is this map function
+    return {**rec, "text": rec["text"] + "!"}
+
+def build(**options):
+    ds = z.Dataset.from_jsonl("web", sys.argv[1], progress=False)
+    return (z.Pipeline(z.MixtureWorkSource([ds], chunk_size=12, seed=1)).map(exclaim, version=1)
+            .tokenize(Shout(), eos_id=0, name="shout", version=1).pack(64).batch(2)
+            .options(canonical_replicas=2, flush_every_k_chunks=2, **options))
+
+def digest(pipeline):
+    h = hashlib.sha256()
+    for batch in pipeline:
+        h.update(batch["tokens"].tobytes())
+    return h.hexdigest()
+
+truth = digest(build(runner="synchronous"))
+with build(n_workers=1) as p:  # no `if __name__ == "__main__":` guard anywhere
+    got = digest(p)
+    torch_in_workers = list(p.runner().client.run(lambda: "torch" in sys.modules).values())
+print(json.dumps({"same": got == truth, "torch_in_workers": torch_in_workers, "file": __file__}))
+"""
+
+
+def test_embedded_cluster_workers_do_not_rerun_the_training_script(corpus_dir, tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(UNGUARDED_SCRIPT)
+    before = child_pids()
+    out = subprocess.run([sys.executable, str(script), str(corpus_dir / "web")], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result == {"same": True, "torch_in_workers": [False], "file": str(script)}
+    assert child_pids() <= before
+
+
 def test_garbage_collection_stops_the_cluster(corpus_dir):
     before = child_pids()
     p = build(corpus_dir, n_workers=1)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -49,12 +50,37 @@ WORKER_ENV = {
 GLIBC_DEFAULTS = {"distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None}
 
 
+@contextmanager
+def _script_not_reimported() -> Iterator[None]:
+    """While worker processes are spawned, hide the training script from ``multiprocessing``.
+
+    A spawned process re-imports the parent's ``__main__`` (as ``__mp_main__``): every
+    worker would import torch and whatever else the script imports (1.3 s longer to
+    start and 190 MB more per worker with torch alone), and a script without an
+    ``if __name__ == "__main__":`` guard would run again in each worker. Workers never
+    need it: ``distributed`` pickles anything defined in ``__main__`` by value. A worker
+    its nanny restarts later imports the script as Dask usually does.
+    """
+    main = sys.modules.get("__main__")
+    if main is None:
+        yield
+        return
+    hidden = {k: main.__dict__.pop(k) for k in ("__file__",) if k in main.__dict__}
+    spec = getattr(main, "__spec__", None)
+    main.__spec__ = None
+    try:
+        yield
+    finally:
+        main.__dict__.update(hidden)
+        main.__spec__ = spec
+
+
 def local_cluster(n_workers: int | None, threads_per_worker: int = 1, processes: bool = True) -> LocalCluster:
     """The embedded cluster: ``n_workers`` (default: one per core) with quiet logs and a dashboard on
-    a free port; worker processes get :data:`WORKER_ENV` and glibc's default malloc settings
-    (threads of this process share its env)."""
+    a free port; worker processes get :data:`WORKER_ENV` and glibc's default malloc settings, and
+    do not import the training script (threads of this process share its env)."""
     extra = {"env": WORKER_ENV} if processes else {}
-    with dask.config.set(GLIBC_DEFAULTS):
+    with dask.config.set(GLIBC_DEFAULTS), _script_not_reimported():
         return LocalCluster(n_workers=n_workers or os.cpu_count() or 1, threads_per_worker=threads_per_worker,
                             processes=processes, dashboard_address=":0", silence_logs=logging.ERROR, **extra)
 
