@@ -66,14 +66,27 @@ def test_embedded_local_cluster_one_worker_and_close(corpus_dir):
     assert child_pids() <= before  # no worker process left behind
 
 
-def test_embedded_cluster_workers_keep_glibc_malloc_defaults(corpus_dir, monkeypatch):
+def _worker_settings():
+    import dask
+
+    return (os.environ.get("MALLOC_TRIM_THRESHOLD_"), dask.config.get("distributed.admin.tick.interval"),
+            dask.config.get("distributed.worker.profile.interval"))
+
+
+def test_embedded_cluster_settings_spare_the_training_cores_unless_the_user_set_them(corpus_dir, monkeypatch):
+    import dask
+
     # Dask's default MALLOC_TRIM_THRESHOLD_=65536 made tokenize + pack ~20% slower in a worker
     monkeypatch.delenv("MALLOC_TRIM_THRESHOLD_", raising=False)
     with build(corpus_dir, n_workers=1) as p:
         next(iter(p))
-        env = p.runner().client.run(lambda: os.environ.get("MALLOC_TRIM_THRESHOLD_"))
-    assert list(env.values()) == [None]
+        got = p.runner().client.run(_worker_settings)
+    assert list(got.values()) == [(None, "1s", "100ms")]
     assert "MALLOC_TRIM_THRESHOLD_" not in os.environ  # nor is this process's environment changed
+    with dask.config.set({"distributed.worker.profile.interval": "20ms"}), build(corpus_dir, n_workers=1) as p:
+        next(iter(p))
+        got = p.runner().client.run(_worker_settings)
+    assert list(got.values()) == [(None, "1s", "20ms")]
 
 
 def test_prefetch_defaults_to_two_windows_per_slot_plus_four(corpus_dir):
