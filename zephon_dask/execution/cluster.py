@@ -71,7 +71,7 @@ def _script_not_reimported() -> Iterator[None]:
     """While worker processes are spawned, hide the training script from ``multiprocessing``.
 
     A spawned process re-imports the parent's ``__main__`` (as ``__mp_main__``): every
-    worker would import torch and whatever else the script imports (1.3 s longer to
+    worker would import torch and whatever else the script imports (1.1 s longer to
     start and 190 MB more per worker with torch alone), and a script without an
     ``if __name__ == "__main__":`` guard would run again in each worker. Workers never
     need it: ``distributed`` pickles anything defined in ``__main__`` by value. A worker
