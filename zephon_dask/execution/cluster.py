@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -66,6 +67,9 @@ def embedded_config() -> dict[str, Any]:
             if dask.config.get(key, None) == dask.config.get(key, None, config=dask_defaults)}
 
 
+_MAIN_HIDDEN = threading.Lock()
+
+
 @contextmanager
 def _script_not_reimported() -> Iterator[None]:
     """While worker processes are spawned, hide the training script from ``multiprocessing``.
@@ -81,14 +85,15 @@ def _script_not_reimported() -> Iterator[None]:
     if main is None:
         yield
         return
-    hidden = {k: main.__dict__.pop(k) for k in ("__file__",) if k in main.__dict__}
-    spec = getattr(main, "__spec__", None)
-    main.__spec__ = None
-    try:
-        yield
-    finally:
-        main.__dict__.update(hidden)
-        main.__spec__ = spec
+    with _MAIN_HIDDEN:  # clusters started from two threads at once restore what they found
+        hidden = {k: main.__dict__.pop(k) for k in ("__file__",) if k in main.__dict__}
+        spec = getattr(main, "__spec__", None)
+        main.__spec__ = None
+        try:
+            yield
+        finally:
+            main.__dict__.update(hidden)
+            main.__spec__ = spec
 
 
 def local_cluster(n_workers: int | None, threads_per_worker: int = 1, processes: bool = True) -> LocalCluster:
