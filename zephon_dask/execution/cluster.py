@@ -243,9 +243,9 @@ def each_completed(client: Client, fn: Callable, shared: tuple, calls: Sequence[
 
     ``shared`` travels once, as a task (recomputed if the worker holding it dies). A task
     lost with its worker before its result reached this process is rerun by the
-    scheduler; once read, a result is released, so no later worker loss reruns it. On exit (close the generator, e.g. with
-    ``contextlib.closing``) every future is cancelled, so the client forgets the keys
-    before a later run submits them again.
+    scheduler; once read, a result is released, so no later worker loss reruns it. On
+    exit (close the generator, e.g. with ``contextlib.closing``) every future is
+    cancelled, so the client forgets the keys before a later run submits them again.
     """
     common = client.submit(_shared_value, shared, key=shared_key, pure=False, priority=1_000_000)
     futures = [client.submit(_apply, fn, common, *call, key=key, pure=False)
