@@ -18,6 +18,7 @@ from .errors import (
     StateError,
     ZephonError,
 )
+from .log import set_log_level
 from .pipeline import Pipeline, WindowOutput, compute_window
 from .state import gather_state, load_state, merge_states, save_state, verify_ledgers
 
@@ -46,5 +47,6 @@ __all__ = [
     "plan",
     "prepare_tokens",
     "save_state",
+    "set_log_level",
     "verify_ledgers",
 ]

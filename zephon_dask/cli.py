@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib
 
+from . import __version__
 from .commands import COMMANDS
 
 
@@ -13,6 +14,7 @@ def main(argv=None) -> int:
         prog="zephon-dask",
         description="Deterministic, elastically resumable LLM training batches computed on Dask.",
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command")
     modules = {}
     for name in COMMANDS:

@@ -83,3 +83,10 @@ class RecipePathError(DatasetNotFoundError):
 
 class MissingDependencyError(ZephonError, ImportError):
     """An optional package or program that a feature needs is not installed."""
+
+
+class NotFoundError(ZephonError, KeyError):
+    """A name looked up in a report or table does not exist (the message lists the names that do)."""
+
+    def __str__(self) -> str:  # KeyError would show the message with quotes around it
+        return str(self.args[0]) if self.args else ""

@@ -57,7 +57,8 @@ REQUIRED = {"shuffle": ("buffer_size",), "pack": ("max_length",), "batch": ("mic
 # here, any other is passed to Pipeline.options, which checks it.
 OPTION_TYPES: dict[str, tuple[type, ...]] = {
     "canonical_replicas": _INT, "flush_every_k_chunks": _INT, "runner": _STR, "n_workers": _INT,
-    "threads_per_worker": _INT, "address": _STR, "prefetch_windows": _INT, "fuse": _BOOL,
+    "threads_per_worker": _INT, "address": _STR, "session_client": _BOOL, "prefetch_windows": _INT,
+    "fuse": _BOOL,
     "retries": _INT, "dp_degree": _INT, "dp_group_id": _INT, "mapping_strategy": _STR,
     "deterministic": _BOOL, "batches_per_step": _INT,
 }

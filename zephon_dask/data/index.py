@@ -30,8 +30,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from fsspec import AbstractFileSystem
-from tqdm.auto import tqdm
 
+from ..progress_bar import progress_bar
 from .paths import INDEX_NAME, FileInfo, is_local
 
 INDEX_VERSION = 1
@@ -96,7 +96,7 @@ def build_index(
 def _run(fs, files, fmt, inspect, todo, entries, progress, max_workers) -> dict[int, BaseException]:
     """Inspect ``files[todo]`` in a thread pool, filling ``entries``; returns errors by index."""
     errors: dict[int, BaseException] = {}
-    bar = tqdm(
+    bar = progress_bar(
         total=len(todo),
         desc=f"indexing {fmt}",
         unit="file",

@@ -25,6 +25,7 @@ import zarr
 from ..errors import ConfigError, DataFormatError, MissingFieldError, TokenizerMismatchError
 from ..operators.identity import sha256_json
 from ..operators.tokenize import Tokenize
+from ..progress_bar import progress_bar
 from ..validate import is_int_at_least
 from .dataset import Dataset
 from .paths import filesystem, to_url
@@ -202,15 +203,13 @@ def _run_tasks(client, fn, shared: tuple, todo: list[int], calls: list[tuple], k
     Every task runs to its end; then the error of the first failed shard (in shard
     order) is raised, so the shards that did succeed are kept for a rerun.
     """
-    from tqdm.auto import tqdm
-
     from ..execution.cluster import each_completed
 
     results: dict[int, Any] = {}
     errors: dict[int, BaseException] = {}
     docs = tokens = 0
     t0 = time.perf_counter()
-    bar = tqdm(total=len(todo), desc=desc, unit="shard", disable=None if progress else True)
+    bar = progress_bar(total=len(todo), desc=desc, unit="shard", disable=None if progress else True)
     tasks = each_completed(client, fn, shared, [calls[i] for i in todo], [keys[i] for i in todo],
                            shared_key)
     with bar, closing(tasks):

@@ -9,12 +9,14 @@ notebooks), ``threads`` computes submitted windows on a thread pool, and
 from __future__ import annotations
 
 import os
+import sys
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import dask
 
 from ..errors import ConfigError
 from ..graph import WindowGraph
+from ..log import logger
 from ..pipeline.spec import PipelineSpec
 from ..pipeline.window import WindowOutput
 
@@ -106,11 +108,36 @@ class ThreadRunner(Runner):
         return f"threads ({self.n_workers} threads)"
 
 
+def session_client():
+    """The Dask client this process made current (``Client(...)`` does, unless told
+    ``set_as_default=False``), or ``None``. Looks only if ``distributed`` is imported already."""
+    if "distributed" not in sys.modules:
+        return None
+    from distributed import default_client
+
+    try:
+        client = default_client()
+    except ValueError:  # no default client
+        return None
+    return client if client.status == "running" else None
+
+
 def make_runner(spec: PipelineSpec, options: dict) -> Runner:
-    """The runner ``options['runner']`` names, started."""
+    """The runner ``options['runner']`` names, started.
+
+    The ``distributed`` runner uses, in this order: ``client=``, ``address=``, the
+    session's current Dask client (unless ``session_client=False``), or a new
+    embedded ``LocalCluster``.
+    """
     name = options["runner"]
     if options.get("client") is not None or options.get("address") is not None:
         name = "distributed"
+    elif name == "distributed" and options.get("session_client", True):
+        client = session_client()
+        if client is not None:
+            logger.info("using the session's Dask client (scheduler %s); .options(session_client=False) "
+                        "starts an embedded cluster instead", client.scheduler.address)
+            options = {**options, "client": client}
     if name == "synchronous":
         return SynchronousRunner(spec)
     if name == "threads":

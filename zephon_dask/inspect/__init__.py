@@ -11,7 +11,15 @@ from .graph import WindowGraphView, window_graph
 from .plans import PlanEntry, PlanTable, lane_plans, plan_table
 from .plots import plot_mixture, plot_packing
 from .preview import Preview, PreviewDocument, PreviewRow, preview
-from .reprs import batch_html, dataset_html, pipeline_html, source_html, state_html
+from .reprs import (
+    batch_html,
+    dataset_html,
+    pipeline_html,
+    pipeline_summary,
+    pipeline_text,
+    source_html,
+    state_html,
+)
 from .stats import PipelineStats, stats
 
 __all__ = [
@@ -29,6 +37,8 @@ __all__ = [
     "explain",
     "lane_plans",
     "pipeline_html",
+    "pipeline_summary",
+    "pipeline_text",
     "plan_table",
     "plot_mixture",
     "plot_packing",

@@ -8,12 +8,13 @@ running.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import warnings
 from dataclasses import dataclass
 
 from ..curriculum import routing
-from ..errors import ConfigError, ElasticityWarning
+from ..errors import ConfigError, ElasticityWarning, NotFoundError
 from ..graph.keys import FP_CHARS
 from .render import (
     html_block,
@@ -61,7 +62,19 @@ class Explanation:
     warnings: tuple[str, ...]
 
     def section(self, title: str) -> Section:
-        return next(s for s in self.sections if s.title == title)
+        """The section called ``title``; a prefix before its parenthesis is enough (``"execution"``).
+
+        Raises:
+            NotFoundError: no section has that title (the message lists them).
+        """
+        for s in self.sections:
+            if title in (s.title, s.title.split(" (")[0]):
+                return s
+        titles = ", ".join(repr(s.title.split(" (")[0]) for s in self.sections)
+        raise NotFoundError(f"explain() has no section {title!r}; its sections are {titles}")
+
+    def __repr__(self) -> str:
+        return str(self)
 
     def __str__(self) -> str:
         parts = [f"zephon_dask pipeline {self.fingerprint}", *(s.text() for s in self.sections)]
@@ -199,6 +212,16 @@ def _prefetch(given: int | None, runner) -> str:
     return f"auto: {runner.default_prefetch()} (2 per worker thread + 4)"
 
 
+def _dashboard(link: str | None) -> str:
+    """The dashboard link, or what to install when Dask cannot serve it (it needs bokeh)."""
+    if link is None:
+        return "none (this runner has no Dask dashboard)"
+    if importlib.util.find_spec("bokeh") is None:
+        return (f"{link} needs bokeh>=3.1 to serve pages: pip install 'bokeh>=3.1' "
+                "(or zephon_dask[notebook])")
+    return link
+
+
 def _execution(pipeline, options: dict, fingerprint: str) -> Section:
     runner = getattr(pipeline, "_runner", None)  # only a runner already started; never start one
     if runner is None:
@@ -209,7 +232,7 @@ def _execution(pipeline, options: dict, fingerprint: str) -> Section:
                      else f"none (the {name} runner has no Dask dashboard)")
     else:
         state = runner.describe()
-        dashboard = runner.dashboard_link or "none (this runner has no Dask dashboard)"
+        dashboard = _dashboard(runner.dashboard_link)
     fuse = "one fused task per window" if options["fuse"] else "a task per chunk + one per window"
     return Section("execution (never changes the data)", pairs=(
         ("runner", state),

@@ -15,8 +15,9 @@ from ..errors import MissingDependencyError
 from ..graph import WindowGraph
 from ..graph import window_graph as build_window_graph
 from ..pipeline.spec import PipelineSpec
-from .render import html_block, html_table
+from .render import html_block, html_table, text_table
 
+TASK_HEADERS = ("key", "kind", "chunk", "needs")
 GRAPHVIZ_FIX = (
     "install the graphviz Python package and the Graphviz programs: "
     "`pip install graphviz` plus `apt install graphviz` / `brew install graphviz` "
@@ -63,12 +64,19 @@ class WindowGraphView(WindowGraph):
             return to_graphviz(self.graph(), **kwargs)
         return dot_graph(self.graph(), filename=filename, format=format, **kwargs)
 
-    def _repr_html_(self) -> str:
-        rows = [(t["key"], t["kind"], "" if t["chunk"] is None else str(t["chunk"]), ", ".join(t["needs"]))
+    def _rows(self) -> list[tuple[str, ...]]:
+        return [(t["key"], t["kind"], "" if t["chunk"] is None else str(t["chunk"]), ", ".join(t["needs"]))
                 for t in self.tasks()]
-        caption = (f"lane {self.lane}, window {self.window}: {len(self.chunks)} chunk(s) "
-                   f"{list(self.chunks)}, {'fused' if self.fused else 'unfused'}")
-        return html_block(html_table(("key", "kind", "chunk", "needs"), rows, caption=caption))
+
+    def __repr__(self) -> str:
+        return self._caption() + "\n" + text_table(TASK_HEADERS, self._rows())
+
+    def _caption(self) -> str:
+        return (f"lane {self.lane}, window {self.window}: {len(self.chunks)} chunk(s) "
+                f"{list(self.chunks)}, {'fused' if self.fused else 'unfused'}")
+
+    def _repr_html_(self) -> str:
+        return html_block(html_table(TASK_HEADERS, self._rows(), caption=self._caption()))
 
 
 def window_graph(pipeline, lane: int, window: int, fused: bool | None = None) -> WindowGraphView:

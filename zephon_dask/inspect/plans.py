@@ -47,6 +47,9 @@ class PlanTable:
     batches_per_step: int | None
     entries: tuple[PlanEntry, ...]
 
+    def __repr__(self) -> str:
+        return str(self)
+
     def __str__(self) -> str:
         head = f"canonical_replicas={self.canonical_replicas}"
         if self.batches_per_step is not None:

@@ -72,6 +72,9 @@ class Preview:
     decoder: str
     windows_computed: int
 
+    def __repr__(self) -> str:
+        return str(self)
+
     def __str__(self) -> str:
         lines = [f"lane {self.lane}: {len(self.rows)} row(s) from {self.windows_computed} window(s); "
                  f"decoded with {self.decoder}"]

@@ -1,14 +1,17 @@
-"""Notebook HTML views of datasets, work sources, pipelines, batches and checkpoint states. Pure.
+"""Text and HTML views of datasets, work sources, pipelines, batches and checkpoint states. Pure.
 
-Each function returns an HTML string; the classes' ``_repr_html_`` methods
-delegate here, so Jupyter shows tables instead of long reprs.
+Each function returns a string; the classes' ``__repr__`` and ``_repr_html_``
+methods delegate here, so a terminal shows one screen of text and Jupyter
+shows tables instead of long reprs. A pipeline's text and HTML come from one
+description (:func:`pipeline_summary`).
 """
 
 from __future__ import annotations
 
 import json
 
-from .explain import explain
+from ..errors import ConfigError
+from .explain import Section, _span
 from .render import html_block, html_pairs, html_table, html_title
 
 SHARDS_SHOWN = 20
@@ -48,9 +51,76 @@ def source_html(source) -> str:
                       html_table(("dataset", "samples", "weight", "share", "samples per chunk"), rows))
 
 
+def _identity(pipeline) -> str:
+    try:
+        degree, group = pipeline.identity()
+        lanes = pipeline.owned_lanes()
+    except ConfigError as exc:  # a repr never raises: show what is wrong instead
+        return f"invalid ({exc})"
+    return f"dp_degree={degree}, dp_group_id={group}, lanes {lanes}"
+
+
+def _runner(pipeline) -> str:
+    runner = getattr(pipeline, "_runner", None)  # only a runner already started; never start one
+    if runner is not None:
+        return runner.describe()
+    options = pipeline._options
+    remote = options.get("client") is not None or options.get("address") is not None
+    return f"{'distributed' if remote else options['runner']} (starts on the first iteration)"
+
+
+def _short(op) -> str:
+    """``name(setting=value, ...)`` with unset settings left out and a tokenizer named by its kind."""
+    spec = op.spec()
+    parts = []
+    for key in sorted(k for k in spec if k != "op"):
+        value = spec[key]
+        if isinstance(value, dict):
+            value = value.get("kind") or value.get("fn") or "..."
+        if value not in (None, False):
+            parts.append(f"{key}={value}")
+    return f"{op.name}({', '.join(parts)})"
+
+
+def pipeline_summary(pipeline) -> Section:
+    """One screen about ``pipeline``: fingerprint, datasets with sizes, stream, lanes and
+    windows, operators, batch shape, DP identity and runner (reads only; starts nothing)."""
+    spec = pipeline.spec
+    source = spec.source
+    datasets = ", ".join(
+        f"{d.name} ({getattr(d, 'format', '?')}, {getattr(d, 'num_shards', len(d.shard_sizes))} shards, "
+        f"{size:,} samples, weight {float(w):.3g})"
+        for d, size, w in zip(source.datasets, source.sizes, source.weights, strict=True))
+    chunks = "endless" if source.num_chunks is None else f"{source.num_chunks:,}"
+    replicas, k = spec.canonical_replicas, spec.flush_every_k_chunks
+    if source.num_chunks is None:
+        windows = "endless"
+    else:
+        windows = _span([spec.num_windows(lane) for lane in range(replicas)])
+    ops = " -> ".join(_short(op) for op in (*spec.record_ops, *spec.accumulators)) or "none"
+    batch = pipeline.batch_options
+    pairs = (
+        ("fingerprint", spec.fingerprint[:16]),
+        ("datasets", datasets),
+        ("stream", f"{chunks} chunks of {source.chunk_size}, seed {source.seed}"),
+        ("lanes", f"canonical_replicas={replicas}, flush_every_k_chunks={k}, windows per lane {windows}"),
+        ("operators", ops),
+        ("batches", f"microbatch_size={batch.microbatch_size}, labels={batch.labels}, "
+                    f"drop_last={batch.drop_last}"),
+        ("identity", _identity(pipeline)),
+        ("runner", _runner(pipeline)),
+    )
+    return Section("zephon_dask Pipeline", pairs=pairs)
+
+
+def pipeline_text(pipeline) -> str:
+    """:func:`pipeline_summary` as text (``repr(pipeline)``)."""
+    return pipeline_summary(pipeline).text()
+
+
 def pipeline_html(pipeline) -> str:
-    """A pipeline: its :func:`~zephon_dask.inspect.explain` plan."""
-    return explain(pipeline)._repr_html_()
+    """:func:`pipeline_summary` as HTML (a pipeline in a notebook cell); ``explain()`` has the rest."""
+    return html_block(pipeline_summary(pipeline).html())
 
 
 def _sources(rows: list[tuple]) -> str:
@@ -96,7 +166,13 @@ def _lane_order(key: str) -> tuple:
 
 
 def state_html(state) -> str:
-    """A checkpoint state dict: summary, per-lane progress and round-robin pointers (tolerant)."""
+    """A checkpoint state dict: summary, per-lane progress and round-robin pointers (tolerant).
+
+    Also takes the content of a file written by :func:`~zephon_dask.save_state`
+    (``{"sha256": ..., "state": ...}``), e.g. ``state_html(json.load(open(path)))``.
+    """
+    if isinstance(state, dict) and set(state) == {"sha256", "state"}:
+        state = state["state"]
     if not isinstance(state, dict):
         return html_block(html_title(f"not a state dict: {type(state).__name__}"))
     config = state.get("config") if isinstance(state.get("config"), dict) else {}

@@ -57,6 +57,9 @@ class PipelineStats:
         return [(p["lane"], p["window"], p["offset"], p["batches_delivered"], "yes" if p["finished"] else "")
                 for p in self.lanes]
 
+    def __repr__(self) -> str:
+        return str(self)
+
     def __str__(self) -> str:
         return "\n".join([
             "zephon_dask stats", text_pairs(self._summary()),

@@ -9,6 +9,7 @@ validates its arguments at once and returns the pipeline.
 from __future__ import annotations
 
 import copy
+import difflib
 import sys
 import warnings
 from typing import Any
@@ -43,6 +44,7 @@ EXECUTION_OPTIONS = {
     "threads_per_worker": 1,
     "client": None,
     "address": None,
+    "session_client": True,
     "prefetch_windows": None,  # None: the runner's default_prefetch()
     "fuse": True,
     "retries": 2,
@@ -150,11 +152,14 @@ class Pipeline:
         return self
 
     def options(self, **kwargs) -> Pipeline:
-        unknown = sorted(set(kwargs) - set(self._options))
-        if unknown:
-            raise ConfigError(
-                f"unknown option(s) {unknown}; known: {sorted(self._options)}"
-            )
+        for key in sorted(kwargs):
+            if key not in self._options:
+                close = difflib.get_close_matches(key, list(self._options), n=1)
+                hint = f"did you mean {close[0]!r}? " if close else ""
+                raise ConfigError(f"unknown option {key!r}; {hint}known: {', '.join(sorted(self._options))}")
+        for name in ("fuse", "deterministic", "session_client"):
+            if name in kwargs and not isinstance(kwargs[name], bool):
+                raise ConfigError(f"{name}={kwargs[name]!r} must be True or False")
         if "canonical_replicas" in kwargs:
             check_replicas(kwargs["canonical_replicas"])
         if "runner" in kwargs:
@@ -458,6 +463,11 @@ class Pipeline:
         from ..inspect import plot_packing
 
         return plot_packing(self.stats(), ax)
+
+    def __repr__(self) -> str:
+        from ..inspect import pipeline_text
+
+        return pipeline_text(self)
 
     def _repr_html_(self) -> str:
         from ..inspect import pipeline_html

@@ -1,0 +1,127 @@
+"""At home in a notebook and a terminal: reprs, the session's Dask client, the logger, a quiet import."""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import sys
+
+import pytest
+
+import zephon_dask as z
+from zephon_dask.cli import main
+from zephon_dask.errors import ConfigError, NotFoundError, ZephonError
+from zephon_dask.inspect import state_html
+
+DOCS = [f"doc {i}: " + "lorem ipsum dolor sit amet " * (1 + i % 5) for i in range(60)]
+
+
+def small(**options) -> z.Pipeline:
+    web = z.Dataset.from_records("web", DOCS[:40])
+    code = z.Dataset.from_records("code", DOCS[40:])
+    source = z.MixtureWorkSource([web, code], {"web": 2, "code": 1}, chunk_size=6, seed=3)
+    return (z.Pipeline(source).tokenize().pack(64).batch(2, labels=True)
+            .options(canonical_replicas=2, flush_every_k_chunks=2, **options))
+
+
+def test_pipeline_repr_is_one_screen_from_the_same_description_as_html():
+    p = small(runner="synchronous")
+    text = repr(p)
+    assert "object at 0x" not in text
+    lines = text.splitlines()
+    assert len(lines) <= 24 and max(map(len, lines)) < 400
+    for part in (p.fingerprint()[:16], "web (records, 1 shards, 40 samples", "code (records",
+                 "tokenize(", "pack(", "canonical_replicas=2", "dp_degree=1, dp_group_id=0, lanes [0, 1]",
+                 "synchronous"):
+        assert part in text, part
+    html = p._repr_html_()
+    for part in (p.fingerprint()[:16], "40 samples", "canonical_replicas=2"):
+        assert part in html
+
+
+def test_pipeline_repr_never_raises_on_a_bad_identity():
+    text = repr(small(runner="synchronous", dp_degree=2, dp_group_id=5))
+    assert "identity" in text and "invalid" in text
+
+
+def test_inspection_values_repr_as_their_text():
+    p = small(runner="synchronous")
+    for value in (p.explain(), p.preview(1), p.plan((1, 2)), p.stats(), p.window_graph(0, 0)):
+        text = repr(value)
+        assert "Section(" not in text and "PlanEntry(" not in text and "PreviewRow(" not in text
+        assert text.strip(), type(value).__name__
+    assert repr(p.explain()) == str(p.explain())
+
+
+def test_explain_section_by_short_title_and_typed_error():
+    e = small(runner="synchronous").explain()
+    assert e.section("execution").title.startswith("execution")
+    with pytest.raises(NotFoundError) as info:
+        e.section("nope")
+    assert isinstance(info.value, KeyError) and isinstance(info.value, ZephonError)
+    assert "'datasets'" in str(info.value) and "'execution'" in str(info.value)
+
+
+def test_state_html_takes_a_saved_file(tmp_path):
+    p = small(runner="synchronous")
+    with p:
+        for _ in zip(range(3), p):
+            pass
+        path = z.save_state(tmp_path / "ck.json", p.state_dict())
+    from_file = state_html(json.loads(path.read_text()))
+    assert from_file == state_html(z.load_state(path))
+    assert "batches_delivered" in from_file and ">0<" in from_file
+
+
+def test_import_emits_no_warning():
+    code = "import warnings; warnings.simplefilter('error'); import zephon_dask, zephon_dask.cli"
+    out = subprocess.run([sys.executable, "-W", "error", "-c", code], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0 and out.stderr == "", out.stderr
+
+
+def test_cli_version(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["--version"])
+    assert info.value.code == 0
+    assert capsys.readouterr().out.strip() == f"zephon-dask {z.__version__}"
+
+
+def test_the_sessions_dask_client_is_used(caplog):
+    from distributed import Client, LocalCluster
+
+    expected = [b["tokens"].tobytes() for b in small(runner="synchronous")]
+    with LocalCluster(n_workers=1, processes=False, dashboard_address=None) as cluster, \
+            Client(cluster) as client, caplog.at_level(logging.INFO, logger="zephon_dask"):
+        with small() as p:
+            got = [b["tokens"].tobytes() for b in p]
+            where = p.explain().section("execution").pairs[0][1]
+        assert client.scheduler.address in where  # the session's scheduler, not a new cluster
+        assert "session's Dask client" in caplog.text
+        with small(session_client=False, runner="threads") as p:  # an explicit runner wins
+            assert [b["tokens"].tobytes() for b in p] == expected
+    assert got == expected
+
+
+def test_options_suggest_the_closest_name_and_check_booleans():
+    with pytest.raises(ConfigError, match="did you mean 'prefetch_windows'"):
+        small().options(prefetch_window=4)
+    with pytest.raises(ConfigError, match="fuse='yes' must be True or False"):
+        small().options(fuse="yes")
+
+
+def test_set_log_level():
+    with pytest.raises(ConfigError, match="log level 'loud' is unknown"):
+        z.set_log_level("loud")
+    logger = logging.getLogger("zephon_dask")
+    before = list(logger.handlers)
+    try:
+        z.set_log_level("info")
+        z.set_log_level("debug")
+        ours = [h for h in logger.handlers if h not in before]
+        assert len(ours) <= 1 and logger.level == logging.DEBUG
+    finally:
+        for h in [h for h in logger.handlers if h not in before]:
+            logger.removeHandler(h)
+        logger.setLevel(logging.NOTSET)
