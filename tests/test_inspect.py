@@ -110,8 +110,9 @@ def test_explain_names_the_plan_and_starts_nothing(corpus):
     chunks = [len(p.work_source.lane_chunks(lane, 4)) for lane in range(4)]
     assert lanes["chunks per lane"] in {str(min(chunks)), f"{min(chunks)}-{max(chunks)}"}
     assert p._runner is None and e.warnings == ()
-    html = Tables(p._repr_html_())
+    html = Tables(e._repr_html_())
     assert html.tables and "script" not in html.tags
+    assert Tables(p._repr_html_()).tables  # the pipeline's own view: its one-screen summary
     datasets = next(t for t in html.tables if t[0][:2] == ["name", "format"])
     assert [row[0] for row in datasets[1:]] == ["web", "code"]
     with p:

@@ -89,17 +89,97 @@ class Pipeline:
         return self
 
     def map(self, fn, name: str | None = None, version=None) -> Pipeline:
+        """Apply ``fn(record) -> record`` to every record, in its chunk task (stateless).
+
+        Args:
+            fn: a function taking a record dict and returning a dict (the record,
+                changed or not). It must be pure: same record, same output.
+            name: a stable name for ``fn`` in the fingerprint (default: its
+                qualified name and a hash of its bytecode).
+            version: pin ``fn``'s identity (any str or int): the bytecode hash is
+                then left out, so the fingerprint survives a Python upgrade; bump
+                it when the function's behaviour changes.
+
+        Returns:
+            The pipeline (the chain continues).
+
+        Raises:
+            ConfigError: ``fn`` is not callable, or an accumulator (``pack``,
+                ``shuffle``, ``stateful``) comes earlier in the chain.
+
+        Example:
+            >>> pipeline.map(lambda r: {**r, "text": r["text"].strip()})  # doctest: +SKIP
+        """
         return self._add_record_op(Map(fn, name, version))
 
     def filter(self, fn, name: str | None = None, version=None) -> Pipeline:
+        """Keep the records for which ``fn(record)`` is true, in their chunk task (stateless).
+
+        Args:
+            fn: a pure predicate on a record dict.
+            name, version: ``fn``'s identity in the fingerprint, as for :meth:`map`.
+
+        Returns:
+            The pipeline. ``stats()`` counts the records dropped (``filter.dropped``).
+
+        Raises:
+            ConfigError: ``fn`` is not callable, or an accumulator comes earlier.
+
+        Example:
+            >>> pipeline.filter(lambda r: len(r["text"]) > 200)  # doctest: +SKIP
+        """
         return self._add_record_op(Filter(fn, name, version))
 
     def decode_text(self, field: str = "text", encoding: str = "utf-8", errors: str = "strict") -> Pipeline:
+        """Decode a bytes field to ``str`` in place (stateless; a ``str`` passes unchanged).
+
+        Args:
+            field: the record field holding bytes.
+            encoding: any Python codec name.
+            errors: ``"strict"`` (a bad byte raises ``DataFormatError`` naming the
+                record), ``"replace"`` or ``"ignore"``.
+
+        Returns:
+            The pipeline.
+
+        Raises:
+            ConfigError: an empty field name or an unknown codec.
+
+        Example:
+            >>> pipeline.decode_text("content", encoding="latin-1")  # doctest: +SKIP
+        """
         return self._add_record_op(DecodeText(field, encoding, errors))
 
     def tokenize(self, tokenizer="bytes", field: str = "text", bos: bool = False, eos: bool = True,
                  max_length: int | None = None, split_long: bool = False, bos_id=None, eos_id=None,
                  name: str | None = None, version=None) -> Pipeline:
+        """Encode ``record[field]`` into token ids, a chunk at a time (stateless).
+
+        Args:
+            tokenizer: ``"bytes"`` (UTF-8 bytes, BOS 256, EOS 257; needs no file),
+                the path of a Hugging Face ``tokenizer.json``, a
+                ``tokenizers.Tokenizer``, or a callable ``str -> list[int]``.
+            field: the text field.
+            bos, eos: add the tokenizer's BOS / EOS id around each document.
+            max_length: cap a document's tokens (BOS/EOS included); the rest is
+                dropped and counted (``tokenize.truncated_tokens``) unless
+                ``split_long``.
+            split_long: cut long documents into ``max_length`` pieces instead.
+            bos_id, eos_id: the special ids (an int, or a token string for a
+                Hugging Face tokenizer; found by name when not given).
+            name, version: a callable tokenizer's identity in the fingerprint.
+
+        Returns:
+            The pipeline.
+
+        Raises:
+            ConfigError: a second ``tokenize``, an unsupported tokenizer, a missing
+                special token, or a bad length setting.
+            DatasetNotFoundError: the ``tokenizer.json`` path does not exist.
+
+        Example:
+            >>> pipeline.tokenize("tokenizer.json", bos=True, eos=True)  # doctest: +SKIP
+        """
         if any(isinstance(op, Tokenize) for op in self._record_ops):
             raise ConfigError("the pipeline already tokenizes; call .tokenize() once")
         return self._add_record_op(
@@ -114,6 +194,29 @@ class Pipeline:
 
     def pack(self, max_length: int, algorithm: str = "wrap", pad_id: int = 0,
              num_bins: int | None = None) -> Pipeline:
+        """Pack each window's documents into rows of exactly ``max_length`` token slots.
+
+        An accumulator: it runs per (lane, window), starts empty and is flushed
+        at the window's end, so rows never mix lanes or windows.
+
+        Args:
+            max_length: tokens per row (e.g. 2048).
+            algorithm: ``"wrap"`` (concatenate and cut; the window's leftover
+                tokens are dropped and counted), ``"first_fit"`` or ``"best_fit"``
+                (whole documents into bins, padded with ``pad_id``).
+            pad_id: the padding id of the bin-packing algorithms (and of batches).
+            num_bins: open bins of ``first_fit``/``best_fit`` (default 64).
+
+        Returns:
+            The pipeline.
+
+        Raises:
+            ConfigError: a second ``pack``, no tokens yet (call ``tokenize``
+                first), or a bad setting.
+
+        Example:
+            >>> pipeline.pack(2048, algorithm="best_fit")  # doctest: +SKIP
+        """
         from ..operators.pack import Pack
 
         if any(isinstance(op, Pack) for op in self._accumulators):
@@ -124,10 +227,49 @@ class Pipeline:
         return self._add_accumulator(op)
 
     def shuffle(self, buffer_size: int, seed: int | None = None) -> Pipeline:
+        """Shuffle each window's samples through a reservoir of ``buffer_size`` (an accumulator).
+
+        The randomness comes from each sample's identity and the seed, never from a
+        counter, so the order is the same on any runner and after any resume.
+
+        Args:
+            buffer_size: samples held in the reservoir (larger mixes more).
+            seed: this shuffle's seed (default: the work source's seed).
+
+        Returns:
+            The pipeline.
+
+        Raises:
+            ConfigError: a bad ``buffer_size`` or no tokens yet.
+
+        Example:
+            >>> pipeline.shuffle(1024)  # doctest: +SKIP
+        """
         self._check_tokens("shuffle")
         return self._add_accumulator(Shuffle(buffer_size, seed))
 
     def stateful(self, name: str, init, push, flush, version=None) -> Pipeline:
+        """Add your own accumulator: ``init()``, ``push(state, sample)``, ``flush(state)``.
+
+        ``init`` makes a fresh state at each window's start; ``push`` returns the
+        samples to emit now (possibly none); ``flush`` returns what is left at the
+        window's end. Samples are ``Sample(tokens, positions, document_ids,
+        lineage)`` named tuples. The functions must be pure given their inputs.
+
+        Args:
+            name: a unique name for this accumulator.
+            init, push, flush: the three functions.
+            version: pin the functions' identity in the fingerprint (see :meth:`map`).
+
+        Returns:
+            The pipeline.
+
+        Raises:
+            ConfigError: the name is taken, or no tokens yet.
+
+        Example:
+            >>> pipeline.stateful("dedup", set, push, lambda s: [])  # doctest: +SKIP
+        """
         self._check_tokens("stateful")
         if any(isinstance(op, Stateful) and op.label == name for op in self._accumulators):
             raise ConfigError(f"an accumulator named {name!r} exists already; names are unique")
@@ -146,12 +288,52 @@ class Pipeline:
     def batch(self, microbatch_size: int, drop_last: bool = True, labels: bool = False,
               ignore_index: int = -100, mask_document_boundaries: bool = False,
               cu_seqlens: bool = False) -> Pipeline:
-        """Record the batch shape; batches are cut per lane by the consumer."""
+        """Set the batch shape (a data setting: it decides which samples land together).
+
+        Batches are cut per lane by the consumer and never mix lanes.
+
+        Args:
+            microbatch_size: samples per batch.
+            drop_last: drop a lane's last partial batch.
+            labels: also build ``input_ids``, ``labels`` and ``loss_mask``.
+            ignore_index: the label of positions that are not trained on.
+            mask_document_boundaries: no label across a document boundary.
+            cu_seqlens: also build ``cu_seqlens`` for variable-length attention.
+
+        Returns:
+            The pipeline.
+
+        Raises:
+            ConfigError: ``microbatch_size`` is not a positive int, or
+                ``ignore_index`` is not an int.
+
+        Example:
+            >>> pipeline.batch(8, labels=True)  # doctest: +SKIP
+        """
         self._batch = BatchOptions(microbatch_size, bool(drop_last), bool(labels), ignore_index,
                                    bool(mask_document_boundaries), bool(cu_seqlens), self._batch.pad_id)
         return self
 
     def options(self, **kwargs) -> Pipeline:
+        """Set data options (``canonical_replicas``, ``flush_every_k_chunks``) and execution options.
+
+        Execution options never change a byte of the data: ``runner``
+        (``"distributed"``, ``"threads"``, ``"synchronous"``), ``n_workers``,
+        ``threads_per_worker``, ``client``, ``address``, ``session_client``
+        (use the Dask client this process made current, default True),
+        ``prefetch_windows``, ``fuse``, ``retries``, ``dp_degree``,
+        ``dp_group_id``, ``mapping_strategy``, ``deterministic``, ``ledger``.
+        ``batches_per_step`` fixes the global step (see docs/checkpointing.md).
+
+        Returns:
+            The pipeline.
+
+        Raises:
+            ConfigError: an unknown option (with the closest known name) or a bad value.
+
+        Example:
+            >>> pipeline.options(canonical_replicas=8, prefetch_windows=6)  # doctest: +SKIP
+        """
         for key in sorted(kwargs):
             if key not in self._options:
                 close = difflib.get_close_matches(key, list(self._options), n=1)
