@@ -23,4 +23,7 @@ def test_notebook_runs(path):
     NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}).execute()
     errors = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
     assert not errors
+    stderr = ["".join(o.text) for c in nb.cells if c.cell_type == "code" for o in c.outputs
+              if o.output_type == "stream" and o.name == "stderr"]
+    assert not stderr, f"{path.name} printed on stderr (a warning?): {stderr}"
     assert any(o.output_type in ("display_data", "execute_result") for c in nb.cells for o in c.get("outputs", []))
