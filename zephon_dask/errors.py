@@ -83,3 +83,15 @@ class RecipePathError(DatasetNotFoundError):
 
 class MissingDependencyError(ZephonError, ImportError):
     """An optional package or program that a feature needs is not installed."""
+
+
+class ClusterError(ZephonError, ConnectionError):
+    """The Dask cluster cannot be reached, or was lost: a closed port, a dead scheduler, a closed client."""
+
+
+class ClusterStallError(ClusterError, TimeoutError):
+    """The cluster stayed without a live worker (or without its scheduler) past the configured timeout."""
+
+
+class ClosedError(ZephonError, RuntimeError):
+    """A pipeline, stream or runner was used after ``close()``."""
