@@ -109,10 +109,10 @@ def local_cluster(n_workers: int | None, threads_per_worker: int = 1, processes:
     training script (threads of this process share its env). The scheduler, the workers and
     the dashboard (``dashboard_address``; ``None``: no dashboard) listen on 127.0.0.1 only,
     unless ``dashboard_address`` names another interface."""
-    extra = {"env": WORKER_ENV} if processes else {}
+    extra = {"env": WORKER_ENV, "host": LOCAL_HOST} if processes else {}  # threads talk in-process
     with dask.config.set(embedded_config()), _script_not_reimported():
         return LocalCluster(n_workers=n_workers or os.cpu_count() or 1, threads_per_worker=threads_per_worker,
-                            processes=processes, host=LOCAL_HOST, dashboard_address=dashboard_address,
+                            processes=processes, dashboard_address=dashboard_address,
                             silence_logs=logging.ERROR, **extra)
 
 
