@@ -14,7 +14,7 @@ import zarr
 
 import zephon_dask as z
 from zephon_dask.data import tokens
-from zephon_dask.errors import DatasetNotFoundError, DataFormatError
+from zephon_dask.errors import DataFormatError, DatasetNotFoundError
 
 pytestmark = pytest.mark.timeout(120)
 

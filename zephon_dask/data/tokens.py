@@ -289,7 +289,7 @@ def verify_store(path: str, storage_options: dict[str, Any] | None = None) -> in
             continue  # written by write_token_store: no digest to check
         sha = hashlib.sha256()
         for lo in range(0, tok.shape[0], TOKEN_CHUNK):
-            part = _decode(shard, lambda lo=lo: tok[lo : lo + TOKEN_CHUNK])
+            part = _decode(shard, lambda lo=lo, tok=tok: tok[lo : lo + TOKEN_CHUNK])
             sha.update(np.ascontiguousarray(part, tok.dtype.newbyteorder("<")).tobytes())
         if sha.hexdigest() != record.get("tokens_sha256"):
             raise _corrupt(shard, "its tokens do not hash to the completion record's tokens_sha256")
