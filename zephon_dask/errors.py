@@ -90,3 +90,15 @@ class NotFoundError(ZephonError, KeyError):
 
     def __str__(self) -> str:  # KeyError would show the message with quotes around it
         return str(self.args[0]) if self.args else ""
+
+
+class ClusterError(ZephonError, ConnectionError):
+    """The Dask cluster cannot be reached, or was lost: a closed port, a dead scheduler, a closed client."""
+
+
+class ClusterStallError(ClusterError, TimeoutError):
+    """The cluster stayed without a live worker (or without its scheduler) past the configured timeout."""
+
+
+class ClosedError(ZephonError, RuntimeError):
+    """A pipeline, stream or runner was used after ``close()``."""

@@ -24,8 +24,13 @@ such as one from :func:`write_token_store`, which writes the root attributes
 last, is complete).
 
 Construction reads metadata only; a
-shard's offsets array is loaded (and checked) on its first read in a process
+shard's offsets array is loaded (and checked: every chunk file present, offsets
+consistent, sizes and offsets digest as recorded) on its first read in a process
 and kept in a byte-bounded LRU (:data:`OPENED`, keyed by the :class:`Shard`).
+Writers write every chunk, even an all-zero one, so a missing chunk file is
+always an error (zarr alone would read it as zeros). :func:`verify_store`
+also hashes every token. A corrupt input raises :class:`DataFormatError`
+naming the file and the fix.
 A read fetches the tokens of all requested documents with one orthogonal
 selection, so zarr decodes each chunk that holds any of them once. Documents
 come back in the stored dtype.
@@ -36,6 +41,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import posixpath
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -61,7 +67,12 @@ OFFSET_CHUNK = 1 << 16
 _SHARD_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 _TOKEN_DTYPES = (np.dtype(np.uint16), np.dtype(np.uint32))
 OPENED = ByteLRU(1 << 30)
+# Every chunk is written, even one equal to the fill value, so a reader can tell a deleted
+# chunk file (an error) from a chunk zarr skipped (which it would read back as zeros).
+EVERY_CHUNK = {"write_empty_chunks": True}
 RECORD = "record"  # a shard group's completion record (prepare_tokens)
+REPAIR = ("rerun zephon_dask.prepare_tokens (or `zephon-dask prepare`) with the same dataset, tokenizer "
+          "and output path: it rewrites the shards that fail verification")
 
 
 def _root(path: str, storage_options: dict[str, Any] | None) -> str:
@@ -108,10 +119,12 @@ def write_token_store(
         offsets = np.concatenate(([0], np.cumsum(lengths))).astype(np.int64)
         flat = np.concatenate([np.empty(0, dtype), *docs[sid]]).astype(dtype)
         root.create_array(
-            f"shards/{sid}/tokens", data=flat, chunks=(max(1, min(flat.size, TOKEN_CHUNK)),)
+            f"shards/{sid}/tokens", data=flat, chunks=(max(1, min(flat.size, TOKEN_CHUNK)),),
+            config=EVERY_CHUNK,
         )
         root.create_array(
-            f"shards/{sid}/offsets", data=offsets, chunks=(min(offsets.size, OFFSET_CHUNK),)
+            f"shards/{sid}/offsets", data=offsets, chunks=(min(offsets.size, OFFSET_CHUNK),),
+            config=EVERY_CHUNK,
         )
     root.attrs.update(
         {"format": FORMAT, "version": VERSION, "tokenizer": json.loads(meta_json), "shards": ids}
@@ -124,9 +137,12 @@ def open_store(
     """``(shards, tokenizer meta)`` from a store's metadata (no token data is read)."""
     try:
         root = zarr.open_group(path, mode="r", storage_options=storage_options or None)
+        attrs = dict(root.attrs)
     except FileNotFoundError:
         raise DatasetNotFoundError(f"token store {path!r} does not exist") from None
-    attrs = dict(root.attrs)
+    except (ValueError, KeyError, TypeError) as exc:  # zarr.json that is not JSON, or not zarr's
+        raise DataFormatError(f"token store {path!r}: its zarr.json cannot be read ({type(exc).__name__}: "
+                              f"{exc}); {REPAIR}") from None
     if attrs.get("format") != FORMAT or attrs.get("version") != VERSION:
         raise DataFormatError(
             f"{path!r} is a zarr group but not a zephon_dask token store version {VERSION} "
@@ -147,7 +163,7 @@ def open_store(
     for sid in sorted(ids):
         try:
             tok, off = root[f"shards/{sid}/tokens"], root[f"shards/{sid}/offsets"]
-        except KeyError:
+        except (KeyError, ValueError, TypeError):
             raise DataFormatError(
                 f"token store {path!r}: shard {sid!r} lacks its tokens or offsets array"
             ) from None
@@ -167,30 +183,77 @@ def open_store(
     return tuple(out), attrs.get("tokenizer") or {}
 
 
+def _corrupt(shard: Shard, problem: str) -> DataFormatError:
+    return DataFormatError(f"token shard {shard.path!r}: {problem}; the store is corrupt or changed "
+                           f"since the Dataset was built: {REPAIR}")
+
+
+def _missing_chunks(array: Any, url: str, storage_options: dict[str, Any] | None) -> list[str]:
+    """Chunk files of a 1-D zarr array at ``url`` that are absent (one listing; ``[]`` when all are there)."""
+    want = int(array.nchunks) if array.shape[0] else 0
+    if not want:
+        return []
+    fs, name = filesystem(f"{url}/c", storage_options)
+    try:
+        present = {posixpath.basename(f) for f in fs.find(name)}
+    except (FileNotFoundError, NotADirectoryError):
+        present = set()
+    return [f"{url}/c/{i}" for i in range(want) if str(i) not in present]
+
+
 def _open(shard: Shard, storage_options: dict[str, Any] | None) -> tuple[Any, np.ndarray]:
-    """The shard's token array and its checked offsets (cached per process)."""
+    """The shard's token array and its checked offsets (cached per process).
+
+    Checks, once per shard and process: every chunk file of both arrays is present (zarr
+    would read a missing one as zeros), the offsets are consistent, and, for a store from
+    ``prepare_tokens``, the shapes and the offsets' sha256 match the shard's completion
+    record. Tokens are hashed only by :func:`verify_store` (it reads every chunk).
+    """
     cached = OPENED.get(shard)
     if cached is not None:
         return cached
     opts = storage_options or None
     try:
+        group = zarr.open_group(shard.path, mode="r", storage_options=opts)
         tok = zarr.open_array(f"{shard.path}/tokens", mode="r", storage_options=opts)
-        off = zarr.open_array(f"{shard.path}/offsets", mode="r", storage_options=opts)[:]
+        off_arr = zarr.open_array(f"{shard.path}/offsets", mode="r", storage_options=opts)
     except FileNotFoundError:
-        raise DatasetNotFoundError(f"token shard {shard.path!r} no longer exists") from None
+        raise DatasetNotFoundError(f"token shard {shard.path!r} no longer exists; {REPAIR}") from None
+    except (ValueError, KeyError, TypeError) as exc:  # unreadable zarr.json
+        raise _corrupt(shard, f"its metadata cannot be read ({type(exc).__name__}: {exc})") from None
+    missing = [*_missing_chunks(off_arr, f"{shard.path}/offsets", storage_options),
+               *_missing_chunks(tok, f"{shard.path}/tokens", storage_options)]
+    if missing:
+        raise _corrupt(shard, f"{len(missing)} chunk file(s) are missing, e.g. {missing[0]!r}")
+    off = _decode(shard, lambda: off_arr[:])
     if (
         off.shape[0] != shard.num_samples + 1
         or off[0] != 0
         or off[-1] != tok.shape[0]
         or np.any(np.diff(off) < 0)
     ):
-        raise DataFormatError(
-            f"token shard {shard.path!r}: offsets must have {shard.num_samples + 1} entries, "
-            f"start at 0, never decrease and end at len(tokens)={tok.shape[0]}; the store is "
-            "corrupt or changed since the Dataset was built"
-        )
+        raise _corrupt(shard, f"offsets must have {shard.num_samples + 1} entries, start at 0, never "
+                              f"decrease and end at len(tokens)={tok.shape[0]}")
+    record = group.attrs.get(RECORD)
+    if isinstance(record, dict) and (
+        record.get("num_tokens") != tok.shape[0]
+        or record.get("num_docs") != off.shape[0] - 1
+        or record.get("offsets_sha256") != hashlib.sha256(np.ascontiguousarray(off, "<i8").tobytes()).hexdigest()
+    ):
+        raise _corrupt(shard, "its tokens or offsets do not match the shard's completion record "
+                              "(sizes or offsets sha256)")
     OPENED.put(shard, (tok, off), off.nbytes)
     return tok, off
+
+
+def _decode(shard: Shard, read_fn):
+    """``read_fn()``, with a chunk that cannot be decoded raised as :class:`DataFormatError`."""
+    try:
+        return read_fn()
+    except FileNotFoundError:
+        raise DatasetNotFoundError(f"token shard {shard.path!r} no longer exists; {REPAIR}") from None
+    except Exception as exc:  # a codec's error on corrupt bytes (RuntimeError, ValueError, ...)
+        raise _corrupt(shard, f"a chunk cannot be decoded ({type(exc).__name__}: {exc})") from None
 
 
 def read(
@@ -198,15 +261,39 @@ def read(
 ) -> list[dict[str, np.ndarray]]:
     """``{"tokens": array}`` for the documents at ``offsets`` (validated), in order; fresh arrays."""
     tok, off = _open(shard, storage_options)
+    offsets = np.asarray(offsets, dtype=np.int64)
+    if offsets.size and (int(offsets.min()) < 0 or int(offsets.max()) >= shard.num_samples):
+        bad = int(offsets[(offsets < 0) | (offsets >= shard.num_samples)][0])
+        raise _corrupt(shard, f"document {bad} was asked for, but the shard has {shard.num_samples} "
+                              "(a stale index?)")
     uniq, inverse = np.unique(offsets, return_inverse=True)
     start = off[uniq]
     lengths = off[uniq + 1] - start
     bounds = np.concatenate(([0], np.cumsum(lengths)))
     index = np.repeat(start - bounds[:-1], lengths) + np.arange(bounds[-1])
-    flat = tok.oindex[index] if index.size else np.empty(0, tok.dtype)
+    flat = _decode(shard, lambda: tok.oindex[index]) if index.size else np.empty(0, tok.dtype)
     return [
         {"tokens": flat[bounds[j] : bounds[j + 1]].copy()} for j in inverse.ravel().tolist()
     ]
+
+
+def verify_store(path: str, storage_options: dict[str, Any] | None = None) -> int:
+    """Check every shard of a token store against its completion record, hashing every token;
+    returns the number of shards checked, or raises :class:`DataFormatError` naming the first
+    bad shard and the fix. Reads the whole store (see docs/reliability.md for its cost)."""
+    shards, _ = open_store(path, storage_options)
+    for shard in shards:
+        tok, _ = _open(shard, storage_options)
+        record = zarr.open_group(shard.path, mode="r", storage_options=storage_options or None).attrs.get(RECORD)
+        if not isinstance(record, dict):
+            continue  # written by write_token_store: no digest to check
+        sha = hashlib.sha256()
+        for lo in range(0, tok.shape[0], TOKEN_CHUNK):
+            part = _decode(shard, lambda lo=lo, tok=tok: tok[lo : lo + TOKEN_CHUNK])
+            sha.update(np.ascontiguousarray(part, tok.dtype.newbyteorder("<")).tobytes())
+        if sha.hexdigest() != record.get("tokens_sha256"):
+            raise _corrupt(shard, "its tokens do not hash to the completion record's tokens_sha256")
+    return len(shards)
 
 
 def check_tokenizer(path: str, meta: dict[str, Any], expected: dict[str, Any]) -> None:
@@ -239,7 +326,7 @@ class ShardWriter:
         self._top = int(np.iinfo(self._dtype).max)
         self._group = zarr.open_group(url, mode="w", storage_options=storage_options or None)
         self._tokens = self._group.create_array(
-            "tokens", shape=(0,), dtype=self._dtype, chunks=(TOKEN_CHUNK,)
+            "tokens", shape=(0,), dtype=self._dtype, chunks=(TOKEN_CHUNK,), config=EVERY_CHUNK
         )
         self._lengths: list[np.ndarray] = []
         self._pending: list[np.ndarray] = [np.empty(0, self._dtype)]
@@ -278,7 +365,7 @@ class ShardWriter:
         lengths = np.concatenate([np.empty(0, np.int64), *self._lengths])
         offsets = np.concatenate(([0], np.cumsum(lengths))).astype("<i8")
         self._group.create_array(
-            "offsets", data=offsets, chunks=(min(offsets.size, OFFSET_CHUNK),)
+            "offsets", data=offsets, chunks=(min(offsets.size, OFFSET_CHUNK),), config=EVERY_CHUNK
         )
         record = {
             "num_docs": int(lengths.size),

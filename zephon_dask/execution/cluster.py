@@ -20,19 +20,25 @@ import logging
 import os
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
 import dask
-from distributed import CancelledError, Client, LocalCluster, as_completed
+from distributed import CancelledError, Client, LocalCluster
 from distributed.comm import CommClosedError
 
+from ..errors import ClosedError, ClusterError
 from ..graph import WindowGraph
 from ..graph import keys as graph_keys
 from ..pipeline.spec import PipelineSpec
 from ..pipeline.window import compute_chunk, compute_window, finish_window
 from .runners import Runner, WindowHandle
+from .watch import DEFAULT_STALL, DEFAULT_TIMEOUT, PROBE_TIMEOUT, ClusterWatch, probe_address
+
+logger = logging.getLogger(__name__)
+LOCAL_HOST = "127.0.0.1"
 
 WORKER_ENV = {
     "TOKENIZERS_PARALLELISM": "false",
@@ -96,14 +102,29 @@ def _script_not_reimported() -> Iterator[None]:
             main.__spec__ = spec
 
 
-def local_cluster(n_workers: int | None, threads_per_worker: int = 1, processes: bool = True) -> LocalCluster:
-    """The embedded cluster: ``n_workers`` (default: one per core) with quiet logs, a dashboard on
-    a free port and :func:`embedded_config`; worker processes get :data:`WORKER_ENV` and do not
-    import the training script (threads of this process share its env)."""
-    extra = {"env": WORKER_ENV} if processes else {}
+def local_cluster(n_workers: int | None, threads_per_worker: int = 1, processes: bool = True,
+                  dashboard_address: str | None = f"{LOCAL_HOST}:0") -> LocalCluster:
+    """The embedded cluster: ``n_workers`` (default: one per core) with quiet logs and
+    :func:`embedded_config`; worker processes get :data:`WORKER_ENV` and do not import the
+    training script (threads of this process share its env). The scheduler, the workers and
+    the dashboard (``dashboard_address``; ``None``: no dashboard) listen on 127.0.0.1 only,
+    unless ``dashboard_address`` names another interface."""
+    extra = {"env": WORKER_ENV, "host": LOCAL_HOST} if processes else {}  # threads talk in-process
     with dask.config.set(embedded_config()), _script_not_reimported():
         return LocalCluster(n_workers=n_workers or os.cpu_count() or 1, threads_per_worker=threads_per_worker,
-                            processes=processes, dashboard_address=":0", silence_logs=logging.ERROR, **extra)
+                            processes=processes, dashboard_address=dashboard_address,
+                            silence_logs=logging.ERROR, **extra)
+
+
+def open_client(address: str, timeout: float = DEFAULT_TIMEOUT) -> Client:
+    """A client of the scheduler at ``address``: a closed port fails within seconds, a scheduler
+    that does not answer within ``timeout`` seconds fails then (both :class:`ClusterError`)."""
+    probe_address(address)
+    try:
+        return Client(address, set_as_default=False, timeout=timeout)
+    except (OSError, TimeoutError) as exc:
+        raise ClusterError(f"could not connect to the Dask scheduler at {address!r} within {timeout:g} s "
+                           f"({exc}); check that a scheduler runs there") from None
 
 
 def _spec_value(spec: PipelineSpec) -> PipelineSpec:
@@ -114,29 +135,76 @@ LOST_RESULT = (CancelledError, CommClosedError, OSError)
 RESUBMITS = 3
 
 
+def _again_key(graph: WindowGraph) -> str:
+    return graph.key.replace("zephon-", "zephon-again-", 1)
+
+
 class DistributedHandle(WindowHandle):
-    """A window's futures. A result lost with its worker (a gather that fails or a
-    future the scheduler cancels) is resubmitted under the same keys: the
-    window is pure, so the recomputation gives the same bytes."""
+    """A window's futures, waited on through the runner's :class:`ClusterWatch`.
+
+    A result lost with its worker (a gather that fails or a future the scheduler
+    cancels) is resubmitted under the same keys: the window is pure, so the
+    recomputation gives the same bytes. A window still computing after the
+    runner's ``stall`` seconds is logged with the workers computing it, and a
+    fused copy is submitted to the other workers; the first of the two to finish
+    is used (the same bytes either way)."""
 
     def __init__(self, graph: WindowGraph, future, chunk_futures, runner, priority):
         super().__init__(graph, future=future)
         self._chunks, self._runner, self._priority = chunk_futures, runner, priority
+        self._copy = None
 
     def result(self):
-        for _ in range(RESUBMITS):
+        runner, resubmits = self._runner, 0
+        started = reported = time.monotonic()
+        while True:
             try:
-                return super().result()
+                done = runner.watch.wait([self._future, self._copy])
+            except ClusterError as exc:
+                exc.add_note(f"zephon_dask: while waiting for lane {self.graph.lane}, window {self.graph.window}")
+                raise
+            if done is None:
+                if time.monotonic() - reported >= runner.stall:
+                    reported = time.monotonic()
+                    self._stalled(reported - started)
+                continue
+            try:
+                return done.result()
+            except RuntimeError:  # "IOLoop is closed" when the client closed meanwhile; else the task's own
+                runner.watch.check_open()
+                raise
             except LOST_RESULT:
+                if resubmits == RESUBMITS:
+                    raise
+                resubmits += 1
+                runner.watch.check()
                 self.release()
-                again = self._runner.submit(self.graph, self._priority)
+                again = runner.submit(self.graph, self._priority)
                 self._future, self._chunks = again._future, again._chunks
-        return super().result()
+            except Exception as exc:
+                exc.add_note(f"zephon_dask: while computing lane {self.graph.lane}, window {self.graph.window}")
+                raise
+
+    def _stalled(self, waited: float) -> None:
+        """Report a window computing for too long; compute a copy on the other workers."""
+        runner = self._runner
+        keys = {f.key for f in [self._future, *self._chunks] if f is not None}
+        busy, workers = runner.processing(keys)
+        others = sorted(set(workers) - set(busy))
+        plan = "computing it again on the other workers" if others and self._copy is None else (
+            "a copy already runs elsewhere" if self._copy is not None else "no other worker to compute it")
+        logger.warning("zephon_dask: lane %d, window %d has been computing for %.0f s (stall_timeout %g s) "
+                       "on %s: a worker may be frozen or overloaded; %s", self.graph.lane, self.graph.window,
+                       waited, runner.stall, ", ".join(busy) or "no worker yet", plan)
+        if others and self._copy is None:
+            self._copy = runner.client.submit(
+                compute_window, runner.spec, self.graph.lane, self.graph.window, key=_again_key(self.graph),
+                workers=others, allow_other_workers=False, pure=False, priority=self._priority)
 
     def release(self) -> None:
-        fut, chunks = self._future, self._chunks
-        self._future, self._chunks = None, []
-        for f in [*chunks, fut]:
+        fut, chunks, copy = self._future, self._chunks, self._copy
+        self._future, self._chunks, self._copy = None, [], None
+        for f in [*chunks, fut, copy]:
             if f is not None:
                 f.release()
 
@@ -145,18 +213,20 @@ class DistributedRunner(Runner):
     name = "distributed"
 
     def __init__(self, spec: PipelineSpec, n_workers=None, threads_per_worker=1, client=None,
-                 address=None, retries=0):
+                 address=None, retries=0, timeout: float = DEFAULT_TIMEOUT, stall: float = DEFAULT_STALL,
+                 dashboard_address: str | None = f"{LOCAL_HOST}:0"):
         super().__init__(spec)
-        self.retries = retries
+        self.retries, self.stall = retries, stall
         self._cluster = None
         self._own_client = client is None
         if client is not None:
             self.client = client
         elif address is not None:
-            self.client = Client(address, set_as_default=False)
+            self.client = open_client(address, timeout)
         else:
-            self._cluster = local_cluster(n_workers, threads_per_worker)
+            self._cluster = local_cluster(n_workers, threads_per_worker, dashboard_address=dashboard_address)
             self.client = Client(self._cluster, set_as_default=False)
+        self.watch = ClusterWatch(self.client, timeout, address)
         # A task, not scattered data: if the worker holding it dies, the
         # scheduler recomputes it from the task definition.
         self._spec_future = self.client.submit(_spec_value, spec, key=graph_keys.spec_key(spec.fingerprint),
@@ -169,16 +239,38 @@ class DistributedRunner(Runner):
         except Exception:  # a cluster without a dashboard
             return None
 
+    def _identity(self, n_workers: int) -> dict:
+        """The scheduler's identity (``n_workers`` workers listed), or a :class:`ClusterError` within
+        :data:`PROBE_TIMEOUT` seconds."""
+        self.watch.check()
+        try:
+            return self.client.sync(self.client.scheduler.identity, n_workers=n_workers,
+                                    callback_timeout=PROBE_TIMEOUT)
+        except Exception as exc:
+            raise ClusterError(f"the Dask scheduler at {self.watch.address} did not answer within "
+                               f"{PROBE_TIMEOUT:g} s ({exc!r}); check the cluster") from None
+
+    def processing(self, keys) -> tuple[list[str], list[str]]:
+        """``(workers computing any of keys, every worker)``; empty lists if the scheduler does not answer."""
+        try:
+            every = sorted(self._identity(-1).get("workers", {}))
+            queues = self.client.sync(self.client.scheduler.processing, callback_timeout=PROBE_TIMEOUT)
+        except Exception:  # reporting is best effort; the wait's own checks raise what matters
+            return [], []
+        return sorted(w for w, ks in queues.items() if keys & set(map(str, ks))), every
+
     @property
     def slots(self) -> int:
         """Worker threads on the cluster now (at least 1: an adaptive cluster may be empty)."""
-        return max(1, sum(self.client.nthreads().values()))
+        return max(1, int(self._identity(0).get("total_threads") or 0))
 
     def worker_pids(self) -> dict[str, int]:
         return self.client.run(os.getpid)
 
     def submit(self, graph: WindowGraph, priority: int) -> WindowHandle:
-        c, spec = self.client, self._spec_future
+        c, spec = self.__dict__.get("client"), self._spec_future
+        if c is None:
+            raise ClosedError("this distributed runner is closed; build or reopen the pipeline to compute more windows")
         opts = {"priority": priority, "retries": self.retries, "pure": False}
         if graph.fused:
             fut = c.submit(compute_window, spec, graph.lane, graph.window, key=graph.key, **opts)
@@ -205,23 +297,23 @@ class DistributedRunner(Runner):
             cluster.close()
 
     def describe(self) -> str:
-        workers = len(self.client.scheduler_info().get("workers", {}))
-        where = "embedded LocalCluster" if self._cluster is not None else self.client.scheduler.address
+        workers = self._identity(0).get("n_workers", 0)
+        where = "embedded LocalCluster" if self._cluster is not None else self.watch.address
         return f"distributed ({where}, {workers} workers, dashboard {self.dashboard_link})"
 
 
 @contextmanager
 def connect(client=None, address: str | None = None, n_workers: int | None = None,
-            processes: bool = True) -> Iterator[Client]:
-    """Yield ``client``, a client of the scheduler at ``address``, or one on an embedded
-    ``LocalCluster`` (``n_workers`` or all cores, one thread each; worker processes with
-    :data:`WORKER_ENV`, or threads of this process with ``processes=False``). Closes only
+            processes: bool = True, timeout: float = DEFAULT_TIMEOUT) -> Iterator[Client]:
+    """Yield ``client``, a client of the scheduler at ``address`` (see :func:`open_client`), or one
+    on an embedded ``LocalCluster`` (``n_workers`` or all cores, one thread each; worker processes
+    with :data:`WORKER_ENV`, or threads of this process with ``processes=False``). Closes only
     what it started."""
     if client is not None:
         yield client
         return
     if address is not None:
-        with Client(address, set_as_default=False) as own:
+        with open_client(address, timeout) as own:
             yield own
         return
     with local_cluster(n_workers, 1, processes) as cluster, Client(cluster, set_as_default=False) as own:
@@ -237,7 +329,8 @@ def _apply(fn: Callable, shared: tuple, *args):
 
 
 def each_completed(client: Client, fn: Callable, shared: tuple, calls: Sequence[tuple],
-                   keys: Sequence[str], shared_key: str) -> Iterator[tuple[int, Any, BaseException | None]]:
+                   keys: Sequence[str], shared_key: str,
+                   timeout: float = DEFAULT_TIMEOUT) -> Iterator[tuple[int, Any, BaseException | None]]:
     """Run ``fn(*shared, *call)`` as one task per call under ``keys``; yield ``(index, result,
     error)`` as the tasks finish.
 
@@ -246,13 +339,21 @@ def each_completed(client: Client, fn: Callable, shared: tuple, calls: Sequence[
     scheduler; once read, a result is released, so no later worker loss reruns it. On
     exit (close the generator, e.g. with ``contextlib.closing``) every future is
     cancelled, so the client forgets the keys before a later run submits them again.
+    Waits go through a :class:`ClusterWatch` (``timeout`` seconds without scheduler or
+    worker raise :class:`~zephon_dask.errors.ClusterStallError`).
     """
+    watch = ClusterWatch(client, timeout)
     common = client.submit(_shared_value, shared, key=shared_key, pure=False, priority=1_000_000)
     futures = [client.submit(_apply, fn, common, *call, key=key, pure=False)
                for call, key in zip(calls, keys, strict=True)]
     index = {f.key: i for i, f in enumerate(futures)}
     try:
-        for fut in as_completed(futures, loop=client.loop):
+        pending = list(futures)
+        while pending:
+            fut = watch.wait(pending)
+            if fut is None:
+                continue
+            pending.remove(fut)
             try:
                 result, error = fut.result(), None
             except Exception as exc:  # the task's own error, re-raised here by distributed

@@ -14,7 +14,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import dask
 
-from ..errors import ConfigError
+from ..errors import ClosedError, ConfigError
 from ..graph import WindowGraph
 from ..log import logger
 from ..pipeline.spec import PipelineSpec
@@ -98,7 +98,11 @@ class ThreadRunner(Runner):
         return self.n_workers
 
     def submit(self, graph: WindowGraph, priority: int) -> WindowHandle:
-        fut: Future = self._pool.submit(self._run_local, graph)
+        try:
+            fut: Future = self._pool.submit(self._run_local, graph)
+        except RuntimeError:  # "cannot schedule new futures after shutdown"
+            raise ClosedError("this threads runner is closed; build or reopen the pipeline to compute "
+                              "more windows") from None
         return WindowHandle(graph, future=fut)
 
     def close(self) -> None:
@@ -143,7 +147,8 @@ def make_runner(spec: PipelineSpec, options: dict) -> Runner:
     if name == "threads":
         return ThreadRunner(spec, options.get("n_workers"))
     if name == "distributed":
-        from .cluster import DistributedRunner
+        from .cluster import LOCAL_HOST, DistributedRunner
+        from .watch import DEFAULT_STALL, DEFAULT_TIMEOUT
 
         return DistributedRunner(
             spec,
@@ -152,5 +157,8 @@ def make_runner(spec: PipelineSpec, options: dict) -> Runner:
             client=options.get("client"),
             address=options.get("address"),
             retries=options.get("retries") or 0,
+            timeout=options.get("cluster_timeout") or DEFAULT_TIMEOUT,
+            stall=options.get("stall_timeout") or DEFAULT_STALL,
+            dashboard_address=options.get("dashboard_address", f"{LOCAL_HOST}:0"),
         )
     raise ConfigError(f"runner={name!r} is unknown; choose one of {', '.join(map(repr, RUNNERS))}")

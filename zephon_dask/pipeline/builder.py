@@ -54,6 +54,9 @@ EXECUTION_OPTIONS = {
     "deterministic": True,
     "batches_per_step": None,
     "ledger": None,
+    "cluster_timeout": 45.0,  # seconds without scheduler or worker before a wait fails (execution/watch.py)
+    "stall_timeout": 30.0,  # seconds a window may compute before it is reported and recomputed elsewhere
+    "dashboard_address": "127.0.0.1:0",  # the embedded cluster's dashboard; None: none
 }
 
 
@@ -358,6 +361,11 @@ class Pipeline:
             v = kwargs.get(name)
             if v is not None and not is_int_at_least(v, 0):
                 raise ConfigError(f"{name}={v!r} must be a non-negative int")
+        for name in ("cluster_timeout", "stall_timeout"):
+            if name in kwargs:
+                from ..execution.watch import check_timeout
+
+                check_timeout(kwargs[name], name)
         if "flush_every_k_chunks" in kwargs:
             k = kwargs["flush_every_k_chunks"]
             if not is_int_at_least(k, 1):

@@ -1,0 +1,161 @@
+"""Fault matrix, cluster part: real ``dask scheduler`` and ``dask worker`` processes on 127.0.0.1.
+
+Every case sets a short ``cluster_timeout`` or ``stall_timeout`` and a pytest timeout,
+so a wait without a deadline fails the test instead of hanging the run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from oracles import batch_rows, ref_group_stream
+from pipelines import build
+
+from zephon_dask.errors import ClusterError, ClusterStallError, ConfigError, ZephonError
+
+DASK = str(Path(sys.executable).parent / "dask")
+pytestmark = pytest.mark.timeout(120)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_for(predicate, what: str, limit: float = 60.0) -> None:
+    deadline = time.monotonic() + limit
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {limit} s waiting for {what}")
+        time.sleep(0.1)
+
+
+@contextlib.contextmanager
+def dask_cluster(tmp_path, n_workers: int):
+    """``(address, scheduler process, worker processes)``: all stopped (and woken) on exit."""
+    sched_file = tmp_path / "scheduler.json"
+    quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+    procs = [subprocess.Popen([DASK, "scheduler", "--host", "127.0.0.1", "--port", "0", "--no-dashboard",
+                               "--scheduler-file", str(sched_file)], **quiet)]
+    try:
+        _wait_for(lambda: sched_file.exists() and sched_file.stat().st_size > 0, "the scheduler file")
+        address = json.loads(sched_file.read_text())["address"]
+        for _ in range(n_workers):
+            procs.append(subprocess.Popen([DASK, "worker", address, "--nthreads", "1", "--no-nanny",
+                                           "--no-dashboard", "--host", "127.0.0.1", "--death-timeout", "20"],
+                                          **quiet))
+        from distributed import Client
+
+        with Client(address, set_as_default=False, timeout=30) as client:
+            client.wait_for_workers(n_workers, timeout=60)
+        yield address, procs[0], procs[1:]
+    finally:
+        for p in procs:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p.pid, signal.SIGCONT)
+                p.kill()
+        for p in procs:
+            p.wait(timeout=30)
+
+
+def reference(pipeline):
+    return ref_group_stream(pipeline.spec, pipeline.owned_lanes(), pipeline.batch_options.microbatch_size)
+
+
+def _consume_after(pipeline, fault) -> tuple[list, BaseException | None, float]:
+    """Batches read; ``fault()`` runs after the first one; ``(rows, error, seconds after the fault)``."""
+    rows, at = [], None
+    try:
+        for b in pipeline:
+            rows.append(batch_rows(b))
+            if at is None:
+                fault()
+                at = time.monotonic()
+    except ZephonError as exc:
+        return rows, exc, time.monotonic() - at
+    return rows, None, time.monotonic() - at
+
+
+def test_closed_port_fails_within_seconds_naming_the_address(corpus_dir):
+    address = f"tcp://127.0.0.1:{_free_port()}"
+    p = build(corpus_dir, address=address)
+    t0 = time.monotonic()
+    with pytest.raises(ClusterError, match=address) as info, p:
+        next(iter(p))
+    assert isinstance(info.value, ConnectionError)
+    assert time.monotonic() - t0 < 20  # distributed alone retries for 30 s
+
+
+def test_timeout_options_are_checked():
+    from zephon_dask.execution.watch import check_timeout
+
+    for bad in (0, -1, "5", True, float("nan"), 10**9):
+        with pytest.raises(ConfigError, match="cluster_timeout"):
+            check_timeout(bad, "cluster_timeout")
+
+
+def test_scheduler_killed_mid_stream_raises_instead_of_hanging(corpus_dir, tmp_path):
+    with dask_cluster(tmp_path, 1) as (address, scheduler, _):
+        p = build(corpus_dir, address=address, prefetch_windows=1, cluster_timeout=3)
+        with p:
+            rows, err, waited = _consume_after(p, lambda: scheduler.send_signal(signal.SIGKILL))
+    assert isinstance(err, ClusterError) and isinstance(err, ConnectionError), err
+    assert address in str(err)
+    assert waited < 60, waited
+    assert len(rows) < len(reference(p))
+
+
+def test_all_workers_lost_raises_a_stall_error(corpus_dir, tmp_path):
+    with dask_cluster(tmp_path, 1) as (address, _, workers):
+        p = build(corpus_dir, address=address, prefetch_windows=1, cluster_timeout=3)
+        with p:
+            rows, err, waited = _consume_after(p, lambda: workers[0].send_signal(signal.SIGKILL))
+    assert isinstance(err, ClusterStallError) and isinstance(err, TimeoutError), err
+    assert "no worker" in str(err) and address in str(err) and "3 s" in str(err)
+    assert waited < 60, waited
+
+
+def test_frozen_worker_is_reported_and_its_windows_recomputed(corpus_dir, tmp_path, caplog):
+    with dask_cluster(tmp_path, 2) as (address, _, workers):
+        p = build(corpus_dir, address=address, prefetch_windows=4, stall_timeout=1, cluster_timeout=30)
+        truth = reference(p)
+        with p, caplog.at_level(logging.WARNING, logger="zephon_dask.execution.cluster"):
+            rows, err, _ = _consume_after(p, lambda: workers[0].send_signal(signal.SIGSTOP))
+    assert err is None
+    assert rows == truth
+    assert any("has been computing" in r.getMessage() for r in caplog.records)
+
+
+def test_user_client_closed_mid_stream_gives_a_typed_error(corpus_dir, tmp_path):
+    from distributed import Client
+
+    with dask_cluster(tmp_path, 1) as (address, _, _), Client(address, set_as_default=False) as client:
+        p = build(corpus_dir, client=client, prefetch_windows=1, cluster_timeout=3)
+        with p:
+            rows, err, waited = _consume_after(p, client.close)
+    assert isinstance(err, ClusterError), err
+    assert "closed" in str(err) and address in str(err)
+    assert waited < 60, waited
+
+
+def test_embedded_cluster_listens_on_loopback_only():
+    import psutil
+
+    from zephon_dask.execution.cluster import local_cluster
+
+    with local_cluster(1) as cluster:
+        procs = [psutil.Process(), *psutil.Process().children(recursive=True)]
+        listening = {c.laddr.ip for p in procs for c in p.net_connections(kind="inet") if c.status == "LISTEN"}
+        assert cluster.dashboard_link.startswith("http://127.0.0.1:")
+    assert listening == {"127.0.0.1"}, listening

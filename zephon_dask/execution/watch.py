@@ -1,0 +1,134 @@
+"""Bounded waits on a Dask cluster: a deadline and a liveness check for every wait. Holds state.
+
+A :class:`ClusterWatch` belongs to one client. :meth:`ClusterWatch.wait` waits for
+the first of some futures to finish, in slices of at most :data:`POLL` seconds;
+between slices it checks that the client is open, that it reaches its scheduler
+and that the scheduler has a worker. A condition that stays false for
+``timeout`` seconds raises :class:`~zephon_dask.errors.ClusterStallError`; a
+client that is closed (by the user, or by ``distributed`` after it failed to
+reconnect) raises :class:`~zephon_dask.errors.ClusterError` at once. A fast
+wait costs nothing extra: the liveness RPC is only made once a slice has passed.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Sequence
+
+from ..errors import ClusterError, ClusterStallError, ConfigError
+
+DEFAULT_TIMEOUT = 45.0  # seconds without scheduler or worker before a wait fails
+DEFAULT_STALL = 30.0  # seconds one window may compute before it is reported and recomputed elsewhere
+CONNECT_TIMEOUT = 5.0  # seconds to open a connection to a scheduler address
+POLL = 1.0  # the longest slice of a wait between two liveness checks
+PROBE_TIMEOUT = 5.0  # seconds one liveness RPC may take
+
+
+def check_timeout(value, name: str) -> float:
+    """``value`` as positive seconds, or a :class:`ConfigError` naming the option. Pure."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < 86_400:
+        raise ConfigError(f"{name}={value!r} must be a number of seconds in (0, 86400), e.g. 45")
+    return float(value)
+
+
+def probe_address(address: str, timeout: float = CONNECT_TIMEOUT) -> None:
+    """Raise :class:`ClusterError` unless a TCP connection to ``address`` opens within ``timeout``.
+
+    Only ``tcp://`` and ``tls://`` addresses are probed (others pass): a closed port
+    fails in milliseconds here instead of ``distributed``'s 30 s of retries.
+    """
+    scheme, _, rest = address.rpartition("://")
+    if scheme not in ("", "tcp", "tls"):
+        return
+    host, _, port = rest.rpartition(":")
+    try:
+        port_n = int(port)
+    except ValueError:
+        raise ClusterError(f"scheduler address {address!r} has no port; use e.g. tcp://127.0.0.1:8786") from None
+    try:
+        with socket.create_connection((host.strip("[]") or "127.0.0.1", port_n), timeout=timeout):
+            pass
+    except OSError as exc:
+        raise ClusterError(
+            f"no Dask scheduler answers at {address!r} ({exc.strerror or exc}; waited at most "
+            f"{timeout:g} s): start one (`dask scheduler`) or fix the address"
+        ) from None
+
+
+class ClusterWatch:
+    """Liveness of one client's cluster, with the time each fault was first seen."""
+
+    def __init__(self, client, timeout: float = DEFAULT_TIMEOUT, address: str | None = None):
+        self.client, self.timeout = client, float(timeout)
+        self.address = address or _address(client)
+        self._since: dict[str, float] = {}  # fault -> monotonic time first seen
+
+    def _fault(self, name: str, message: str) -> None:
+        """Note that ``name`` holds now; raise once it has held ``timeout`` seconds."""
+        first = self._since.setdefault(name, time.monotonic())
+        if time.monotonic() - first >= self.timeout:
+            raise ClusterStallError(
+                f"{message} for {self.timeout:g} s (scheduler {self.address}); check the cluster, "
+                "restart it and resume from the last checkpoint, or raise the "
+                f"cluster_timeout option (now {self.timeout:g} s)"
+            )
+
+    def check_open(self) -> str:
+        """The client's status; a :class:`ClusterError` if it is closed (no RPC)."""
+        status = getattr(self.client, "status", "closed")
+        if status in ("closing", "closed"):
+            raise ClusterError(
+                f"the Dask client of scheduler {self.address} is closed (closed by its owner, or "
+                "by distributed after it lost the scheduler); restart the cluster and resume "
+                "from the last checkpoint"
+            )
+        return status
+
+    def check(self) -> None:
+        """Raise if the cluster has been unusable for ``timeout`` seconds, or the client is closed."""
+        if self.check_open() != "running":
+            self._fault("scheduler", "the scheduler has been unreachable")
+            return
+        self._since.pop("scheduler", None)
+        try:
+            info = self.client.sync(self.client.scheduler.identity, n_workers=0, callback_timeout=PROBE_TIMEOUT)
+        except Exception:  # an RPC that fails or times out: the scheduler is not answering
+            self._fault("scheduler", "the scheduler has not answered")
+            return
+        self._since.pop("scheduler", None)
+        if not info.get("n_workers"):
+            self._fault("workers", "the scheduler has had no worker")
+        else:
+            self._since.pop("workers", None)
+
+    def wait(self, futures: Sequence, timeout: float = POLL):
+        """The first finished future of ``futures`` (``None`` entries are skipped), or ``None``
+        after about ``timeout`` seconds. Checks liveness before each slice."""
+        live = [f for f in futures if f is not None]
+        self.check_open()
+        done = [f for f in live if f.done()]
+        if done:
+            return done[0]
+        self.check()
+        for f in live:  # with a stalled window's copy, the slice is shared between the two
+            try:
+                f.result(timeout=timeout / len(live))
+            except TimeoutError:
+                if not f.done():
+                    continue
+            except RuntimeError:  # the task's own error, or "IOLoop is closed" (a closed client)
+                if not f.done():
+                    self.check()
+                    raise
+            except Exception:  # the task's own error (or a lost result): the caller reads it
+                pass
+            return f
+        return None
+
+
+def _address(client) -> str:
+    try:
+        return str(client.scheduler.address)
+    except Exception:  # a client that never connected
+        return "<unknown>"
