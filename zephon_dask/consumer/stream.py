@@ -17,6 +17,7 @@ from ..pipeline.spec import PipelineSpec
 from .batch import Batch, BatchOptions
 from .batcher import LaneBatcher
 from .fetcher import WindowFetcher
+from .waiting import FirstBatchWait
 
 
 class BatchStream:
@@ -41,6 +42,7 @@ class BatchStream:
         # index into self.lanes of the lane that emits next
         self.pointer = self.lanes.index(first_lane) if first_lane in self.lanes else 0
         self.stats: dict[str, int] = {}
+        self._started = False  # whether the first batch was asked for
         self.on_finish = None  # called as on_finish(lane, batch count) when a lane ends without a last batch
 
     def __iter__(self):
@@ -69,6 +71,13 @@ class BatchStream:
         return batch
 
     def __next__(self) -> Batch:
+        if not self._started:
+            self._started = True
+            with FirstBatchWait(self.fetcher):
+                return self._next()
+        return self._next()
+
+    def _next(self) -> Batch:
         while not all(self.finished.values()):
             lane = self._choose()
             self.pointer = (self.lanes.index(lane) + 1) % len(self.lanes)

@@ -131,6 +131,21 @@ def _spec_value(spec: PipelineSpec) -> PipelineSpec:
     return spec
 
 
+def _silence_worker_logs() -> None:
+    for name in ("distributed.worker", "distributed.nanny", "distributed.core", "distributed.comm"):
+        logging.getLogger(name).setLevel(logging.CRITICAL)
+
+
+def _quiet_for_shutdown(client: Client) -> None:
+    """Before the embedded cluster closes: a worker whose heartbeat meets the closing scheduler
+    logs a 30-line "Failed to communicate with scheduler during heartbeat" traceback at ERROR;
+    once the run is over, the workers' logs have nothing more to say."""
+    try:
+        client.run(_silence_worker_logs)
+    except Exception:  # best effort: a worker that already left needs no silencing
+        pass
+
+
 LOST_RESULT = (CancelledError, CommClosedError, OSError)
 RESUBMITS = 3
 
@@ -173,10 +188,13 @@ class DistributedHandle(WindowHandle):
             except RuntimeError:  # "IOLoop is closed" when the client closed meanwhile; else the task's own
                 runner.watch.check_open()
                 raise
-            except LOST_RESULT:
+            except LOST_RESULT as exc:
                 if resubmits == RESUBMITS:
                     raise
                 resubmits += 1
+                logger.warning("lane %d, window %d: its result was lost with a worker (%s); computing it "
+                               "again (%d of %d)", self.graph.lane, self.graph.window, type(exc).__name__,
+                               resubmits, RESUBMITS)
                 runner.watch.check()
                 self.release()
                 again = runner.submit(self.graph, self._priority)
@@ -226,6 +244,10 @@ class DistributedRunner(Runner):
         else:
             self._cluster = local_cluster(n_workers, threads_per_worker, dashboard_address=dashboard_address)
             self.client = Client(self._cluster, set_as_default=False)
+            logger.info("started an embedded LocalCluster: %d worker(s), dashboard %s",
+                        len(self._cluster.workers), self.dashboard_link)
+        if address is not None and client is None:
+            logger.info("connected to the Dask scheduler at %s", address)
         self.watch = ClusterWatch(self.client, timeout, address)
         # A task, not scattered data: if the worker holding it dies, the
         # scheduler recomputes it from the task definition.
@@ -291,6 +313,8 @@ class DistributedRunner(Runner):
             self._spec_future.release()
         except Exception:  # the scheduler may already be gone
             pass
+        if cluster is not None:
+            _quiet_for_shutdown(client)
         if self._own_client:
             client.close()
         if cluster is not None:
