@@ -17,11 +17,14 @@ from zephon_dask.inspect import state_html
 DOCS = [f"doc {i}: " + "lorem ipsum dolor sit amet " * (1 + i % 5) for i in range(60)]
 
 
-def small(**options) -> z.Pipeline:
+def small(map_fn=None, **options) -> z.Pipeline:
     web = z.Dataset.from_records("web", DOCS[:40])
     code = z.Dataset.from_records("code", DOCS[40:])
     source = z.MixtureWorkSource([web, code], {"web": 2, "code": 1}, chunk_size=6, seed=3)
-    return (z.Pipeline(source).tokenize().pack(64).batch(2, labels=True)
+    pipeline = z.Pipeline(source)
+    if map_fn is not None:
+        pipeline = pipeline.map(map_fn)
+    return (pipeline.tokenize().pack(64).batch(2, labels=True)
             .options(canonical_replicas=2, flush_every_k_chunks=2, **options))
 
 
@@ -125,3 +128,41 @@ def test_set_log_level():
         for h in [h for h in logger.handlers if h not in before]:
             logger.removeHandler(h)
         logger.setLevel(logging.NOTSET)
+
+
+def _slow(record):
+    import time
+
+    time.sleep(0.02)
+    return record
+
+
+def test_the_first_batch_is_logged_and_a_slow_one_shows_progress(caplog, monkeypatch):
+    from zephon_dask.consumer import waiting
+
+    bars = []
+
+    class Bar:
+        def __init__(self, **kwargs):
+            self.kwargs, self.n, self.total = kwargs, 0, kwargs["total"]
+            bars.append(self)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            pass
+
+        def refresh(self):
+            pass
+
+    monkeypatch.setattr(waiting, "progress_bar", Bar)
+    monkeypatch.setattr(waiting, "SHOW_AFTER", 0.0)
+    monkeypatch.setattr(waiting, "TICK", 0.01)
+    with caplog.at_level(logging.INFO, logger="zephon_dask"), \
+            small(_slow, runner="threads", n_workers=2) as p:
+        first = next(iter(p))
+    assert first is not None
+    assert "window(s) submitted for the first batch" in caplog.text and "first batch after" in caplog.text
+    assert len(bars) == 1 and bars[0].kwargs["desc"] == "computing the first windows"
+    assert 0 < bars[0].total and bars[0].n <= bars[0].total

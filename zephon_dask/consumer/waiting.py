@@ -23,8 +23,9 @@ TICK = 0.25  # seconds between two bar updates
 class FirstBatchWait:
     """``with FirstBatchWait(fetcher): first = next(stream)``: logs and, if slow, a bar."""
 
-    def __init__(self, fetcher, show_after: float = SHOW_AFTER):
-        self.fetcher, self.show_after = fetcher, show_after
+    def __init__(self, fetcher, show_after: float | None = None):
+        self.fetcher = fetcher
+        self.show_after = SHOW_AFTER if show_after is None else show_after
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._started = 0.0
