@@ -17,6 +17,7 @@ from zephon_dask.operators.pack import Pack
 from zephon_dask.operators.table import SampleTable
 
 BIN_ALGORITHMS = ("first_fit", "best_fit")
+ALL_ALGORITHMS = ("wrap", *BIN_ALGORITHMS, "best_fit_wrap")
 
 
 # --- reference: lists of ints, one token at a time -------------------------------------
@@ -83,9 +84,37 @@ def ref_bins(docs, lineage, length, algorithm, pad_id, num_bins):
     return rows, {"pack.split_documents": sum(len(doc) > length for doc in docs)}
 
 
+def ref_best_fit_wrap(docs, lineage, length):
+    """Row by row: the longest piece that fits (earliest document on ties), else cut the longest."""
+    pool = [[(t, d, i) for i, t in enumerate(doc)] for d, doc in enumerate(docs) if doc]
+    rows, cut = [], set()
+    while sum(len(p) for p in pool) >= length:
+        segments = []
+        while sum(len(s) for s in segments) < length:
+            room = length - sum(len(s) for s in segments)
+            fitting = [p for p in pool if len(p) <= room]
+            if fitting:
+                piece = max(fitting, key=lambda p: (len(p), -p[0][1]))
+                pool.remove(piece)
+                segments.append(piece)
+            else:
+                piece = max(pool, key=lambda p: (len(p), -p[0][1]))
+                pool.remove(piece)
+                segments.append(piece[:room])
+                pool.append(piece[room:])
+                cut.add(piece[0][1])
+        rows.append(_ref_row(segments, lineage, length, 0))
+    return rows, {
+        "pack.dropped_tokens": sum(len(p) for p in pool),
+        "pack.split_documents": len(cut),
+    }
+
+
 def ref_pack(docs, lineage, op: Pack):
     if op.algorithm == "wrap":
         rows, stats = ref_wrap(docs, lineage, op.max_length)
+    elif op.algorithm == "best_fit_wrap":
+        rows, stats = ref_best_fit_wrap(docs, lineage, op.max_length)
     else:
         rows, stats = ref_bins(docs, lineage, op.max_length, op.algorithm, op.pad_id, op.num_bins)
     real = sum(t >= 0 for row in rows for t in row["document_ids"])
@@ -262,17 +291,64 @@ def test_huge_num_bins_costs_nothing_extra():
     assert huge.digest() == run(Pack(4, "best_fit", num_bins=3), table)[0].digest()
 
 
+# --- best_fit_wrap --------------------------------------------------------------------
+
+
+@settings(max_examples=200, deadline=None)
+@given(windows())
+def test_best_fit_wrap_matches_reference(window):
+    docs, lineage, length = window
+    op = Pack(length, "best_fit_wrap")
+    out, stats = run(op, make_table(docs, lineage))
+    assert_matches_reference(out, stats, docs, lineage, op)
+
+
+@settings(max_examples=100, deadline=None)
+@given(windows())
+def test_best_fit_wrap_rows_are_full_with_at_most_one_cut(window):
+    docs, lineage, length = window
+    table = make_table(docs, lineage)
+    out, stats = run(Pack(length, "best_fit_wrap"), table)
+    assert np.all(out.lengths == length)
+    assert np.all(out.document_ids >= 0)
+    assert stats["pack.tokens"] + stats["pack.dropped_tokens"] == sum(map(len, docs))
+    assert stats["pack.dropped_tokens"] < length
+    # a row holds at most one head that is not its document's end (the cut)
+    doc_len = {int(offset): len(doc) for doc, (_, _, offset, _, _) in zip(docs, lineage, strict=True)}
+    first = {int(offset): start for _, _, offset, start, _ in lineage}
+    for i in range(len(out)):
+        cuts = sum(
+            start - first[offset] + count < doc_len[offset]
+            for _, _, offset, start, count in out.sample_lineage(i).tolist()
+        )
+        assert cuts <= 1
+    kept = token_multiset(out)
+    assert not kept - token_multiset(table)  # every kept token comes from the input, once
+
+
+def test_best_fit_wrap_example():
+    docs = [[1] * 5, [2] * 7, [3] * 2, [4] * 3, [5] * 6, [6] * 1, [7] * 9]
+    lineage = [[0, 0, d, 0, len(doc)] for d, doc in enumerate(docs)]
+    out, stats = run(Pack(8, "best_fit_wrap"), make_table(docs, lineage))
+    # max_length 8: 7 + 1, 6 + 2, 5 + 3, then 9 fits nowhere: its head fills the last row
+    # and its 1-token tail is left over (dropped)
+    assert out.tokens.tolist() == [2] * 7 + [6] + [5] * 6 + [3] * 2 + [1] * 5 + [4] * 3 + [7] * 8
+    assert out.lineage[:, 3].tolist() == [0, 0, 0, 0, 0, 0, 0]
+    assert stats["pack.dropped_tokens"] == 1 and stats["pack.split_documents"] == 1
+    assert stats["pack.rows"] == 4
+
+
 # --- all algorithms -------------------------------------------------------------------
 
 
 @settings(max_examples=60, deadline=None)
 @given(
     st.integers(1, 10).flatmap(lambda n: st.tuples(windows(n), windows(n))),
-    st.sampled_from(("wrap",) + BIN_ALGORITHMS),
+    st.sampled_from(ALL_ALGORITHMS),
 )
 def test_no_state_between_calls(pair, algorithm):
     (docs_a, lineage_a, length), (docs_b, lineage_b, _) = pair
-    op = Pack(length, algorithm, num_bins=None if algorithm == "wrap" else 2)
+    op = Pack(length, algorithm, num_bins=2 if algorithm in BIN_ALGORITHMS else None)
     ctx = WindowContext(seed=0, lane=0, window=0, dataset_names=())
     op.apply(make_table(docs_a, lineage_a), ctx)
     after, stats_after = run(op, make_table(docs_b, lineage_b))
@@ -283,7 +359,7 @@ def test_no_state_between_calls(pair, algorithm):
     assert stats_after == stats_alone
 
 
-@pytest.mark.parametrize("algorithm", ("wrap",) + BIN_ALGORITHMS)
+@pytest.mark.parametrize("algorithm", ALL_ALGORITHMS)
 def test_zero_length_documents_contribute_nothing(algorithm):
     docs = [[], [1, 2], [], [], [3, 4, 5], []]
     lineage = [[1, 2, d, 5, len(doc)] for d, doc in enumerate(docs)]
@@ -296,7 +372,7 @@ def test_zero_length_documents_contribute_nothing(algorithm):
     assert stats["pack.documents"] == 6 and stats_without["pack.documents"] == 2
 
 
-@pytest.mark.parametrize("algorithm", ("wrap",) + BIN_ALGORITHMS)
+@pytest.mark.parametrize("algorithm", ALL_ALGORITHMS)
 @pytest.mark.parametrize("table", [SampleTable.empty(), make_table([[], []], [[0] * 5, [0] * 5])])
 def test_empty_input_gives_an_empty_table(algorithm, table):
     out, stats = run(Pack(4, algorithm), table)
@@ -305,7 +381,7 @@ def test_empty_input_gives_an_empty_table(algorithm, table):
     assert stats["pack.rows"] == stats["pack.tokens"] == stats["pack.slots"] == 0
 
 
-@pytest.mark.parametrize("algorithm", ("wrap",) + BIN_ALGORITHMS)
+@pytest.mark.parametrize("algorithm", ALL_ALGORITHMS)
 @pytest.mark.parametrize("dtype", [np.uint16, np.int64])
 def test_token_dtype_is_preserved(algorithm, dtype):
     int32 = make_table([[1, 2, 3], [4, 5]], [[0, 0, 0, 0, 3], [0, 0, 1, 0, 2]])
@@ -360,6 +436,7 @@ def test_spec_is_json_native():
         ({"max_length": 8, "pad_id": -1}, "pad_id=-1"),
         ({"max_length": 8, "pad_id": False}, "pad_id=False"),
         ({"max_length": 8, "num_bins": 4}, "num_bins=4"),
+        ({"max_length": 8, "algorithm": "best_fit_wrap", "num_bins": 4}, "num_bins=4"),
         ({"max_length": 8, "algorithm": "first_fit", "num_bins": 0}, "num_bins=0"),
         ({"max_length": 8, "algorithm": "best_fit", "num_bins": True}, "num_bins=True"),
     ],
@@ -372,5 +449,5 @@ def test_validation_errors_are_typed_and_name_the_value(kwargs, shown):
 
 
 def test_unknown_algorithm_lists_the_choices():
-    with pytest.raises(ValueError, match="'wrap', 'first_fit', 'best_fit'"):
+    with pytest.raises(ValueError, match="'wrap', 'first_fit', 'best_fit', 'best_fit_wrap'"):
         Pack(8, "greedy")

@@ -10,6 +10,15 @@ first open bin (in opening order) with room, or for ``best_fit`` the one with
 the least room that fits (earliest-opened on ties); when none fits and
 ``num_bins`` are open, the fullest bin (earliest-opened on ties) is emitted
 first. Open bins are emitted in opening order at the end of the window.
+``"best_fit_wrap"`` fills rows of exactly ``max_length`` with no padding, one
+row at a time: it places the longest remaining document (earliest on ties)
+that fits the row's room; when none fits, it cuts the longest remaining one
+(earliest on ties) so its head completes the row and its tail returns to the
+pool as a document of its own. So every row has at most one cut, short
+documents fill row ends, and long ones are cut rarely. When the remaining
+documents hold fewer than ``max_length`` tokens they are dropped and counted
+(``pack.dropped_tokens``); documents cut at least once are counted in
+``pack.split_documents``.
 
 Within a row, each document segment restarts its positions at 0 and gets the
 next document id (from 0); padding has position 0 and document id -1. Each
@@ -24,6 +33,7 @@ bin choice loops once per document over a numpy array of open-bin room.
 
 from __future__ import annotations
 
+import bisect
 import numbers
 from dataclasses import dataclass
 from typing import Any
@@ -34,7 +44,8 @@ from ..errors import ConfigError
 from .base import Accumulator, WindowContext
 from .table import SampleTable, segment_arange
 
-ALGORITHMS = ("wrap", "first_fit", "best_fit")
+ALGORITHMS = ("wrap", "first_fit", "best_fit", "best_fit_wrap")
+BIN_ALGORITHMS = ("first_fit", "best_fit")
 DEFAULT_NUM_BINS = 64
 
 
@@ -44,10 +55,10 @@ def _is_int(value: object) -> bool:
 
 @dataclass(frozen=True)
 class Pack(Accumulator):
-    """Pack a window's documents into ``max_length`` rows (``wrap``, ``first_fit``, ``best_fit``).
+    """Pack a window's documents into ``max_length`` rows (see the module docstring).
 
-    ``num_bins`` bounds the open bins of the bin-packing algorithms (default
-    64) and must stay ``None`` for ``wrap``. ``apply`` is a pure function of
+    ``num_bins`` bounds the open bins of ``first_fit`` / ``best_fit`` (default
+    64) and must stay ``None`` for ``wrap`` and ``best_fit_wrap``. ``apply`` is a pure function of
     its input table: no randomness and nothing kept between calls.
     """
 
@@ -75,11 +86,11 @@ class Pack(Accumulator):
                 "padding token id"
             )
         num_bins = self.num_bins
-        if self.algorithm == "wrap":
+        if self.algorithm not in BIN_ALGORITHMS:
             if num_bins is not None:
                 raise ConfigError(
                     f"num_bins={num_bins!r} only applies to 'first_fit' and 'best_fit'; "
-                    "drop it for algorithm='wrap'"
+                    f"drop it for algorithm={self.algorithm!r}"
                 )
         elif num_bins is None:
             num_bins = DEFAULT_NUM_BINS
@@ -115,6 +126,12 @@ class Pack(Accumulator):
                 table.offsets, length
             )
             ctx.count("pack.dropped_tokens", dropped)
+        elif self.algorithm == "best_fit_wrap":
+            seg_doc, seg_src, seg_len, seg_row, n_rows, dropped, split = _best_fit_wrap_segments(
+                table.offsets, length
+            )
+            ctx.count("pack.dropped_tokens", dropped)
+            ctx.count("pack.split_documents", split)
         else:
             dtype = table.tokens.dtype
             if np.issubdtype(dtype, np.integer) and self.pad_id > np.iinfo(dtype).max:
@@ -195,6 +212,51 @@ def _wrap_segments(offsets: np.ndarray, length: int):
     # side="right" skips zero-length documents that share a start with the next one
     seg_doc = np.searchsorted(offsets, starts, side="right") - 1
     return seg_doc, starts, seg_len, starts // length, n_rows, total - kept
+
+
+def _best_fit_wrap_segments(offsets: np.ndarray, length: int):
+    """Segments of ``best_fit_wrap``, row by row, in placement order within each row.
+
+    The pool is one ascending list of integer keys ``size * M + (M - 1 - doc)``: a
+    bisect finds the longest piece of at most ``room`` tokens, earliest document on ties,
+    and the last key is the longest piece overall. A document has at most one piece in
+    the pool at a time (its uncut tail), so the key is unique.
+    """
+    doc_len = np.diff(offsets)
+    n_docs = len(doc_len)
+    big = n_docs + 1
+    present = np.flatnonzero(doc_len > 0)
+    pool = sorted((doc_len[present] * big + (big - 1 - present)).tolist())
+    start = offsets[:-1].tolist()
+    remaining = int(doc_len.sum())
+    segments: list[tuple[int, int, int]] = []  # (doc, source offset, size)
+    cut: set[int] = set()
+    n_rows = 0
+    while remaining >= length:
+        room = length
+        while room:
+            i = bisect.bisect_right(pool, room * big + big - 1) - 1
+            if i >= 0:
+                size, doc = divmod(pool.pop(i), big)
+                doc = big - 1 - doc
+                segments.append((doc, start[doc], size))
+                room -= size
+                continue
+            size, doc = divmod(pool.pop(), big)
+            doc = big - 1 - doc
+            segments.append((doc, start[doc], room))
+            start[doc] += room
+            bisect.insort(pool, (size - room) * big + big - 1 - doc)
+            cut.add(doc)
+            room = 0
+        n_rows += 1
+        remaining -= length
+        segments.append((-1, 0, 0))  # row marker
+    seg = np.asarray(segments, dtype=np.int64).reshape(-1, 3)
+    marker = seg[:, 0] < 0
+    seg_row = (np.cumsum(marker) - marker)[~marker]
+    seg = seg[~marker]
+    return seg[:, 0], seg[:, 1], seg[:, 2], seg_row, n_rows, remaining, len(cut)
 
 
 def _ramp(start: np.ndarray, lengths: np.ndarray, slope: np.ndarray, dtype) -> np.ndarray:
