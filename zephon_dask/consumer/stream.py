@@ -8,11 +8,14 @@ emits whichever lane has a batch ready first.
 
 A resumed stream starts each lane at its saved frontier: the fetcher begins
 at the saved window, the batcher drops the ``offset`` samples of it that were
-delivered, and the round-robin begins at ``first_lane``.
+delivered, and the round-robin begins at ``first_lane``. A lane the state
+calls finished before its last window is checked before the first batch:
+if it still has a batch to give, the state is refused (:class:`StateError`).
 """
 
 from __future__ import annotations
 
+from ..errors import StateError
 from ..pipeline.spec import PipelineSpec
 from .batch import Batch, BatchOptions
 from .batcher import LaneBatcher
@@ -29,6 +32,11 @@ class BatchStream:
         at = {lane: start.get(lane, {}) for lane in self.lanes}
         self.finished = {lane: bool(at[lane].get("finished", False)) for lane in self.lanes}
         self._skip = {lane: at[lane].get("offset", 0) for lane in self.lanes}
+        ends = {lane: spec.num_windows(lane) for lane in self.lanes}
+        self._unverified = [lane for lane in self.lanes if self.finished[lane]
+                            and (ends[lane] is None or at[lane].get("window", 0) < ends[lane])]
+        for lane in self._unverified:
+            self.finished[lane] = False
         live = [lane for lane in self.lanes if not self.finished[lane]]
         self.fetcher = WindowFetcher(spec, runner, live, prefetch, fused=fused,
                                      start_windows={lane: at[lane].get("window", 0) for lane in live})
@@ -68,7 +76,20 @@ class BatchStream:
             self.on_finish(lane, self.batchers[lane].next_index)
         return batch
 
+    def _verify_finished(self) -> None:
+        """A lane the state calls finished must have no batch left from its frontier."""
+        for lane in self._unverified:
+            batcher = self.batchers[lane]
+            if self._fill(lane) or (batcher.buffered and not batcher.opts.drop_last):
+                raise StateError(f"the state says lane {lane} finished at {batcher.position}, but the "
+                                 "lane has more samples there: the state is corrupted or forged")
+            batcher.finish()
+            self.finished[lane] = True
+        self._unverified = []
+
     def __next__(self) -> Batch:
+        if self._unverified:
+            self._verify_finished()
         while not all(self.finished.values()):
             lane = self._choose()
             self.pointer = (self.lanes.index(lane) + 1) % len(self.lanes)

@@ -367,10 +367,13 @@ class Pipeline:
         """The global step at this group's degree (``per_rank`` batches here, ``global_batches``
         over all ranks), from the options and a loaded state (see :mod:`.steps`)."""
         degree, _ = self.identity()
-        saved = self._resume["step"]["global_batches"] if self._resume is not None else None
+        return self._shape_for(self._resume, degree)
+
+    def _shape_for(self, state: dict | None, degree: int) -> StepShape:
+        saved = state["step"] if state is not None else {"global_batches": None, "microbatch_size": 0}
         return steps.step_shape(self._options["canonical_replicas"], degree, len(self.owned_lanes()),
                                 self._options["batches_per_step"], self._options["global_batches_per_step"],
-                                saved)
+                                saved["global_batches"], self._batch.microbatch_size, saved["microbatch_size"])
 
     def _rank(self) -> int:
         dist = sys.modules.get("torch.distributed")
@@ -422,6 +425,21 @@ class Pipeline:
         options, DP degree and mapping, DataLoader workers and the microbatch
         size may change.
         """
+        state, source = self.check_resumable(state, self.owned_lanes())
+        self._shape_for(state, self.identity()[0])  # refuses a step the checkpoint's would not match
+        if source is not self.work_source:
+            warnings.warn(f"resuming with the checkpoint's seed {source.seed}, not this pipeline's seed "
+                          f"{self.work_source.seed}", ZephonWarning, stacklevel=2)
+            self.work_source = source
+        self._end_iteration()
+        self._resume = copy.deepcopy(state)
+        self._progress = None
+        self._handed_out = False
+        return self
+
+    def check_resumable(self, state: dict, lanes: list[int]):
+        """``(state, work source)``: ``state`` validated (and migrated) for ``lanes`` of this data,
+        with the work source carrying the state's seed. Raises :class:`StateError`; changes nothing."""
         state = check_state(state)
         saved = state["config"]
         replicas = saved.get("canonical_replicas")
@@ -444,21 +462,9 @@ class Pipeline:
         if spec.fingerprint != state["fingerprint"]:
             raise StateError(f"the checkpoint's fingerprint {state['fingerprint'][:16]} does not match its "
                              f"own config ({spec.fingerprint[:16]}): the file was edited or corrupted")
-        self._check_covers(state, self.owned_lanes())
+        self._check_covers(state, lanes)
         self._check_positions(spec, state)
-        degree, _ = self.identity()
-        steps.step_shape(self._options["canonical_replicas"], degree, len(self.owned_lanes()),
-                         self._options["batches_per_step"], self._options["global_batches_per_step"],
-                         state["step"]["global_batches"])
-        if source is not self.work_source:
-            warnings.warn(f"resuming with the checkpoint's seed {seed}, not this pipeline's seed "
-                          f"{self.work_source.seed}", ZephonWarning, stacklevel=2)
-            self.work_source = source
-        self._end_iteration()
-        self._resume = copy.deepcopy(state)
-        self._progress = None
-        self._handed_out = False
-        return self
+        return state, source
 
     @staticmethod
     def _check_positions(spec: PipelineSpec, state: dict) -> None:
