@@ -16,10 +16,10 @@ from zephon_dask.cli import main as cli
 JOB = Path(__file__).parent / "torchrun_job.py"
 
 
-def torchrun(nproc: int, *args: str, timeout: float = 240) -> None:
-    """Run the job on ``nproc`` local ranks; the whole process group is killed if it hangs."""
+def torchrun(nproc: int, *args: str, timeout: float = 240, job: str = JOB.name) -> None:
+    """Run ``job`` (a script in tests/) on ``nproc`` local ranks; the whole process group is killed if it hangs."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-           str(JOB), *args]
+           str(JOB.parent / job), *args]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONHASHSEED": str(nproc)}
     proc = subprocess.Popen(cmd, env=env, start_new_session=True, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)

@@ -83,3 +83,7 @@ class RecipePathError(DatasetNotFoundError):
 
 class MissingDependencyError(ZephonError, ImportError):
     """An optional package or program that a feature needs is not installed."""
+
+
+class ShardingError(ZephonError, RuntimeError):
+    """A framework wrapper would split again a pipeline that already splits its lanes by rank."""

@@ -23,6 +23,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from ..curriculum.routing import worker_lanes
 from ..errors import ConfigError, StateError
+from ..integrations.guard import refuse_resharding
 from ..state.progress import Progress, StepShape, resume_point
 from ..state.schema import VERSION, check_state
 
@@ -172,7 +173,7 @@ class PipelineDataset(IterableDataset):
         """The lanes served here in round-robin order, the state they start at, the first lane."""
         if self._loaded is not None:
             return list(self._loaded["lanes"]), self._loaded["state"], None
-        pipe = self.pipeline
+        pipe = self._pipe()
         owned = pipe.owned_lanes()
         _, first = resume_point(pipe._resume, owned)
         lanes = owned[owned.index(first):] + owned[:owned.index(first)]
@@ -188,6 +189,7 @@ class PipelineDataset(IterableDataset):
         return Progress(pipe.spec, lanes, resume, shape, first_lane=first), resume
 
     def __iter__(self):
+        refuse_resharding()  # a framework wrapper splitting these rank-split lanes again
         self._progress, resume = self._start()
         return self._generate(self._pipe(), self._progress, resume)
 
@@ -226,13 +228,13 @@ class PipelineDataset(IterableDataset):
             )
         inner = check_state(state.get("state"), where="the dataset state")
         lanes = state.get("lanes")
-        owned = set(self.pipeline.owned_lanes())
+        pipe = self._pipe()
+        owned = set(pipe.owned_lanes())
         if (not isinstance(lanes, list) or not set(lanes) <= owned
                 or sorted(str(lane) for lane in lanes) != sorted(inner["lanes"])):
             raise StateError(f"the dataset state serves lanes {lanes!r}, not lanes of this DP group "
                              f"({sorted(owned)}) matching its progress: it is from another topology")
-        inner, source = self.pipeline.check_resumable(inner, lanes)  # other data, positions past the end
-        pipe = self._pipe()
+        inner, source = pipe.check_resumable(inner, lanes)  # other data, positions past the end
         if source is not pipe.work_source:  # the state's seed wins, as in Pipeline.load_state_dict
             pipe.work_source = source
         self._loaded = {"lanes": lanes, "state": inner}
