@@ -23,6 +23,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from ..curriculum.routing import worker_lanes
 from ..errors import ConfigError, StateError
+from ..integrations.guard import refuse_resharding
 from ..state.progress import Progress, StepShape, resume_point
 from ..state.schema import VERSION, check_state
 
@@ -188,6 +189,7 @@ class PipelineDataset(IterableDataset):
         return Progress(pipe.spec, lanes, resume, shape, first_lane=first), resume
 
     def __iter__(self):
+        refuse_resharding()  # a framework wrapper splitting these rank-split lanes again
         self._progress, resume = self._start()
         return self._generate(self._pipe(), self._progress, resume)
 
