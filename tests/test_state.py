@@ -20,6 +20,7 @@ from pipelines import build
 import zephon_dask as z
 from zephon_dask.cli import main as cli
 from zephon_dask.errors import ConfigError, StateError, ZephonWarning
+from zephon_dask.inspect import state_html
 
 SLOW = settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
@@ -228,8 +229,9 @@ def test_state_schema_and_seed_from_checkpoint(corpus_dir, tmp_path):
     take(pipe, 9)
     state = pipe.state_dict()
     assert json.loads(json.dumps(state)) == state  # JSON-native
-    assert isinstance(state, dict) and "<table" in state._repr_html_()  # tables in a notebook
-    assert state["format"] == "zephon_dask.state" and state["version"] == 1
+    assert type(state) is dict and "<table" in state_html(state)  # tables in a notebook, on request
+    assert state["format"] == "zephon_dask.state" and state["version"] == 2
+    assert state["step"]["global_batches"] == 4 and state["step"]["microbatch_size"] == 3
     assert state["fingerprint"] == pipe.fingerprint()
     assert state["config"]["source"]["seed"] == 5 and state["config"]["canonical_replicas"] == 4
     assert sorted(state["lanes"]) == ["0", "1", "2", "3"]

@@ -16,10 +16,10 @@ from zephon_dask.cli import main as cli
 JOB = Path(__file__).parent / "torchrun_job.py"
 
 
-def torchrun(nproc: int, *args: str, timeout: float = 240) -> None:
-    """Run the job on ``nproc`` local ranks; the whole process group is killed if it hangs."""
+def torchrun(nproc: int, *args: str, timeout: float = 240, job: str = JOB.name) -> None:
+    """Run ``job`` (a script in tests/) on ``nproc`` local ranks; the whole process group is killed if it hangs."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-           str(JOB), *args]
+           str(JOB.parent / job), *args]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONHASHSEED": str(nproc)}
     proc = subprocess.Popen(cmd, env=env, start_new_session=True, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
@@ -47,7 +47,8 @@ def test_two_ranks_checkpoint_then_four_ranks_resume(corpus_dir, tmp_path):
     torchrun(2, *common, "--steps", "10", "--save", str(ckpt))
     state = json.loads(ckpt.read_text())["state"]
     assert sorted(state["lanes"], key=int) == [str(lane) for lane in range(8)]
-    assert state["step"] == {"global_step": 10, "batches_in_step": 0, "batches_per_step": 4, "dp_degree": 2}
+    assert state["step"] == {"global_step": 10, "batches_in_step": 0, "batches_per_step": 4, "dp_degree": 2,
+                             "global_batches": 8, "microbatch_size": 2}
     torchrun(4, *common, "--steps", "20", "--resume", str(ckpt))
     assert sorted(p.name for p in (tmp_path / "run").iterdir()) == [f"rank-{r}.jsonl" for r in range(4)]
     assert cli(["verify", str(tmp_path / "truth"), str(tmp_path / "run")]) == 0

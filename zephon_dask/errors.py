@@ -102,3 +102,7 @@ class ClusterStallError(ClusterError, TimeoutError):
 
 class ClosedError(ZephonError, RuntimeError):
     """A pipeline, stream or runner was used after ``close()``."""
+
+
+class ShardingError(ZephonError, RuntimeError):
+    """A framework wrapper would split again a pipeline that already splits its lanes by rank."""

@@ -48,7 +48,7 @@ TABLES: dict[str, dict[str, tuple[type, ...]]] = {
     "shuffle": {"buffer_size": _INT, "seed": _INT},  # Pipeline.shuffle
     "pack": {"max_length": _INT, "algorithm": _STR, "pad_id": _INT, "num_bins": _INT},  # Pipeline.pack
     "batch": {  # Pipeline.batch
-        "microbatch_size": _INT, "drop_last": _BOOL, "labels": _BOOL, "ignore_index": _INT,
+        "microbatch_size": _INT, "drop_last": _BOOL, "labels": (bool, str), "ignore_index": _INT,
         "mask_document_boundaries": _BOOL, "cu_seqlens": _BOOL,
     },
 }

@@ -40,7 +40,8 @@ def run(args) -> int:
         options = load_recipe(args.recipe).options
         replicas = options.get("canonical_replicas", DATA_OPTIONS["canonical_replicas"])
         mappings = MAPPINGS if args.mapping is None else (args.mapping,)
-        print(lane_plans(replicas, args.dp, mappings, options.get("batches_per_step")))
+        print(lane_plans(replicas, args.dp, mappings, options.get("batches_per_step"),
+                         options.get("global_batches_per_step")))
     except ZephonError as exc:
         return fail("plan", exc)
     return 0

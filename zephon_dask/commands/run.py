@@ -1,4 +1,10 @@
-"""``zephon-dask run RECIPE --steps N``: stream a recipe's batches with a progress bar."""
+"""``zephon-dask run RECIPE --steps N``: stream a recipe's batches with a progress bar.
+
+A global step is ``--global-batches-per-step`` batches over all ranks (else
+the recipe's setting, else one batch per lane). With ``--resume`` it comes
+from the checkpoint: the recipe's per-rank ``batches_per_step`` was written
+for one DP degree, so it gives way to the checkpoint's count.
+"""
 
 from . import fail
 
@@ -16,6 +22,10 @@ def add_arguments(parser) -> None:
     parser.add_argument("--address", help="an existing Dask scheduler to run on")
     parser.add_argument("--dp-degree", type=int, help="DP groups (default: the recipe's, else 1)")
     parser.add_argument("--dp-group-id", type=int, help="this DP group (default: the recipe's, else 0)")
+    parser.add_argument("--global-batches-per-step", type=int, metavar="G",
+                        help="batches in one global step over all DP groups, a multiple of "
+                             "canonical_replicas (default: the checkpoint's with --resume, else the "
+                             "recipe's, else canonical_replicas)")
 
 
 def _stream(pipeline, steps: int) -> int:
@@ -23,7 +33,7 @@ def _stream(pipeline, steps: int) -> int:
 
     from tqdm import tqdm
 
-    per_step = pipeline._step_shape()[0]
+    per_step = pipeline.step_shape().per_rank
     batches = iter(pipeline)
     start = time.perf_counter()
     tokens = done = 0
@@ -51,8 +61,16 @@ def run(args) -> int:
         overrides = {"dp_degree": args.dp_degree, "dp_group_id": args.dp_group_id, "runner": args.runner,
                      "address": args.address, "ledger": args.ledger}
         pipeline.options(**{k: v for k, v in overrides.items() if v is not None})
+        if args.global_batches_per_step is not None:
+            pipeline.options(batches_per_step=None, global_batches_per_step=args.global_batches_per_step)
         if args.resume:
-            pipeline.load_state_dict(load_state(args.resume))
+            state = load_state(args.resume)
+            if args.global_batches_per_step is None:
+                pipeline.options(batches_per_step=None)  # per rank, for the degree the recipe was written for
+            pipeline.load_state_dict(state)
+        shape = pipeline.step_shape()
+        print(f"global step: {shape.global_batches} batches, {shape.per_rank} per rank "
+              f"at dp_degree={shape.dp_degree}")
         with pipeline:
             done = _stream(pipeline, args.steps)
             print(pipeline.stats())

@@ -2,9 +2,22 @@
 
 A batch never mixes lanes. Its arrays are ``[microbatch, length]``:
 ``tokens`` (padded with ``pad_id``), ``positions``, ``document_ids`` (``-1``
-on padding) and ``lengths``; on request ``input_ids``/``labels`` (next-token
-targets, ``ignore_index`` on padding and optionally across document
-boundaries), ``loss_mask`` and ``cu_seqlens`` (for variable-length attention).
+on padding) and ``lengths``; on request ``input_ids``/``labels``/``loss_mask``
+and ``cu_seqlens`` (for variable-length attention).
+
+Two label conventions (``BatchOptions.labels``):
+
+- ``True`` or ``"shifted"``: ``labels[:, t]`` is the target of position ``t``,
+  the token at ``t + 1`` (for a loss computed directly on the logits);
+- ``"hf"``: Hugging Face causal-LM style, unshifted: the model shifts, so
+  ``labels[:, t]`` is the token at ``t``, and the batch also carries
+  ``attention_mask`` and ``position_ids``; ``model(**batch)`` takes it.
+
+Both put ``ignore_index`` on every target that must not be trained: padding
+and, with ``mask_document_boundaries``, the first token of a document that
+follows another one in the row. They hold the same targets, one column
+apart: ``hf[:, 1:] == shifted[:, :-1]``, ``hf[:, 0]`` and ``shifted[:, -1]``
+are ``ignore_index``; ``loss_mask`` marks the trained targets in both.
 """
 
 from __future__ import annotations
@@ -18,6 +31,8 @@ from ..errors import ConfigError
 from ..operators.table import SampleTable, segment_arange
 from ..validate import is_int_at_least
 
+LABEL_CONVENTIONS = (False, True, "shifted", "hf")
+
 
 @dataclass(frozen=True)
 class BatchOptions:
@@ -25,7 +40,7 @@ class BatchOptions:
 
     microbatch_size: int = 8
     drop_last: bool = True
-    labels: bool = False
+    labels: bool | str = False
     ignore_index: int = -100
     mask_document_boundaries: bool = False
     cu_seqlens: bool = False
@@ -35,11 +50,23 @@ class BatchOptions:
         m = self.microbatch_size
         if not is_int_at_least(m, 1):
             raise ConfigError(f"batch(microbatch_size={m!r}) must be a positive int, e.g. 8")
+        if self.labels not in LABEL_CONVENTIONS or isinstance(self.labels, int) and not isinstance(self.labels, bool):
+            raise ConfigError(
+                f"batch(labels={self.labels!r}) must be False, True (= 'shifted': next-token targets) "
+                "or 'hf' (unshifted, for models that shift themselves, e.g. Hugging Face causal LMs)"
+            )
         if not isinstance(self.ignore_index, int):
             raise ConfigError(f"batch(ignore_index={self.ignore_index!r}) must be an int, e.g. -100")
 
     def config(self) -> dict:
         return dict(self.__dict__)
+
+    @property
+    def label_convention(self) -> str | None:
+        """``None`` (no labels), ``"shifted"`` or ``"hf"``."""
+        if self.labels is False:
+            return None
+        return "shifted" if self.labels is True else self.labels
 
 
 class Batch(Mapping):
@@ -102,6 +129,22 @@ class Batch(Mapping):
         return batch_html(self)
 
 
+def next_token_labels(tokens: np.ndarray, doc_ids: np.ndarray, ignore_index: int,
+                      mask_document_boundaries: bool) -> tuple[np.ndarray, np.ndarray]:
+    """``(labels, trained)``: ``labels[:, t] = tokens[:, t + 1]``, ``ignore_index`` (and
+    ``trained`` False) where ``t`` or ``t + 1`` is padding, in the last column and, if
+    asked, where ``t + 1`` starts another document (pure)."""
+    labels = np.full_like(tokens, ignore_index)
+    labels[:, :-1] = tokens[:, 1:]
+    invalid = np.ones_like(tokens, dtype=bool)
+    invalid[:, :-1] = doc_ids[:, 1:] < 0
+    if mask_document_boundaries:
+        invalid[:, :-1] |= doc_ids[:, 1:] != doc_ids[:, :-1]
+    invalid |= doc_ids < 0
+    labels[invalid] = ignore_index
+    return labels, ~invalid
+
+
 def make_batch(table: SampleTable, lane: int, index_in_lane: int, opts: BatchOptions,
                dataset_names: tuple[str, ...] = (), position: tuple[int, int] = (0, 0),
                last: bool = False) -> Batch:
@@ -119,18 +162,16 @@ def make_batch(table: SampleTable, lane: int, index_in_lane: int, opts: BatchOpt
     doc_ids[rows, cols] = table.document_ids
     arrays = {"tokens": tokens, "positions": positions, "document_ids": doc_ids,
               "lengths": lengths.astype(np.int64)}
-    if opts.labels:
-        labels = np.full_like(tokens, opts.ignore_index)
-        labels[:, :-1] = tokens[:, 1:]
-        invalid = np.ones_like(tokens, dtype=bool)
-        invalid[:, :-1] = doc_ids[:, 1:] < 0
-        if opts.mask_document_boundaries:
-            invalid[:, :-1] |= doc_ids[:, 1:] != doc_ids[:, :-1]
-        invalid |= doc_ids < 0
-        labels[invalid] = opts.ignore_index
+    if opts.label_convention is not None:
+        labels, trained = next_token_labels(tokens, doc_ids, opts.ignore_index, opts.mask_document_boundaries)
+        if opts.label_convention == "hf":  # the same targets, one column to the right
+            labels = np.concatenate((np.full_like(labels[:, :1], opts.ignore_index), labels[:, :-1]), axis=1)
+            trained = np.concatenate((np.zeros_like(trained[:, :1]), trained[:, :-1]), axis=1)
+            arrays["attention_mask"] = (doc_ids >= 0).astype(np.int64)
+            arrays["position_ids"] = positions
         arrays["input_ids"] = tokens
         arrays["labels"] = labels
-        arrays["loss_mask"] = ~invalid
+        arrays["loss_mask"] = trained
     if opts.cu_seqlens:
         flat = doc_ids.reshape(-1)
         row_start = np.zeros_like(flat, dtype=bool)

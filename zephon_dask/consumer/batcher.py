@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections import deque
 
+from ..errors import StateError
 from ..operators.table import SampleTable
 from .batch import Batch, BatchOptions, make_batch
 
@@ -26,8 +27,11 @@ class LaneBatcher:
 
     def push(self, window: int, table: SampleTable, skip: int = 0) -> None:
         """Append window ``window``'s samples, dropping its first ``skip`` (already delivered)."""
+        if skip > len(table):
+            raise StateError(f"the state puts lane {self.lane} at sample {skip} of window {window}, which "
+                             f"has {len(table)}: the state is corrupted or from other data")
         if skip:
-            table = table.slice(min(skip, len(table)), len(table))
+            table = table.slice(skip, len(table))
         if len(table):
             self._tables.append((window, skip, table))
             self.buffered += len(table)

@@ -8,11 +8,15 @@ emits whichever lane has a batch ready first.
 
 A resumed stream starts each lane at its saved frontier: the fetcher begins
 at the saved window, the batcher drops the ``offset`` samples of it that were
-delivered, and the round-robin begins at ``first_lane``.
+delivered, and the round-robin begins at ``first_lane``. Before the first
+batch, every resumed lane's window is read: an offset past its end, or a
+lane the state calls finished that still has a batch to give, refuses the
+state (:class:`StateError`) before anything is delivered.
 """
 
 from __future__ import annotations
 
+from ..errors import StateError
 from ..pipeline.spec import PipelineSpec
 from .batch import Batch, BatchOptions
 from .batcher import LaneBatcher
@@ -30,6 +34,12 @@ class BatchStream:
         at = {lane: start.get(lane, {}) for lane in self.lanes}
         self.finished = {lane: bool(at[lane].get("finished", False)) for lane in self.lanes}
         self._skip = {lane: at[lane].get("offset", 0) for lane in self.lanes}
+        ends = {lane: spec.num_windows(lane) for lane in self.lanes}
+        self._unverified = [lane for lane in self.lanes if self.finished[lane]
+                            and (ends[lane] is None or at[lane].get("window", 0) < ends[lane])]
+        for lane in self._unverified:
+            self.finished[lane] = False
+        self._resumed = [lane for lane in self.lanes if self._skip[lane] and not self.finished[lane]]
         live = [lane for lane in self.lanes if not self.finished[lane]]
         self.fetcher = WindowFetcher(spec, runner, live, prefetch, fused=fused,
                                      start_windows={lane: at[lane].get("window", 0) for lane in live})
@@ -70,6 +80,21 @@ class BatchStream:
             self.on_finish(lane, self.batchers[lane].next_index)
         return batch
 
+    def _verify_start(self) -> None:
+        """Read each resumed lane's first window (the push checks the offset); a lane the
+        state calls finished must have no batch left from its frontier."""
+        for lane in self._resumed:
+            self._fill(lane)
+        self._resumed = []
+        for lane in self._unverified:
+            batcher = self.batchers[lane]
+            if self._fill(lane) or (batcher.buffered and not batcher.opts.drop_last):
+                raise StateError(f"the state says lane {lane} finished at {batcher.position}, but the "
+                                 "lane has more samples there: the state is corrupted or forged")
+            batcher.finish()
+            self.finished[lane] = True
+        self._unverified = []
+
     def __next__(self) -> Batch:
         if not self._started:
             self._started = True
@@ -78,6 +103,8 @@ class BatchStream:
         return self._next()
 
     def _next(self) -> Batch:
+        if self._unverified or self._resumed:
+            self._verify_start()
         while not all(self.finished.values()):
             lane = self._choose()
             self.pointer = (self.lanes.index(lane) + 1) % len(self.lanes)

@@ -14,8 +14,9 @@ import warnings
 from dataclasses import dataclass
 
 from ..curriculum import routing
-from ..errors import ConfigError, ElasticityWarning, NotFoundError
+from ..errors import ConfigError, ElasticityWarning, NotFoundError, ZephonError
 from ..graph.keys import FP_CHARS
+from ..pipeline import steps
 from .render import (
     html_block,
     html_pairs,
@@ -182,12 +183,15 @@ def _group(pipeline, replicas: int, options: dict) -> tuple[Section, list[str]]:
             f"{_span([len(g) for g in groups])} lanes, so some do more work per step. Prefer a "
             f"degree that divides {replicas}"
         )
-    bps = options.get("batches_per_step")
-    if bps is not None:
-        try:
-            routing.check_step(bps, degree, replicas)
-        except ConfigError as exc:
-            notes.append(str(exc))
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ElasticityWarning)  # noted above
+            shape = pipeline.step_shape()
+    except ZephonError as exc:
+        notes.append(str(exc))
+        pairs.append(("global step", "invalid (see warnings)"))
+    else:
+        pairs.append(("global step", steps.describe(shape, replicas)))
     return Section("this DP group", pairs=tuple(pairs)), notes
 
 
@@ -242,7 +246,6 @@ def _execution(pipeline, options: dict, fingerprint: str) -> Section:
         ("tasks", fuse),
         ("retries", str(options["retries"])),
         ("deterministic", str(options["deterministic"])),
-        ("batches_per_step", str(options["batches_per_step"] or "not set")),
         ("task keys", f"zephon-*-{fingerprint[:FP_CHARS]}-<lane>-<window>"),
     ))
 

@@ -2,7 +2,10 @@
 
 Each entry is :func:`zephon_dask.curriculum.routing.plan` for one
 ``(dp_degree, mapping)``; a degree above ``canonical_replicas`` is kept as an
-entry with its problem instead of failing the whole table.
+entry with its problem instead of failing the whole table. With a global
+step set (``global_batches_per_step``, see :mod:`zephon_dask.pipeline.steps`)
+each entry says how many batches a rank takes per step, or that the degree
+cannot keep the steps.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from dataclasses import dataclass
 
 from ..curriculum import routing
 from ..errors import ConfigError, ElasticityWarning
+from ..pipeline import steps
 from ..validate import is_int_at_least
 from .render import html_block, html_table, text_table
 
@@ -46,12 +50,15 @@ class PlanTable:
     canonical_replicas: int
     batches_per_step: int | None
     entries: tuple[PlanEntry, ...]
+    global_batches: int | None = None
 
     def __repr__(self) -> str:
         return str(self)
 
     def __str__(self) -> str:
         head = f"canonical_replicas={self.canonical_replicas}"
+        if self.global_batches is not None:
+            head += f", global_batches_per_step={self.global_batches}"
         if self.batches_per_step is not None:
             head += f", batches_per_step={self.batches_per_step}"
         return head + "\n" + text_table(HEADERS, [e.cells() for e in self.entries])
@@ -61,7 +68,8 @@ class PlanTable:
         return html_block(html_table(HEADERS, [e.cells() for e in self.entries], caption=caption))
 
 
-def _entry(replicas: int, degree: int, mapping: str, batches_per_step: int | None) -> PlanEntry:
+def _entry(replicas: int, degree: int, mapping: str, batches_per_step: int | None,
+           global_batches: int | None = None) -> PlanEntry:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", ElasticityWarning)
@@ -71,7 +79,13 @@ def _entry(replicas: int, degree: int, mapping: str, batches_per_step: int | Non
     notes = []
     if replicas % degree:
         notes.append(f"{replicas} lanes do not divide into {degree} groups")
-    if batches_per_step is not None:
+    if global_batches is not None:
+        if global_batches % degree or replicas % degree:
+            notes.append(f"{global_batches} batches per global step do not split over {degree} groups: "
+                         f"refused (valid: {steps.valid_degrees(replicas, global_batches)})")
+        else:
+            notes.append(f"{global_batches // degree} batches per rank per step")
+    elif batches_per_step is not None:
         try:
             routing.check_step(batches_per_step, degree, replicas)
         except ConfigError:
@@ -82,7 +96,7 @@ def _entry(replicas: int, degree: int, mapping: str, batches_per_step: int | Non
 
 def lane_plans(canonical_replicas: int, dp_degrees: Iterable[int],
                mappings: Sequence[str] = routing.MAPPING_STRATEGIES,
-               batches_per_step: int | None = None) -> PlanTable:
+               batches_per_step: int | None = None, global_batches: int | None = None) -> PlanTable:
     """Plans for every degree in ``dp_degrees`` (in that order) and every mapping."""
     routing.check_replicas(canonical_replicas)
     degrees = list(dp_degrees)
@@ -91,12 +105,16 @@ def lane_plans(canonical_replicas: int, dp_degrees: Iterable[int],
         raise ConfigError(f"dp_degrees={degrees!r} must be positive ints, e.g. [1, 2, 4, 8]")
     for m in mappings:
         routing.check_choice(m, routing.MAPPING_STRATEGIES, "mapping_strategy")
-    entries = tuple(_entry(canonical_replicas, d, m, batches_per_step) for d in degrees for m in mappings)
-    return PlanTable(canonical_replicas, batches_per_step, entries)
+    if global_batches is not None:
+        steps.check_global(global_batches, canonical_replicas)
+    entries = tuple(_entry(canonical_replicas, d, m, batches_per_step, global_batches)
+                    for d in degrees for m in mappings)
+    return PlanTable(canonical_replicas, batches_per_step, entries, global_batches)
 
 
 def plan_table(pipeline, dp_degrees: Iterable[int] = (1, 2, 4, 8),
                mappings: Sequence[str] = routing.MAPPING_STRATEGIES) -> PlanTable:
     """:func:`lane_plans` for a pipeline's ``canonical_replicas`` and ``batches_per_step``."""
     options = pipeline._options
-    return lane_plans(options["canonical_replicas"], dp_degrees, mappings, options.get("batches_per_step"))
+    return lane_plans(options["canonical_replicas"], dp_degrees, mappings, options.get("batches_per_step"),
+                      options.get("global_batches_per_step"))

@@ -21,7 +21,6 @@ from ..curriculum.routing import (
     MAPPING_STRATEGIES,
     check_choice,
     check_replicas,
-    check_step,
     group_lanes,
 )
 from ..errors import ConfigError, StateError, ZephonWarning
@@ -31,12 +30,14 @@ from ..operators.shuffle import Shuffle
 from ..operators.stateful import Stateful
 from ..operators.tokenize import Tokenize
 from ..state.ledger import LedgerWriter
-from ..state.progress import Progress, resume_point
+from ..state.progress import Progress, StepShape, resume_point
 from ..state.schema import check_state, config_diff, describe_diff
 from ..validate import is_int_at_least
+from . import steps
 from .spec import PipelineSpec
 from .window import WindowOutput, compute_window
 
+_END = object()  # the end of an iterator (next()'s default)
 DATA_OPTIONS = {"canonical_replicas": 8, "flush_every_k_chunks": 8}
 EXECUTION_OPTIONS = {
     "runner": "distributed",
@@ -52,7 +53,8 @@ EXECUTION_OPTIONS = {
     "dp_group_id": None,
     "mapping_strategy": "contiguous",
     "deterministic": True,
-    "batches_per_step": None,
+    "batches_per_step": None,  # per rank; with global_batches_per_step, the step contract
+    "global_batches_per_step": None,  # (pipeline/steps.py): data settings kept out of the spec
     "ledger": None,
     "cluster_timeout": 45.0,  # seconds without scheduler or worker before a wait fails (execution/watch.py)
     "stall_timeout": 30.0,  # seconds a window may compute before it is reported and recomputed elsewhere
@@ -79,6 +81,8 @@ class Pipeline:
         self._stream: BatchStream | None = None
         self._resume: dict | None = None  # the state given to load_state_dict
         self._progress: Progress | None = None  # what the current iteration delivered
+        self._generation = 0  # bumped by each iteration and load: older iterators are superseded
+        self._handed_out = False  # to_torch_dataset() was called: deliveries happen out of sight
 
     # -- stateless ------------------------------------------------------------------
 
@@ -288,7 +292,7 @@ class Pipeline:
 
     # -- batch shape and options --------------------------------------------------------
 
-    def batch(self, microbatch_size: int, drop_last: bool = True, labels: bool = False,
+    def batch(self, microbatch_size: int, drop_last: bool = True, labels: bool | str = False,
               ignore_index: int = -100, mask_document_boundaries: bool = False,
               cu_seqlens: bool = False) -> Pipeline:
         """Set the batch shape (a data setting: it decides which samples land together).
@@ -298,7 +302,10 @@ class Pipeline:
         Args:
             microbatch_size: samples per batch.
             drop_last: drop a lane's last partial batch.
-            labels: also build ``input_ids``, ``labels`` and ``loss_mask``.
+            labels: also build ``input_ids``, ``labels`` and ``loss_mask``: ``True`` or
+                ``"shifted"`` gives next-token targets; ``"hf"`` unshifted labels with
+                ``attention_mask`` and ``position_ids``, for models that shift themselves
+                (Hugging Face causal LMs).
             ignore_index: the label of positions that are not trained on.
             mask_document_boundaries: no label across a document boundary.
             cu_seqlens: also build ``cu_seqlens`` for variable-length attention.
@@ -313,7 +320,7 @@ class Pipeline:
         Example:
             >>> pipeline.batch(8, labels=True)  # doctest: +SKIP
         """
-        self._batch = BatchOptions(microbatch_size, bool(drop_last), bool(labels), ignore_index,
+        self._batch = BatchOptions(microbatch_size, bool(drop_last), labels, ignore_index,
                                    bool(mask_document_boundaries), bool(cu_seqlens), self._batch.pad_id)
         return self
 
@@ -353,7 +360,8 @@ class Pipeline:
             check_choice(kwargs["runner"], RUNNERS, "runner")
         if "mapping_strategy" in kwargs:
             check_choice(kwargs["mapping_strategy"], MAPPING_STRATEGIES, "mapping_strategy")
-        for name in ("prefetch_windows", "n_workers", "threads_per_worker", "dp_degree", "batches_per_step"):
+        for name in ("prefetch_windows", "n_workers", "threads_per_worker", "dp_degree", "batches_per_step",
+                     "global_batches_per_step"):
             v = kwargs.get(name)
             if v is not None and not is_int_at_least(v, 1):
                 raise ConfigError(f"{name}={v!r} must be a positive int")
@@ -366,6 +374,9 @@ class Pipeline:
                 from ..execution.watch import check_timeout
 
                 check_timeout(kwargs[name], name)
+        if kwargs.get("global_batches_per_step") is not None:
+            steps.check_global(kwargs["global_batches_per_step"],
+                               kwargs.get("canonical_replicas", self._options["canonical_replicas"]))
         if "flush_every_k_chunks" in kwargs:
             k = kwargs["flush_every_k_chunks"]
             if not is_int_at_least(k, 1):
@@ -433,58 +444,91 @@ class Pipeline:
         return self._runner
 
     def _tracked_stream(self, progress: Progress) -> BatchStream:
-        stream = self._open_stream(progress.lanes, progress.first_lane)
-        stream.on_finish = progress.lane_finished
-        return stream
-
-    def _open_stream(self, lanes: list[int], first_lane: int | None = None) -> BatchStream:
-        """A stream over ``lanes`` starting at the loaded state (or the beginning)."""
         if self._stream is not None:
             self._stream.close()
-        start, _ = resume_point(self._resume, lanes)
+        self._stream = self.open_stream(progress.lanes, self._resume, progress.first_lane)
+        self._stream.on_finish = progress.lane_finished
+        return self._stream
+
+    def open_stream(self, lanes: list[int], resume: dict | None, first_lane: int | None = None) -> BatchStream:
+        """A new stream over ``lanes`` starting at ``resume`` (a state; ``None``: the beginning)."""
+        start, _ = resume_point(resume, lanes)
         runner = self.runner()
-        self._stream = BatchStream(
+        return BatchStream(
             self.spec, self._batch, lanes, runner, self._options["prefetch_windows"] or runner.default_prefetch(),
             deterministic=self._options["deterministic"], fused=self._options["fuse"],
             start={lane: p.as_dict() for lane, p in start.items()}, first_lane=first_lane,
         )
-        return self._stream
 
-    def _begin(self) -> Progress:
-        """Start tracking a new iteration over this group's lanes (from the loaded state)."""
-        if self._progress is not None:
-            self._progress.close()
+    def _begin(self) -> tuple[Progress, int]:
+        """Start tracking a new iteration over this group's lanes (from the loaded state).
+
+        The new iteration supersedes any older one: the older iterator raises
+        if used again, and its ledger file is closed. Returns the progress and
+        the iteration's generation.
+        """
         if self._resume is not None:
             self._check_covers(self._resume, self.owned_lanes())
+        shape = self.step_shape()
+        self._end_iteration()
         ledger = self._options["ledger"]
-        self._progress = self._new_progress(LedgerWriter(ledger, self._rank()) if ledger is not None else None)
-        return self._progress
+        self._progress = self._new_progress(LedgerWriter(ledger, self._rank()) if ledger is not None else None,
+                                            shape)
+        self._handed_out = False
+        return self._progress, self._generation
 
-    def _new_progress(self, ledger: LedgerWriter | None = None) -> Progress:
+    def _end_iteration(self) -> None:
+        """Supersede the current iteration (its iterator raises if used again)."""
+        self._generation += 1
+        if self._stream is not None:
+            self._stream.close()
+            self._stream = None
+        if self._progress is not None:
+            self._progress.close()
+
+    def _new_progress(self, ledger: LedgerWriter | None = None, shape: StepShape | None = None) -> Progress:
         """Progress of an iteration starting at the loaded state (or the beginning)."""
-        return Progress(self.spec, self.owned_lanes(), self._resume, *self._step_shape(), ledger)
+        return Progress(self.spec, self.owned_lanes(), self._resume, shape or self.step_shape(), ledger)
 
     def _current_progress(self) -> Progress:
         """The current (or last) iteration's progress; before the first, where one would start."""
         return self._progress if self._progress is not None else self._new_progress()
 
     def __iter__(self):
-        """Batches of this group's lanes, in strict round-robin (from the loaded state, if any)."""
-        progress = self._begin()
-        return self._serve(self._tracked_stream(progress), progress.observe_batch)
+        """Batches of this group's lanes, in strict round-robin (from the loaded state, if any).
+
+        A newer ``iter()`` (or :meth:`load_state_dict`) supersedes this
+        iterator: using it afterwards raises :class:`StateError`.
+        """
+        progress, generation = self._begin()
+        return self._serve(self._tracked_stream(progress), generation, progress.observe_batch)
 
     def to_torch(self, device=None, pin_memory: bool | None = None, prefetch: int = 2):
         """Yield dicts of torch tensors; on CUDA pinned and copied ahead on a side stream."""
         from ..consumer.torch_io import to_device_iter
 
-        progress = self._begin()
+        progress, generation = self._begin()
         return self._serve(to_device_iter(self._tracked_stream(progress), device=device, pin_memory=pin_memory,
-                                          depth=prefetch, on_deliver=progress.observe_batch))
+                                          depth=prefetch, on_deliver=progress.observe_batch), generation)
 
-    def _serve(self, items, deliver=None):
-        """Yield ``items`` (recording each with ``deliver`` as the caller receives it), keeping
-        this pipeline, and so its runner, alive while the iterator is in use."""
-        for item in items:
+    def check_live(self, generation: int) -> None:
+        """Raise :class:`StateError` if the iteration ``generation`` was superseded."""
+        if generation != self._generation:
+            raise StateError(
+                "this iterator was superseded: a newer iter() over the same pipeline, or a "
+                "load_state_dict(), started another iteration, and the pipeline's state and ledger "
+                "follow that one. Use the newest iterator, or a separate Pipeline per concurrent stream"
+            )
+
+    def _serve(self, items, generation: int, deliver=None):
+        """Yield ``items`` (recording each with ``deliver`` as the caller receives it) while the
+        iteration is live, keeping this pipeline, and so its runner, alive while in use."""
+        items = iter(items)
+        while True:
+            self.check_live(generation)
+            item = next(items, _END)
+            if item is _END:
+                return
             if deliver is not None:
                 deliver(item)
             yield item
@@ -492,28 +536,38 @@ class Pipeline:
     def to_torch_dataset(self):
         """An ``IterableDataset`` for ``DataLoader(num_workers=n)`` (lanes split across workers).
 
-        A plain ``DataLoader`` does not report what it delivered; use
-        :meth:`to_torch_loader` when you need :meth:`state_dict`.
+        It implements torchdata's ``Stateful`` protocol (also inside workers),
+        so ``StatefulDataLoader(pipeline.to_torch_dataset(), batch_size=None,
+        num_workers=n)`` checkpoints and resumes exactly, in O(1). This
+        pipeline cannot see what such a loader delivered: its
+        :meth:`state_dict` raises until it iterates again; take the state
+        from the loader, or use :meth:`to_torch_loader`.
         """
         from ..consumer.torch_io import PipelineDataset
 
+        self._handed_out = True
         return PipelineDataset(self)
 
     def to_torch_loader(self, num_workers: int = 0, **dataloader_kwargs):
-        """A ``DataLoader`` over this pipeline whose deliveries feed :meth:`state_dict` and the ledger."""
+        """A ``DataLoader`` (subclass) over this pipeline whose deliveries feed :meth:`state_dict`
+        and the ledger; its own ``state_dict``/``load_state_dict`` are this pipeline's."""
         from ..consumer.torch_io import PipelineLoader
 
         return PipelineLoader(self, num_workers=num_workers, **dataloader_kwargs)
 
     # -- checkpoints ------------------------------------------------------------------------
 
-    def _step_shape(self) -> tuple[int, bool, int]:
-        """``(batches_per_step, set explicitly, dp_degree)``; checks that the step is elastic."""
+    def step_shape(self) -> StepShape:
+        """The global step at this group's degree (``per_rank`` batches here, ``global_batches``
+        over all ranks), from the options and a loaded state (see :mod:`.steps`)."""
         degree, _ = self.identity()
-        n = self._options["batches_per_step"]
-        if n is None:  # one round-robin cycle over the owned lanes
-            return len(self.owned_lanes()), False, degree
-        return check_step(n, degree, self._options["canonical_replicas"]), True, degree
+        return self._shape_for(self._resume, degree)
+
+    def _shape_for(self, state: dict | None, degree: int) -> StepShape:
+        saved = state["step"] if state is not None else {"global_batches": None, "microbatch_size": 0}
+        return steps.step_shape(self._options["canonical_replicas"], degree, len(self.owned_lanes()),
+                                self._options["batches_per_step"], self._options["global_batches_per_step"],
+                                saved["global_batches"], self._batch.microbatch_size, saved["microbatch_size"])
 
     def _rank(self) -> int:
         dist = sys.modules.get("torch.distributed")
@@ -531,9 +585,30 @@ class Pipeline:
                 "(zephon_dask.gather_state(pipeline), or zephon_dask.merge_states(states))"
             )
 
-    def state_dict(self) -> dict:
-        """JSON-native progress of what this group's iteration delivered to the caller."""
-        return self._current_progress().state()
+    def state_dict(self, *, ahead: int | None = None, at_step: int | None = None) -> dict:
+        """Progress of what this group's iteration delivered to the caller: a plain ``dict``.
+
+        By default the state after every delivered batch, or after the batch
+        :meth:`mark_consumed` last named. ``ahead=k`` leaves out the last ``k``
+        deliveries (fetched ahead of the step: a resume delivers them again);
+        ``at_step=N`` is the state at the end of global step ``N``. Both reach
+        back at most :data:`~zephon_dask.state.progress.CONSUMED_RING` batches.
+        """
+        if self._handed_out:
+            raise StateError(
+                "this pipeline was handed to a DataLoader by to_torch_dataset(), so it cannot see what "
+                "the loader delivered. Take the state from the loader (torchdata's StatefulDataLoader"
+                ".state_dict()), or iterate pipeline.to_torch_loader(), whose deliveries this pipeline "
+                "records"
+            )
+        return self._current_progress().state(ahead, at_step)
+
+    def mark_consumed(self, upto) -> None:
+        """The training step consumed deliveries up to ``upto`` (a batch, or a count of this
+        iteration's deliveries); :meth:`state_dict` then leaves out those fetched after it."""
+        if self._progress is None:
+            raise StateError("mark_consumed() needs an iteration in progress; iterate the pipeline first")
+        self._progress.mark_consumed(upto)
 
     def load_state_dict(self, state: dict) -> Pipeline:
         """Resume from ``state`` at the next iteration; refuses a state of other data.
@@ -544,6 +619,21 @@ class Pipeline:
         options, DP degree and mapping, DataLoader workers and the microbatch
         size may change.
         """
+        state, source = self.check_resumable(state, self.owned_lanes())
+        self._shape_for(state, self.identity()[0])  # refuses a step the checkpoint's would not match
+        if source is not self.work_source:
+            warnings.warn(f"resuming with the checkpoint's seed {source.seed}, not this pipeline's seed "
+                          f"{self.work_source.seed}", ZephonWarning, stacklevel=2)
+            self.work_source = source
+        self._end_iteration()
+        self._resume = copy.deepcopy(state)
+        self._progress = None
+        self._handed_out = False
+        return self
+
+    def check_resumable(self, state: dict, lanes: list[int]):
+        """``(state, work source)``: ``state`` validated (and migrated) for ``lanes`` of this data,
+        with the work source carrying the state's seed. Raises :class:`StateError`; changes nothing."""
         state = check_state(state)
         saved = state["config"]
         replicas = saved.get("canonical_replicas")
@@ -566,14 +656,29 @@ class Pipeline:
         if spec.fingerprint != state["fingerprint"]:
             raise StateError(f"the checkpoint's fingerprint {state['fingerprint'][:16]} does not match its "
                              f"own config ({spec.fingerprint[:16]}): the file was edited or corrupted")
-        self._check_covers(state, self.owned_lanes())
-        if source is not self.work_source:
-            warnings.warn(f"resuming with the checkpoint's seed {seed}, not this pipeline's seed "
-                          f"{self.work_source.seed}", ZephonWarning, stacklevel=2)
-            self.work_source = source
-        self._resume = copy.deepcopy(state)
-        self._progress = None
-        return self
+        self._check_covers(state, lanes)
+        self._check_positions(spec, state)
+        return state, source
+
+    @staticmethod
+    def _check_positions(spec: PipelineSpec, state: dict) -> None:
+        """Refuse lane progress the stream cannot have produced (beyond its end, or inconsistent)."""
+        for key, p in sorted(state["lanes"].items(), key=lambda kv: int(kv[0])):
+            lane = int(key)
+            where = f"the state's lane {lane} ({p})"
+            if lane >= spec.canonical_replicas:
+                raise StateError(f"{where} is beyond canonical_replicas={spec.canonical_replicas}: "
+                                 "the state is corrupted or from another run")
+            n = spec.num_windows(lane)
+            if n is None and p["finished"]:
+                raise StateError(f"{where} says the lane finished, but this stream never ends "
+                                 "(exhausted_policy='repeat'): the state is corrupted")
+            if n is not None and (p["window"] > n or (p["window"] == n and p["offset"])):
+                raise StateError(f"{where} lies beyond the lane's last window ({n - 1}): the state is "
+                                 "corrupted or from longer data")
+            if (p["batches_delivered"] == 0) != (p["window"] == 0 and p["offset"] == 0) and not p["finished"]:
+                raise StateError(f"{where}: a lane's position moves exactly when it has delivered a "
+                                 "batch; the state is corrupted")
 
     def close(self) -> None:
         """Stop the iteration, and the cluster or threads this pipeline started."""

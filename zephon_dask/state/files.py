@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 
 from ..errors import StateError
-from .schema import StateDict, check_state
+from .schema import check_state
 
 
 def _digest(state: dict) -> str:
@@ -25,7 +25,7 @@ def _digest(state: dict) -> str:
 
 def save_state(path, state: dict) -> Path:
     """Write ``state`` to ``path`` atomically (temp file + fsync + rename); returns the path."""
-    check_state(state)
+    state = check_state(state)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     payload = {"sha256": _digest(state), "state": state}
@@ -60,4 +60,4 @@ def load_state(path) -> dict:
     if not isinstance(state, dict) or _digest(state) != payload["sha256"]:
         raise StateError(f"checkpoint {str(path)!r} is corrupted: its checksum does not match; "
                          "resume from an earlier checkpoint")
-    return StateDict(check_state(state, where=f"checkpoint {str(path)!r}"))
+    return check_state(state, where=f"checkpoint {str(path)!r}")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import copy
 
 from ..errors import StateError
-from .schema import StateDict, check_state
+from .schema import check_state
 
 
 def merge_states(states) -> dict:
@@ -41,7 +41,7 @@ def merge_states(states) -> dict:
         detail = "; ".join(f"lane {lane}: {a} vs {b} (state {i})" for lane, a, b, i in sorted(diverged)[:8])
         raise StateError(f"DP peers disagree on lanes {sorted({d[0] for d in diverged})}: {detail}. "
                          "Peers of one DP group must consume the same batches")
-    merged = StateDict(copy.deepcopy(first))
+    merged = copy.deepcopy(first)
     merged["lanes"] = {lane: dict(lanes[lane]) for lane in sorted(lanes, key=int)}
     merged["pointers"] = dict(sorted(pointers.items()))
     return merged

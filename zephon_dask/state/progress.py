@@ -2,8 +2,12 @@
 
 It is fed every batch at the moment the caller receives it (never when it
 is prefetched or staged), so :meth:`Progress.state` is exactly where the
-caller stands. It also decides where an iteration starts (:func:`start_lane`)
-and appends the run ledger.
+caller stands. Training frameworks fetch a batch or two ahead of the step
+they run, so it also keeps a bounded undo ring of the last
+:data:`CONSUMED_RING` deliveries: :meth:`Progress.state` can be asked for the
+state as of an earlier delivery (``ahead``, ``at_step``, or the watermark
+:meth:`Progress.mark_consumed` sets). It also decides where an iteration
+starts (:func:`start_lane`) and appends the run ledger.
 """
 
 from __future__ import annotations
@@ -16,11 +20,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import ZephonWarning
+from ..errors import StateError, ZephonWarning
 from .ledger import LedgerWriter
-from .schema import FORMAT, VERSION, StateDict, lanes_of, pointer_key
+from .schema import FORMAT, VERSION, lanes_of, pointer_key
 
 HISTORY_STEPS = 10_000  # global steps kept for stats() and the plots
+CONSUMED_RING = 64  # deliveries a state can be rewound by (batches fetched ahead of the step)
 
 
 @dataclass
@@ -31,6 +36,9 @@ class LaneProgress:
     offset: int = 0
     batches_delivered: int = 0
     finished: bool = False
+
+    def as_tuple(self) -> tuple[int, int, int, bool]:
+        return self.window, self.offset, self.batches_delivered, self.finished
 
     def as_dict(self) -> dict:
         return {"window": self.window, "offset": self.offset,
@@ -57,20 +65,40 @@ def start_lane(lanes: list[int], progress: dict[int, LaneProgress], pointers: di
     return min(live, key=lambda lane: (progress[lane].batches_delivered, lane))
 
 
+@dataclass(frozen=True)
+class StepShape:
+    """A global step: ``global_batches`` (G) over all ranks, ``per_rank`` = G / ``dp_degree`` here.
+
+    ``explicit`` says G was set by an option, so a state taken mid-step
+    warns; ``microbatch`` is the samples per batch (recorded with G).
+    """
+
+    per_rank: int
+    global_batches: int
+    dp_degree: int
+    explicit: bool
+    microbatch: int = 1
+
+
 class Progress:
     """Per-lane progress, the group pointer, the step count and the ledger of one iteration."""
 
-    def __init__(self, spec, lanes: list[int], resume: dict | None, batches_per_step: int | None,
-                 explicit_step: bool, dp_degree: int, ledger: LedgerWriter | None = None):
+    def __init__(self, spec, lanes: list[int], resume: dict | None, shape: StepShape,
+                 ledger: LedgerWriter | None = None, first_lane: int | None = None):
         self.fingerprint, self.config = spec.fingerprint, spec.config()
         self.lanes = list(lanes)
         self.lane, self.first_lane = resume_point(resume, self.lanes)
+        if first_lane is not None:
+            self.first_lane = first_lane
         self.next_lane = self.first_lane
-        self.batches_per_step, self.explicit_step, self.dp_degree = batches_per_step, explicit_step, dp_degree
+        self.shape = shape
         step = resume["step"] if resume else None
         self.start_step = step["global_step"] if step else 0
-        same_shape = step and step["batches_per_step"] == batches_per_step and step["dp_degree"] == dp_degree
-        self.delivered = step["batches_in_step"] if same_shape else 0
+        same_shape = step and step["batches_per_step"] == shape.per_rank and step["dp_degree"] == shape.dp_degree
+        self.delivered = step["batches_in_step"] if same_shape else 0  # since the start_step boundary
+        self.count = 0  # batches delivered by this iteration
+        self._undo: deque[tuple] = deque(maxlen=CONSUMED_RING)  # per delivery: lane, id, what it changed
+        self.consumed: int | None = None  # the watermark: deliveries the training step has consumed
         self.ledger = ledger
         self._ends: dict[int, int] = {}  # lane -> batch count at which it is known to end
         # throughput and mixture, for stats() only (never part of the data or the state)
@@ -78,6 +106,10 @@ class Progress:
         self.tokens = self.slots = self.batches = 0
         self.dataset_tokens = np.zeros(len(spec.source.names), dtype=np.int64)
         self.history: deque[dict] = deque(maxlen=HISTORY_STEPS)  # per step: tokens per dataset, real, slots
+
+    @property
+    def batches_per_step(self) -> int:
+        return self.shape.per_rank
 
     def lane_finished(self, lane: int, batches: int) -> None:
         """The lane has no batch after its ``batches``-th; finished once those are delivered."""
@@ -91,7 +123,7 @@ class Progress:
 
     @property
     def global_step(self) -> int:
-        return self.start_step + self.delivered // self.batches_per_step
+        return self.start_step + self.delivered // self.shape.per_rank
 
     def observe(self, lane: int, index_in_lane: int, window: int, offset: int, last: bool,
                 tokens, dataset_tokens) -> None:
@@ -112,36 +144,103 @@ class Progress:
         entry["slots"] += int(np.size(tokens))
         entry["dataset_tokens"] += dataset_tokens
         p = self.lane[lane]
+        self._undo.append((lane, index_in_lane, p.as_tuple(), self.next_lane))
         p.window, p.offset, p.batches_delivered = window, offset, index_in_lane + 1
         p.finished = p.finished or last
         self._settle(lane)
         self.next_lane = self.lanes[(self.lanes.index(lane) + 1) % len(self.lanes)]
         self.delivered += 1
+        self.count += 1
 
     def observe_batch(self, batch) -> None:
         self.observe(batch.lane, batch.index_in_lane, *batch.position, batch.last,
                      batch["tokens"], batch.dataset_tokens())
 
-    def state(self) -> dict:
-        in_step = self.delivered % self.batches_per_step
-        if in_step and self.explicit_step:
+    # -- consumed, not fetched ------------------------------------------------------------
+
+    def mark_consumed(self, upto) -> None:
+        """Set the watermark: the training step consumed deliveries up to ``upto``.
+
+        ``upto`` is a count of this iteration's deliveries, or the batch itself
+        (anything with ``lane`` and ``index_in_lane``: a :class:`Batch`, or a
+        dict of tensors from ``to_torch_loader()``), found among the last
+        :data:`CONSUMED_RING` deliveries.
+        """
+        if isinstance(upto, int) and not isinstance(upto, bool):
+            count = upto
+        else:
+            count = self.count - self._ahead_of(_batch_id(upto))
+        if not 0 <= count <= self.count:
+            raise StateError(f"mark_consumed({upto!r}): this iteration has delivered {self.count} batches")
+        self.consumed = count
+
+    def _ahead_of(self, key: tuple[int, int]) -> int:
+        """How many deliveries came after the batch ``(lane, index_in_lane)``."""
+        for back, (lane, index, _, _) in enumerate(reversed(self._undo)):
+            if (lane, index) == key:
+                return back
+        raise StateError(f"batch (lane {key[0]}, index_in_lane {key[1]}) is not among the last "
+                         f"{len(self._undo)} deliveries of this iteration; mark batches as they are "
+                         f"consumed (at most {CONSUMED_RING} may be fetched ahead)")
+
+    def _resolve_ahead(self, ahead: int | None, at_step: int | None) -> int:
+        if at_step is not None:
+            if ahead is not None:
+                raise StateError("pass ahead= or at_step=, not both")
+            ahead = self.delivered - (at_step - self.start_step) * self.shape.per_rank
+            what = f"at_step={at_step}"
+        elif ahead is None:
+            ahead = 0 if self.consumed is None else self.count - self.consumed
+            what = f"the consumed watermark ({self.consumed} of {self.count} deliveries)"
+        else:
+            what = f"ahead={ahead}"
+        reach = len(self._undo)
+        if not isinstance(ahead, int) or not 0 <= ahead <= reach:
+            raise StateError(f"{what} asks for the state {ahead} deliveries back, but this iteration "
+                             f"can go back {reach} (it delivered {self.count}; at most {CONSUMED_RING} "
+                             "are kept): take the state when the step ends, or mark_consumed() each batch")
+        return ahead
+
+    def state(self, ahead: int | None = None, at_step: int | None = None) -> dict:
+        """The state after the consumed deliveries: all of them, or all but the last ``ahead``,
+        or those up to the end of global step ``at_step``, or up to the watermark."""
+        back = self._resolve_ahead(ahead, at_step)
+        lanes = {lane: self.lane[lane].as_tuple() for lane in self.lanes}
+        next_lane, delivered = self.next_lane, self.delivered - back
+        for lane, _, before, pointer in list(self._undo)[len(self._undo) - back:][::-1]:
+            lanes[lane], next_lane = before, pointer
+        in_step = delivered % self.shape.per_rank
+        if in_step and self.shape.explicit:
             warnings.warn(
-                f"state_dict() taken {in_step} batches into a step of {self.batches_per_step}: "
+                f"state_dict() taken {in_step} batches into a step of {self.shape.per_rank}: "
                 "nothing will be skipped or repeated, but a resume on another topology may "
                 "interleave lanes differently. Checkpoint at step boundaries",
                 ZephonWarning, stacklevel=3,
             )
-        return StateDict({
+        return {
             "format": FORMAT,
             "version": VERSION,
             "fingerprint": self.fingerprint,
             "config": copy.deepcopy(self.config),
-            "lanes": {str(lane): self.lane[lane].as_dict() for lane in self.lanes},
-            "pointers": {pointer_key(0, 1, self.lanes): self.next_lane},
-            "step": {"global_step": self.global_step, "batches_in_step": in_step,
-                     "batches_per_step": self.batches_per_step, "dp_degree": self.dp_degree},
-        })
+            "lanes": {str(lane): LaneProgress(*lanes[lane]).as_dict() for lane in self.lanes},
+            "pointers": {pointer_key(0, 1, self.lanes): next_lane},
+            "step": {"global_step": self.start_step + delivered // self.shape.per_rank,
+                     "batches_in_step": in_step, "batches_per_step": self.shape.per_rank,
+                     "dp_degree": self.shape.dp_degree, "global_batches": self.shape.global_batches,
+                     "microbatch_size": self.shape.microbatch},
+        }
 
     def close(self) -> None:
         if self.ledger is not None:
             self.ledger.close()
+
+
+def _batch_id(batch) -> tuple[int, int]:
+    """``(lane, index_in_lane)`` of a :class:`Batch` or of a dict of tensors carrying them."""
+    try:
+        if hasattr(batch, "lane") and hasattr(batch, "index_in_lane"):
+            return int(batch.lane), int(batch.index_in_lane)
+        return int(batch["lane"]), int(batch["index_in_lane"])
+    except (KeyError, TypeError, ValueError):
+        raise StateError(f"mark_consumed() needs a count or a batch carrying lane and index_in_lane, "
+                         f"got {type(batch).__name__}") from None

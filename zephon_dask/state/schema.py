@@ -1,38 +1,41 @@
-"""The checkpoint schema: building, validating and comparing state dicts. Pure.
+"""The checkpoint schema: building, validating, migrating and comparing state dicts. Pure.
 
-A state is JSON-native::
+A state is a plain ``dict`` of builtins (dict, list, str, int, bool), so JSON,
+``torch.load(weights_only=True)`` and ``torch.distributed.checkpoint`` all
+take it::
 
-    {"format": "zephon_dask.state", "version": 1,
+    {"format": "zephon_dask.state", "version": 2,
      "fingerprint": "<sha256 of the data config>",
      "config": {... the pipeline's data config, seed and canonical_replicas included ...},
      "lanes": {"<lane>": {"window": w, "offset": o, "batches_delivered": b, "finished": f}},
      "pointers": {"<worker>/<active_workers>:<owned lanes>": <next lane>},
-     "step": {"global_step": s, "batches_in_step": i, "batches_per_step": n, "dp_degree": d}}
+     "step": {"global_step": s, "batches_in_step": i, "batches_per_step": n, "dp_degree": d,
+              "global_batches": G, "microbatch_size": m}}
 
 ``window``/``offset`` is where the lane's next undelivered sample sits: the
-lane's ``offset``-th sample of its window ``window``. Only lanes a rank owns
-appear in its state; :func:`~zephon_dask.state.merge_states` joins ranks.
+lane's ``offset``-th sample of its window ``window``. ``global_batches`` (G)
+is the number of batches in one global step over all ranks, a data setting:
+a resume on degree ``d`` takes ``G / d`` batches per rank (``G * m`` samples
+per global step are kept when the microbatch size changes). Only lanes a rank
+owns appear in its state; :func:`~zephon_dask.state.merge_states` joins ranks.
+
+Version 1 (no ``global_batches``, ``microbatch_size``) is migrated on load by
+:func:`migrate`; its microbatch size is unknown, recorded as 0.
 """
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from ..errors import StateError
 
 FORMAT = "zephon_dask.state"
-VERSION = 1
+VERSION = 2
 LANE_FIELDS = ("window", "offset", "batches_delivered", "finished")
-STEP_FIELDS = ("global_step", "batches_in_step", "batches_per_step", "dp_degree")
-
-
-class StateDict(dict):
-    """A state: a plain ``dict`` (JSON-serialisable as is) that renders as tables in a notebook."""
-
-    def _repr_html_(self) -> str:
-        from ..inspect.reprs import state_html
-
-        return state_html(self)
+STEP_FIELDS = ("global_step", "batches_in_step", "batches_per_step", "dp_degree", "global_batches",
+               "microbatch_size")
+MAX_COUNT = 2**62  # any count above this is corrupt (and would not fit an int64)
 
 
 def pointer_key(worker: int, active_workers: int, lanes: list[int]) -> str:
@@ -41,19 +44,58 @@ def pointer_key(worker: int, active_workers: int, lanes: list[int]) -> str:
 
 
 def _is_count(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+    return type(value) is int and 0 <= value <= MAX_COUNT
+
+
+def is_lane_key(key: Any) -> bool:
+    """A lane id as a state key: ASCII decimal digits, no sign, no leading zero."""
+    return (isinstance(key, str) and key.isascii() and key.isdigit()
+            and (key == "0" or not key.startswith("0")) and len(key) <= 9)
+
+
+def _migrate_v1(state: dict) -> dict:
+    """v1 -> v2: record G. v1 took ``batches_per_step * dp_degree`` batches per global step
+    when that was a multiple of R, otherwise (uneven lanes per group) one cycle of R."""
+    out = copy.deepcopy(state)
+    step = out["step"]
+    replicas = out["config"].get("canonical_replicas")
+    g = step["batches_per_step"] * step["dp_degree"]
+    if isinstance(replicas, int) and replicas > 0 and g % replicas:
+        g = replicas
+    step["global_batches"] = g
+    step["microbatch_size"] = 0  # unknown: v1 did not record it
+    out["version"] = 2
+    return out
+
+
+MIGRATIONS = {1: _migrate_v1}  # version v -> a function returning the state at v + 1
+
+
+def migrate(state: dict, where: str = "state") -> dict:
+    """``state`` (already structurally checked for its own version) brought to :data:`VERSION`."""
+    while state["version"] < VERSION:
+        step = MIGRATIONS.get(state["version"])
+        if step is None:
+            raise StateError(f"{where} has version {state['version']}, which this zephon_dask cannot "
+                             f"migrate (it reads versions {sorted(MIGRATIONS)} and {VERSION})")
+        state = step(state)
+    return state
 
 
 def check_state(state: Any, where: str = "state") -> dict:
-    """Validate a state's structure; return it. Raises :class:`StateError` naming the fault."""
+    """Validate a state's structure, migrate an older version; return a plain ``dict``.
+
+    Raises :class:`StateError` naming the fault. The result shares nothing
+    with ``state`` when it was migrated, and is ``state`` (as a plain dict) otherwise.
+    """
     if not isinstance(state, dict):
         raise StateError(f"{where} must be a dict from Pipeline.state_dict(), got {type(state).__name__}")
     if state.get("format") != FORMAT:
         raise StateError(f"{where} has format {state.get('format')!r}, expected {FORMAT!r}: "
                          "pass a dict from Pipeline.state_dict() or zephon_dask.load_state()")
     version = state.get("version")
-    if not _is_count(version):
-        raise StateError(f"{where} has version {version!r}; expected an int")
+    if not _is_count(version) or version < 1:
+        raise StateError(f"{where} has version {version!r}; expected an int from 1 to {VERSION}")
     if version > VERSION:
         raise StateError(f"{where} has version {version}, newer than this zephon_dask understands "
                          f"({VERSION}); upgrade zephon_dask to resume from it")
@@ -66,20 +108,34 @@ def check_state(state: Any, where: str = "state") -> dict:
     if not isinstance(lanes, dict):
         raise StateError(f"{where}['lanes'] must be a dict of lane id -> progress")
     for lane, progress in lanes.items():
-        ok = (isinstance(lane, str) and lane.isdigit() and isinstance(progress, dict)
+        ok = (is_lane_key(lane) and isinstance(progress, dict)
               and sorted(progress) == sorted(LANE_FIELDS)
               and all(_is_count(progress[k]) for k in LANE_FIELDS[:3])
               and isinstance(progress["finished"], bool))
         if not ok:
-            raise StateError(f"{where}['lanes'][{lane!r}] = {progress!r} is malformed; expected "
-                             f"{{{', '.join(LANE_FIELDS)}}} with non-negative ints and a bool")
+            raise StateError(f"{where}['lanes'][{lane!r}] = {progress!r} is malformed; expected a lane "
+                             f"id of ASCII digits -> {{{', '.join(LANE_FIELDS)}}} with non-negative "
+                             "ints and a bool")
     pointers = state["pointers"]
     if not isinstance(pointers, dict) or not all(isinstance(k, str) and _is_count(v) for k, v in pointers.items()):
         raise StateError(f"{where}['pointers'] = {pointers!r} must map keys to lane ids")
+    fields = STEP_FIELDS if version >= 2 else STEP_FIELDS[:4]
     step = state["step"]
-    if not isinstance(step, dict) or sorted(step) != sorted(STEP_FIELDS) or not all(_is_count(v) for v in step.values()):
-        raise StateError(f"{where}['step'] = {step!r} is malformed; expected {{{', '.join(STEP_FIELDS)}}}")
-    return state
+    if not isinstance(step, dict) or sorted(step) != sorted(fields) or not all(_is_count(v) for v in step.values()):
+        raise StateError(f"{where}['step'] = {step!r} is malformed; expected {{{', '.join(fields)}}}")
+    if step["batches_per_step"] < 1 or step["dp_degree"] < 1 or (version >= 2 and step["global_batches"] < 1):
+        raise StateError(f"{where}['step'] = {step!r}: batches_per_step, dp_degree and global_batches "
+                         "must be positive")
+    return migrate(state, where) if version < VERSION else _plain(state)
+
+
+def _plain(obj: Any) -> Any:
+    """``obj`` rebuilt from plain dicts and lists (a dict subclass becomes a ``dict``)."""
+    if isinstance(obj, dict):
+        return {k: _plain(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_plain(v) for v in obj]
+    return obj
 
 
 def lanes_of(state: dict) -> dict[int, dict]:

@@ -1,0 +1,46 @@
+"""Shared by the framework tests and their torchrun jobs: tiny models from config, a recorder."""
+
+from __future__ import annotations
+
+import hashlib
+
+from pipelines import build
+
+VOCAB = 258  # the bytes tokenizer: 256 bytes, BOS, EOS
+STEPS, SAVE_AT = 12, 6
+
+
+def hf_pipeline(corpus_dir, **options):
+    """Four lanes, micro-batches of two rows of at most 96 tokens, Hugging Face labels."""
+    options.setdefault("runner", "synchronous")
+    return build(corpus_dir, R=4, k=1, microbatch=2, **options).batch(2, labels="hf")
+
+
+def tiny_gpt2(seed: int = 0):
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(seed)
+    config = GPT2Config(vocab_size=VOCAB, n_positions=128, n_embd=16, n_layer=1, n_head=2, bos_token_id=256,
+                        eos_token_id=257, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                        tie_word_embeddings=False)
+    return GPT2LMHeadModel(config)
+
+
+def digest(tensor) -> str:
+    """What a step trained on, as bytes: shape and values."""
+    t = tensor.detach().cpu().contiguous()
+    return hashlib.sha256(repr(tuple(t.shape)).encode() + t.numpy().tobytes()).hexdigest()[:16]
+
+
+def record_inputs(model) -> list[str]:
+    """Digests of every ``input_ids`` the model's forward receives (training forwards only)."""
+    seen: list[str] = []
+
+    def hook(module, args, kwargs):
+        if module.training:
+            ids = kwargs["input_ids"] if "input_ids" in kwargs else args[0]
+            seen.append(digest(ids))
+
+    model.register_forward_pre_hook(hook, with_kwargs=True)
+    return seen

@@ -1,0 +1,16 @@
+"""Adapters for the training frameworks people use (optional extras, imported lazily).
+
+- :mod:`zephon_dask.integrations.hf`: ``ZephonTrainer``, a Hugging Face ``Trainer``
+  fed by a pipeline (``pip install 'zephon_dask[hf]'``);
+- :mod:`zephon_dask.integrations.lightning`: ``ZephonDataModule`` for PyTorch
+  Lightning (``pip install 'zephon_dask[lightning]'``);
+- :mod:`zephon_dask.integrations.accelerate`: ``prepare_pipeline`` for
+  accelerate (``pip install 'zephon_dask[accelerate]'``).
+
+Importing this package imports no framework; :mod:`.guard` refuses the wrappers
+that would split a pipeline's already rank-split stream a second time.
+"""
+
+from .guard import refuse_resharding
+
+__all__ = ["refuse_resharding"]

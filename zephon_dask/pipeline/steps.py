@@ -1,0 +1,117 @@
+"""The global-step contract. Pure.
+
+A global step holds G batches over all DP groups: ``G / dp_degree`` per
+rank, G a multiple of ``canonical_replicas`` (R), so every step is whole
+round-robin cycles over the lanes and holds the same batches at every
+degree. G is a data setting: set it with ``global_batches_per_step=G`` (or
+per rank with ``batches_per_step=n``, G = n x dp_degree); unset, it is R.
+A loaded state records G, and a resume keeps it: a resume on degree d takes
+G / d batches per rank, and a setting that would change G is refused.
+Lanes advance by samples, so what a resume really keeps is the samples per
+global step (G x microbatch size): with another microbatch size, G scales.
+"""
+
+from __future__ import annotations
+
+from ..curriculum.routing import check_step
+from ..errors import ConfigError, StateError
+from ..state.progress import StepShape
+from ..state.schema import describe_diff
+
+
+def valid_degrees(replicas: int, global_batches: int) -> list[int]:
+    """The DP degrees a run with R lanes and G batches per global step can use."""
+    return [d for d in range(1, replicas + 1) if replicas % d == 0 and global_batches % d == 0]
+
+
+def check_global(global_batches: object, replicas: int) -> int:
+    """Validate G: a positive multiple of R."""
+    g = global_batches
+    if type(g) is not int or g < 1 or g % replicas:
+        near = max(replicas, -(-g // replicas) * replicas) if type(g) is int else replicas
+        raise ConfigError(
+            f"global_batches_per_step={g!r} must be a positive multiple of canonical_replicas="
+            f"{replicas}, so that every global step is whole round-robin cycles over the lanes "
+            f"(the nearest is {near})"
+        )
+    return g
+
+
+def _check_degree(global_batches: int, degree: int, replicas: int, what: str, error=ConfigError) -> None:
+    if replicas % degree or global_batches % degree:
+        raise error(
+            f"dp_degree={degree} cannot take {what} ({global_batches} batches per global step over "
+            f"canonical_replicas={replicas} lanes): it must divide both. Valid degrees: "
+            f"{valid_degrees(replicas, global_batches)}"
+        )
+
+
+def _rescale(saved: int, saved_microbatch: int, microbatch: int, replicas: int) -> int:
+    """A checkpoint's G in batches of ``microbatch`` samples (``saved_microbatch`` 0: unknown, v1)."""
+    if not saved_microbatch or saved_microbatch == microbatch:
+        return saved
+    samples = saved * saved_microbatch
+    if samples % microbatch or (samples // microbatch) % replicas:
+        good = [m for m in range(1, samples + 1) if samples % m == 0 and (samples // m) % replicas == 0]
+        raise StateError(
+            f"the checkpoint's global step holds {samples} samples ({saved} batches of "
+            f"{saved_microbatch}); with microbatch_size={microbatch} that is not a whole number of "
+            f"round-robin cycles over {replicas} lanes. Use a microbatch size in {good}"
+        )
+    return samples // microbatch
+
+
+def step_shape(replicas: int, degree: int, owned: int, per_rank: int | None,
+               global_batches: int | None, saved: int | None, microbatch: int = 1,
+               saved_microbatch: int = 0) -> StepShape:
+    """The step at ``degree`` from the options (``per_rank``, ``global_batches``) and a loaded
+    state's G (``saved``, in batches of ``saved_microbatch`` samples); ``owned`` is how many
+    lanes this group owns.
+
+    Raises :class:`ConfigError` for settings that make steps depend on the
+    topology, :class:`StateError` when they would change a loaded state's G.
+    """
+    if per_rank is not None:
+        implied = per_rank * degree
+        if global_batches is not None and implied != global_batches:
+            raise ConfigError(
+                f"batches_per_step={per_rank} x dp_degree={degree} = {implied} contradicts "
+                f"global_batches_per_step={global_batches}; set one of them"
+            )
+        if saved is None:
+            check_step(per_rank, degree, replicas)
+        global_batches = implied
+    if global_batches is not None and saved is None:
+        check_global(global_batches, replicas)
+    if saved is not None:
+        saved = _rescale(saved, saved_microbatch, microbatch, replicas)
+        if global_batches is not None and global_batches != saved:
+            setting = (f"batches_per_step={per_rank} x dp_degree={degree}" if per_rank is not None
+                       else f"global_batches_per_step={global_batches}")
+            fix = (f"batches_per_step={saved // degree}" if saved % degree == 0 and replicas % degree == 0
+                   else f"a dp_degree in {valid_degrees(replicas, saved)}")
+            raise StateError(
+                "the resume would change the number of batches in a global step, and so every later "
+                "step:\n" + describe_diff([("step.global_batches", saved, global_batches)])
+                + f"\n({setting}). Drop the setting (a resume derives it from the checkpoint), "
+                f"or use {fix}"
+            )
+        _check_degree(saved, degree, replicas, "the checkpoint's steps", StateError)
+        return StepShape(saved // degree, saved, degree, per_rank is not None or global_batches is not None,
+                         microbatch)
+    if global_batches is not None:
+        _check_degree(global_batches, degree, replicas, f"global_batches_per_step={global_batches}")
+        return StepShape(global_batches // degree, global_batches, degree, True, microbatch)
+    if replicas % degree:  # uneven groups (warned): one cycle over the owned lanes, no elastic steps
+        return StepShape(owned, replicas, degree, False, microbatch)
+    return StepShape(replicas // degree, replicas, degree, False, microbatch)
+
+
+def describe(shape: StepShape, replicas: int) -> str:
+    """One line for ``explain`` and the CLI."""
+    cycles = shape.global_batches // replicas if shape.global_batches % replicas == 0 else None
+    text = (f"{shape.global_batches} batches per global step, {shape.per_rank} per rank at "
+            f"dp_degree={shape.dp_degree}")
+    if cycles is not None:
+        text += f" ({cycles} round-robin cycle{'s' if cycles != 1 else ''} over {replicas} lanes)"
+    return text + ("" if shape.explicit else "; default: one cycle (set global_batches_per_step)")
