@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 from fsspec import AbstractFileSystem
 
-from ..errors import DataFormatError
+from ..errors import ConfigError, DataFormatError
 from .memo import ByteLRU
 
 GZIP_MAGIC = b"\x1f\x8b"
@@ -74,10 +74,20 @@ def _gzip_decoder() -> Any:
     return zlib.decompressobj(16 + zlib.MAX_WBITS)
 
 
-def _zstd_decoder() -> Any:
-    import zstandard
+def zstandard() -> Any:
+    """The ``zstandard`` module; a ConfigError saying how to install it when it is missing."""
+    try:
+        import zstandard as module
+    except ImportError:
+        raise ConfigError(
+            "reading zstd-compressed data needs the zstandard package: "
+            "pip install 'zephon_dask[formats]'"
+        ) from None
+    return module
 
-    return zstandard.ZstdDecompressor().decompressobj(read_across_frames=False)
+
+def _zstd_decoder() -> Any:
+    return zstandard().ZstdDecompressor().decompressobj(read_across_frames=False)
 
 
 def _corrupt(url: str, name: str, at: int, exc: BaseException) -> DataFormatError:
@@ -108,7 +118,7 @@ def decompress(fs: AbstractFileSystem, name: str, url: str, kind: str, out: list
     pos = total = 0
     member_open = False
     with fs.open(name, "rb") as fh:
-        while block := fh.read(_READ):
+        while block := fh.read(min(_READ, CHECKPOINT_EVERY)):
             data = block
             while data:
                 at = pos + len(block) - len(data)

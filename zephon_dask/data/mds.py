@@ -31,7 +31,8 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import DataFormatError, DatasetNotFoundError
+from ..errors import ConfigError, DataFormatError, DatasetNotFoundError
+from .compressed import zstandard
 from .memo import ByteLRU
 from .paths import file_mtime, filesystem, to_url
 from .reader import Reader
@@ -144,14 +145,14 @@ def _codec(compression: str, url: str) -> str:
 def _decompress(data: bytes, algo: str, url: str) -> bytes:
     try:
         if algo == "zstd":
-            import zstandard
-
-            dec = zstandard.ZstdDecompressor().decompressobj()
+            dec = zstandard().ZstdDecompressor().decompressobj()
             out = dec.decompress(data)
             if not dec.eof:
                 raise ValueError("the zstd frame ends early (truncated)")
             return out
         return gzip.decompress(data) if algo == "gz" else bz2.decompress(data)
+    except ConfigError:
+        raise
     except Exception as exc:  # zstandard.ZstdError, OSError, EOFError, ...
         raise DataFormatError(
             f"MDS shard {url!r}: cannot decompress it ({algo}: {exc}); the file is corrupt or "
