@@ -7,8 +7,9 @@ Layout (what mosaicml-streaming's ``MDSWriter`` writes)::
                   "compression": null | "zstd[:level]" | "gz" | "bz2",
                   "raw_data": {"basename": "shard.00000.mds", ...},
                   "zip_data": null | {"basename": "shard.00000.mds.zstd", ...}}, ...]}
-    shard file   uint32 n | (n + 1) uint32 absolute byte offsets | samples;
-                 a sample is one uint32 size per variable-size column, then the columns
+    shard file   uint32 n | (n + 1) uint32 absolute byte offsets | the writer's config (JSON)
+                 | samples; a sample is one uint32 size per variable-size column, then the
+                 columns
 
 The folder's ``index.json`` is the index (nothing is cached or written). A
 shard reads its raw file when present, else its compressed file, which is
@@ -202,7 +203,7 @@ def _ndarray_decoder(encoding: str):
             ndim, sdt = b[i] >> 2, np.dtype(_SHAPE_DTYPES[b[i] % 4])
             shp = tuple(np.frombuffer(b, sdt, ndim, i + 1).tolist())
             i += 1 + ndim * sdt.itemsize
-        return np.frombuffer(b, dt, offset=i).reshape(shp).copy()
+        return np.frombuffer(b[i:], dt).reshape(shp)
 
     return decode
 
@@ -232,7 +233,7 @@ def _offsets(table: np.ndarray, shard: Shard, size: int) -> np.ndarray:
     n = shard.num_samples
     ok = (
         table.size == n + 1
-        and int(table[0]) == 4 * (n + 2)
+        and int(table[0]) >= 4 * (n + 2)
         and int(table[-1]) == size
         and not np.any(np.diff(table) < 0)
     )
