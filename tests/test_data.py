@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import pickle
@@ -19,6 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from zephon_dask.data import Dataset, Shard, check_unique_names, write_token_store
+from zephon_dask.data import formats as formats_mod
 from zephon_dask.data import index as index_mod
 from zephon_dask.data import jsonl as jsonl_mod
 from zephon_dask.data import tokens as tokens_mod
@@ -31,6 +33,7 @@ from zephon_dask.errors import (
     EmptyDatasetError,
     MissingFieldError,
     ZephonError,
+    ZephonWarning,
 )
 
 FAST = settings(max_examples=25, deadline=None)
@@ -335,8 +338,16 @@ def _count_inspects(monkeypatch, module):
         calls.append(f.rel)
         return original(fs, f)
 
-    monkeypatch.setattr(module, "inspect", counting)
+    reader = dataclasses.replace(module.READER, inspect=counting)
+    monkeypatch.setitem(formats_mod.READERS, reader.name, reader)
     return calls
+
+
+def _cached(directory) -> dict:
+    """The index cache document of a local data directory."""
+    target = index_mod.index_file(os.path.abspath(directory), index_mod.cache_dir())
+    with open(target) as fh:
+        return json.load(fh)
 
 
 def test_index_cache_reuse_and_invalidation(tmp_path, monkeypatch):
@@ -345,8 +356,9 @@ def test_index_cache_reuse_and_invalidation(tmp_path, monkeypatch):
     calls = _count_inspects(monkeypatch, jsonl_mod)
     ds1 = Dataset.from_jsonl("a", tmp_path, progress=False)
     assert sorted(calls) == [f"p{k}.jsonl" for k in range(5)]
-    doc = json.loads((tmp_path / "index.json").read_text())
-    assert doc["version"] == index_mod.INDEX_VERSION
+    assert not (tmp_path / "index.json").exists()
+    doc = _cached(tmp_path)
+    assert doc["version"] == index_mod.INDEX_VERSION and doc["url"] == str(tmp_path)
     assert doc["files"]["p2.jsonl"]["num_samples"] == 3
     assert set(doc["files"]["p2.jsonl"]) >= {"size", "mtime", "num_samples", "format"}
 
@@ -377,28 +389,32 @@ def test_build_index_counter_and_shared_index(tmp_path):
     again = index_mod.build_index(fs, files, "jsonl", jsonl_mod.inspect, progress=False)
     assert again.rebuilt == 0 and again.entries == first.entries
     Dataset.from_parquet("b", tmp_path / "b.parquet", progress=False)  # merges into the same index
-    doc = json.loads((tmp_path / "index.json").read_text())
+    doc = _cached(tmp_path)
     assert set(doc["files"]) == {"a.jsonl", "b.parquet"}
     assert doc["files"]["b.parquet"]["columns"] == ["text", "id", "score"]
-    assert not list(tmp_path.glob("index.json.tmp*"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.jsonl", "b.parquet"]
 
 
 def test_corrupt_index_is_rebuilt(tmp_path):
     write_jsonl(tmp_path / "a.jsonl", [{"text": "x"}] * 2)
-    (tmp_path / "index.json").write_text("{not json")
+    target = index_mod.index_file(str(tmp_path), index_mod.cache_dir())
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    with open(target, "w") as fh:
+        fh.write("{not json")
     assert Dataset.from_jsonl("a", tmp_path, progress=False).num_samples == 2
-    assert json.loads((tmp_path / "index.json").read_text())["files"]["a.jsonl"]["num_samples"] == 2
+    assert _cached(tmp_path)["files"]["a.jsonl"]["num_samples"] == 2
 
 
 def test_unwritable_index_warns_once_and_continues(tmp_path):
     write_jsonl(tmp_path / "a.jsonl", [{"text": "x"}] * 2)
-    (tmp_path / "index.json").mkdir()  # neither readable nor replaceable as a file
+    blocked = tmp_path / "cache"
+    blocked.write_text("a file where the cache directory should be")
     with pytest.warns(UserWarning, match="index cache"):
-        ds = Dataset.from_jsonl("a", tmp_path, progress=False)
+        ds = Dataset.from_jsonl("a", tmp_path / "a.jsonl", progress=False, cache_dir=blocked)
     assert ds.read(0, [1]) == [{"text": "x"}]
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        Dataset.from_jsonl("a", tmp_path, progress=False)
+        Dataset.from_jsonl("a", tmp_path / "a.jsonl", progress=False, cache_dir=blocked)
 
 
 def test_file_changed_since_indexed(tmp_path):
@@ -423,10 +439,12 @@ def test_directory_glob_and_nested(tmp_path):
     write_jsonl(tmp_path / ".hidden" / "d.jsonl", [{"text": "d"}])
     (tmp_path / "README.md").write_text("hi")
     (tmp_path / "_SUCCESS").write_text("")
-    ds = Dataset.from_jsonl("d", tmp_path, progress=False)
+    with pytest.warns(ZephonWarning, match="README.md") as seen:
+        ds = Dataset.from_jsonl("d", tmp_path, progress=False)
+    assert len(seen) == 1 and "_SUCCESS" not in str(seen[0].message)
     assert [s.shard_id for s in ds.shards] == ["a.json", "b.jsonl", "sub/c.jsonl"]
     assert ds.read(2, [2]) == [{"text": "c"}]
-    assert (tmp_path / "sub" / "index.json").exists()
+    assert not (tmp_path / "sub" / "index.json").exists()
     g = Dataset.from_jsonl("g", str(tmp_path / "*.jsonl"), progress=False)
     assert [s.shard_id for s in g.shards] == ["b.jsonl"]
     f = Dataset.from_path("f", tmp_path / "sub" / "c.jsonl", progress=False)
@@ -442,7 +460,7 @@ def test_memory_url_and_identity_independent_of_location(tmp_path):
     m = Dataset.from_path("x", root, progress=False)
     assert m.shards[0].path == f"{root}/x.jsonl"
     assert m.read(0, [5, 1]) == [local[5], local[1]]
-    assert fs.exists(f"{mem_path(root)}/index.json")
+    assert fs.ls(mem_path(root), detail=False) == [f"{mem_path(root)}/x.jsonl"]
     on_disk = Dataset.from_jsonl("x", tmp_path, progress=False)
     assert m.identity() == on_disk.identity()
     assert json.loads(json.dumps(m.identity())) == m.identity()

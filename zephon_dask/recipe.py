@@ -22,11 +22,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from .data.formats import NAMES as FORMATS
+from .data.formats import get as format_reader
 from .data.paths import has_glob
 from .errors import RecipeError, RecipeKeyError, RecipePathError, RecipeTypeError
 from .pipeline.builder import DATA_OPTIONS, EXECUTION_OPTIONS
 
-DATASET_FORMATS = ("jsonl", "parquet", "tokens")
+DATASET_FORMATS = tuple(f for f in FORMATS if f != "records")  # the registry's file formats
 _INT, _BOOL, _STR = (int,), (bool,), (str,)
 _NUMBER = (int, float)
 
@@ -83,12 +85,9 @@ class DatasetEntry:
         from .data import Dataset
 
         kwargs = {} if self.text_field is None else {"text_field": self.text_field}
-        ctor = {
-            None: Dataset.from_path,
-            "jsonl": Dataset.from_jsonl,
-            "parquet": Dataset.from_parquet,
-            "tokens": Dataset.from_tokens,
-        }[self.format]
+        ctor = Dataset.from_path if self.format is None else getattr(
+            Dataset, format_reader(self.format).constructor
+        )
         return ctor(self.name, self.path, **kwargs)
 
 
@@ -260,7 +259,7 @@ def _datasets(file: str, base: str, value: Any) -> tuple[DatasetEntry, ...]:
                 f"{file}: {where} format = {fmt!r} is unknown; choose one of "
                 f"{', '.join(map(repr, DATASET_FORMATS))}, or leave it out to detect it from the path"
             )
-        if fmt == "tokens" and "text_field" in table:
+        if fmt is not None and format_reader(fmt).holds_tokens and "text_field" in table:
             raise RecipeKeyError(
                 f"{file}: {where} text_field = {table['text_field']!r} does not apply to a token "
                 "store (its documents are token ids); remove it"

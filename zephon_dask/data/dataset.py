@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import json
 import operator
+import os
+import warnings
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,19 +25,20 @@ import numpy as np
 
 from ..errors import (
     ConfigError,
-    DataFormatError,
     DatasetNotFoundError,
     DuplicateNameError,
     EmptyDatasetError,
     MissingFieldError,
+    ZephonWarning,
 )
-from . import jsonl, parquet, records, tokens
+from . import formats, hf, mds, records, tokens
 from .index import build_index
-from .paths import extension, filesystem, has_glob, list_files
+from .paths import FileInfo, Listing, filesystem, has_glob, list_files, match_data_files, to_url
+from .reader import Reader
 from .shard import Shard
 
-FORMATS = ("jsonl", "parquet", "records", "tokens")
-EXTENSIONS = {".jsonl": "jsonl", ".json": "jsonl", ".parquet": "parquet", ".pq": "parquet"}
+FORMATS = formats.NAMES
+_SHOWN = 3  # files named in a repr or a warning before "and N more"
 
 
 def _check_name(name: Any) -> None:
@@ -48,35 +51,74 @@ def _check_text_field(text_field: Any) -> None:
         raise ConfigError(f"text_field must be a non-empty str, got {text_field!r}")
 
 
-def _files_for(name: str, path: Any, fmt: str, storage_options: dict[str, Any] | None):
-    """``(fs, files)`` of a file-based dataset; raises DatasetNotFoundError when none match.
+def _patterns(data_files: Any) -> tuple[str, ...] | None:
+    if data_files is None:
+        return None
+    pats = (data_files,) if isinstance(data_files, str) else data_files
+    if not isinstance(pats, Sequence) or not pats or not all(isinstance(p, str) for p in pats):
+        raise ConfigError(
+            f"data_files must be a glob or a non-empty list of globs relative to the dataset "
+            f"folder (e.g. 'data/train-*'), got {data_files!r}"
+        )
+    return tuple(pats)
 
-    In a directory only files with ``fmt``'s extensions count; a file or glob is taken as is.
+
+def _some(names: Sequence[str]) -> str:
+    more = f" and {len(names) - _SHOWN} more" if len(names) > _SHOWN else ""
+    return ", ".join(names[:_SHOWN]) + more
+
+
+def _select(
+    name: str, listing: Listing, reader: Reader, patterns: tuple[str, ...] | None
+) -> list[FileInfo]:
+    """The data files of ``reader``'s format in a listing, narrowed by ``data_files`` globs.
+
+    In a directory (or under ``data_files``) only files with the format's extensions
+    count, and the others are named in one warning; a file or glob is taken as is.
     """
-    listing = list_files(str(path), storage_options)
     files = listing.files
-    if listing.kind == "dir":
-        files = [f for f in files if EXTENSIONS.get(extension(f.rel)) == fmt]
-        if listing.files and not files:
-            exts = sorted({extension(f.rel) or "(none)" for f in listing.files})
-            wanted = sorted(e for e, v in EXTENSIONS.items() if v == fmt)
+    if patterns is not None:
+        files = match_data_files(files, patterns)
+        if not files:
             raise DatasetNotFoundError(
-                f"dataset {name!r}: no {fmt} files ({', '.join(wanted)}) among the "
-                f"{listing.searched}; found extensions {exts}"
+                f"dataset {name!r}: data_files {list(patterns)} match none of the "
+                f"{listing.searched} (relative paths such as "
+                f"{_some([f.rel for f in listing.files]) or 'none'})"
             )
+    if listing.kind == "dir" or patterns is not None:
+        mine = [f for f in files if reader.matches(f.rel)]
+        if files and not mine:
+            exts = sorted({formats.extension(f.rel) for f in files})
+            raise DatasetNotFoundError(
+                f"dataset {name!r}: no {reader.name} files ({', '.join(reader.extensions)}) "
+                f"among the {listing.searched}; found extensions {exts}"
+            )
+        others = [f.rel for f in files if not reader.matches(f.rel)]
+        if others:
+            warnings.warn(
+                f"dataset {name!r}: ignoring {len(others)} file(s) that are not {reader.name} "
+                f"data among the {listing.searched}: {_some(others)}. Pass data_files= or a "
+                "glob to choose the files explicitly",
+                ZephonWarning,
+                stacklevel=4,
+            )
+        files = mine
     if not files:
         raise DatasetNotFoundError(
             f"dataset {name!r}: no data files found; searched {listing.searched}"
         )
-    return listing.fs, files
+    return files
 
 
 @dataclass(frozen=True, eq=False, repr=False)
 class Dataset:
     """A named collection of shards in one format (immutable, picklable).
 
-    Build one with :meth:`from_jsonl`, :meth:`from_parquet`, :meth:`from_records`,
-    :meth:`from_tokens` or :meth:`from_path`. Shards are sorted by ``shard_id``.
+    Build one with :meth:`from_path` (any format, detected), :meth:`from_jsonl`,
+    :meth:`from_parquet`, :meth:`from_arrow`, :meth:`from_hf`, :meth:`from_mds`,
+    :meth:`from_records` or :meth:`from_tokens`. Shards are sorted by ``shard_id``
+    (MDS shards keep their ``index.json`` order). ``source`` is the path given and
+    ``data_files`` the globs that chose the files; neither is part of the identity.
     """
 
     name: str
@@ -88,11 +130,13 @@ class Dataset:
     _records: tuple[tuple[str, ...], ...] = ()
     _record_sha256: tuple[str, ...] = ()
     _tokenizer_json: str | None = None
+    source: str | None = None
+    data_files: tuple[str, ...] | None = None
+    _meta_json: str | None = None
 
     def __post_init__(self) -> None:
         _check_name(self.name)
-        if self.format not in FORMATS:
-            raise ConfigError(f"dataset format must be one of {FORMATS}, got {self.format!r}")
+        formats.get(self.format)
         if self.num_samples == 0:
             listed = [s.path or s.shard_id for s in self.shards[:5]]
             more = f" and {len(self.shards) - 5} more" if len(self.shards) > 5 else ""
@@ -120,19 +164,47 @@ class Dataset:
         return self.num_samples
 
     @property
+    def reader(self) -> Reader:
+        """The format's reader (from the registry)."""
+        return formats.get(self.format)
+
+    @property
+    def holds_tokens(self) -> bool:
+        """Whether records are already token ids (``{"tokens": array}``)."""
+        return self.reader.holds_tokens
+
+    @property
     def tokenizer_meta(self) -> dict[str, Any] | None:
         """The token store's tokenizer metadata (a fresh dict), or ``None`` for other formats."""
         return None if self._tokenizer_json is None else json.loads(self._tokenizer_json)
 
+    @property
+    def meta(self) -> dict[str, Any]:
+        """Format-specific metadata (a fresh dict; e.g. an MDS folder's column schema)."""
+        return {} if self._meta_json is None else json.loads(self._meta_json)
+
+    @property
+    def files(self) -> tuple[str, ...]:
+        """The data files read, as paths or URLs (empty for in-memory records)."""
+        return tuple(s.path for s in self.shards if s.path is not None)
+
     def __repr__(self) -> str:
+        extra = ""
+        if self.source is not None:
+            extra += f", source={self.source!r}"
+        if self.data_files is not None:
+            extra += f", data_files={list(self.data_files)!r}"
+        if self.format != "records":
+            extra += f", files=[{_some([repr(s.shard_id) for s in self.shards])}]"
         return (
             f"Dataset(name={self.name!r}, format={self.format!r}, text_field={self.text_field!r}, "
-            f"shards={self.num_shards}, samples={self.num_samples})"
+            f"shards={self.num_shards}, samples={self.num_samples}{extra})"
         )
 
     # ------------------------------------------------------------- identity
     def identity(self) -> dict[str, Any]:
         """A JSON-native description for fingerprinting (no paths, no mtimes). Pure."""
+        reader = self.reader
         shards = []
         for i, s in enumerate(self.shards):
             entry: dict[str, Any] = {
@@ -140,8 +212,7 @@ class Dataset:
                 "num_samples": s.num_samples,
                 "size_bytes": s.size_bytes,
             }
-            if self.format == "records":
-                entry["sha256"] = self._record_sha256[i]
+            entry.update(reader.shard_identity(self, i))
             shards.append(entry)
         out: dict[str, Any] = {
             "name": self.name,
@@ -149,10 +220,7 @@ class Dataset:
             "text_field": self.text_field,
             "shards": shards,
         }
-        if self.format == "parquet":
-            out["columns"] = None if self.columns is None else list(self.columns)
-        if self.format == "tokens":
-            out["tokenizer"] = self.tokenizer_meta
+        out.update(reader.identity(self))
         return out
 
     # ----------------------------------------------------------------- read
@@ -180,18 +248,64 @@ class Dataset:
                 f"dataset {self.name!r} shard {sh.shard_id!r} has {sh.num_samples} samples; "
                 f"offset {int(bad[0])} is out of range"
             )
-        opts = self.storage_options
-        if self.format == "jsonl":
-            return jsonl.read(
-                sh, off, dataset=self.name, text_field=self.text_field, storage_options=opts
-            )
-        if self.format == "parquet":
-            return parquet.read(sh, off, columns=self.columns, storage_options=opts)
-        if self.format == "tokens":
-            return tokens.read(sh, off, storage_options=opts)
-        return records.read(self._records[idx], off)
+        return self.reader.read(self, idx, off)
 
     # --------------------------------------------------------- constructors
+    @classmethod
+    def _from_files(
+        cls,
+        name: str,
+        reader: Reader,
+        fs: Any,
+        files: Sequence[FileInfo],
+        text_field: str,
+        columns: Iterable[str] | None,
+        *,
+        storage_options: dict[str, Any] | None,
+        progress: bool,
+        cache_dir: str | os.PathLike | None,
+        source: str,
+        data_files: tuple[str, ...] | None,
+    ) -> Dataset:
+        """Index ``files`` (through the cache) and build the Dataset; columns checked if tabular."""
+        cols = None if columns is None else tuple(dict.fromkeys([text_field, *columns]))
+        index = build_index(fs, files, reader.name, reader.inspect, progress=progress, cache=cache_dir)
+        for f, e in zip(files, index.entries, strict=True):
+            if "columns" not in e:
+                continue
+            missing = [c for c in (cols or (text_field,)) if c not in e["columns"]]
+            if missing:
+                raise MissingFieldError(
+                    f"dataset {name!r}: {reader.name} file {f.url!r} has no column(s) {missing}; "
+                    f"available columns: {e['columns']}. Pass text_field=/columns= accordingly"
+                )
+        shards = tuple(
+            Shard(f.rel, f.url, e["num_samples"], f.size, f.mtime)
+            for f, e in zip(files, index.entries, strict=True)
+        )
+        return cls(
+            name, reader.name, text_field, shards, cols,
+            storage_options=dict(storage_options or {}), source=source, data_files=data_files,
+        )
+
+    @classmethod
+    def _from_listing(
+        cls, fmt: str, name: str, path: Any, text_field: str, columns: Any, *,
+        data_files: Any, storage_options: dict[str, Any] | None, progress: bool,
+        cache_dir: str | os.PathLike | None,
+    ) -> Dataset:
+        _check_name(name)
+        _check_text_field(text_field)
+        reader = formats.get(fmt)
+        patterns = _patterns(data_files)
+        listing = list_files(str(path), storage_options)
+        files = _select(name, listing, reader, patterns)
+        return cls._from_files(
+            name, reader, listing.fs, files, text_field, columns,
+            storage_options=storage_options, progress=progress, cache_dir=cache_dir,
+            source=str(path), data_files=patterns,
+        )
+
     @classmethod
     def from_jsonl(
         cls,
@@ -199,22 +313,22 @@ class Dataset:
         path: Any,
         text_field: str = "text",
         *,
+        data_files: str | Sequence[str] | None = None,
         storage_options: dict[str, Any] | None = None,
         progress: bool = True,
+        cache_dir: str | os.PathLike | None = None,
     ) -> Dataset:
-        """JSON Lines from a file, a directory (``*.jsonl`` and ``*.json``, recursive) or a glob.
+        """JSON Lines, plain or gzip/zstd-compressed, from a file, a directory (recursive) or a glob.
 
+        In a directory, ``*.jsonl``/``*.json`` (and ``.gz``/``.zst`` versions) are
+        data; ``data_files`` globs (relative to the directory) narrow the choice.
         Records are checked for ``text_field`` when read (the index only counts lines).
+        ``cache_dir`` overrides where the index cache lives (see docs/formats.md).
         """
-        _check_name(name)
-        _check_text_field(text_field)
-        fs, files = _files_for(name, path, "jsonl", storage_options)
-        index = build_index(fs, files, "jsonl", jsonl.inspect, progress=progress)
-        shards = tuple(
-            Shard(f.rel, f.url, e["num_samples"], f.size, f.mtime)
-            for f, e in zip(files, index.entries, strict=True)
+        return cls._from_listing(
+            "jsonl", name, path, text_field, None, data_files=data_files,
+            storage_options=storage_options, progress=progress, cache_dir=cache_dir,
         )
-        return cls(name, "jsonl", text_field, shards, storage_options=dict(storage_options or {}))
 
     @classmethod
     def from_parquet(
@@ -224,34 +338,133 @@ class Dataset:
         text_field: str = "text",
         columns: Iterable[str] | None = None,
         *,
+        data_files: str | Sequence[str] | None = None,
         storage_options: dict[str, Any] | None = None,
         progress: bool = True,
+        cache_dir: str | os.PathLike | None = None,
     ) -> Dataset:
         """Parquet from a file, a directory (``*.parquet`` and ``*.pq``, recursive) or a glob.
 
         ``columns`` selects what :meth:`read` returns (default: all); ``text_field``
         is always included. Every file must have ``text_field`` and the columns.
         """
+        return cls._from_listing(
+            "parquet", name, path, text_field, columns, data_files=data_files,
+            storage_options=storage_options, progress=progress, cache_dir=cache_dir,
+        )
+
+    @classmethod
+    def from_arrow(
+        cls,
+        name: str,
+        path: Any,
+        text_field: str = "text",
+        columns: Iterable[str] | None = None,
+        *,
+        split: str | None = None,
+        data_files: str | Sequence[str] | None = None,
+        storage_options: dict[str, Any] | None = None,
+        progress: bool = True,
+        cache_dir: str | os.PathLike | None = None,
+    ) -> Dataset:
+        """Arrow IPC files: a ``save_to_disk`` folder (its files, in order), or ``*.arrow`` files.
+
+        A ``DatasetDict`` folder needs ``split=`` unless it holds one split.
+        """
+        _check_name(name)
+        fs, fpath = filesystem(str(path), storage_options)
+        if not has_glob(fpath) and fs.isdir(fpath) and hf.is_saved(fs, fpath):
+            url = to_url(fs, fpath)
+            folder = hf.saved_split(fs, fpath, split, url)
+            patterns = (
+                _patterns(data_files)
+                if data_files is not None
+                else tuple(hf.saved_files(fs, folder, url))
+            )
+            return cls._from_listing(
+                "arrow", name, to_url(fs, folder), text_field, columns, data_files=patterns,
+                storage_options=storage_options, progress=progress, cache_dir=cache_dir,
+            )
+        return cls._from_listing(
+            "arrow", name, path, text_field, columns, data_files=data_files,
+            storage_options=storage_options, progress=progress, cache_dir=cache_dir,
+        )
+
+    @classmethod
+    def from_hf(
+        cls,
+        name: str,
+        path: Any,
+        split: str | None = None,
+        data_files: Any = None,
+        text_field: str = "text",
+        columns: Iterable[str] | None = None,
+        *,
+        storage_options: dict[str, Any] | None = None,
+        progress: bool = True,
+        cache_dir: str | os.PathLike | None = None,
+    ) -> Dataset:
+        """A Hugging Face dataset on disk, read in place (no network).
+
+        ``path`` is a ``save_to_disk`` folder (a Dataset or a DatasetDict), a
+        repository folder, a hub cache snapshot (``.../snapshots/<rev>``) or a hub
+        cache folder (``datasets--org--name``, resolved through ``refs/main``).
+        In a repository, ``split`` picks files by ``data_files`` globs (a glob, a
+        list, or ``{split: globs}`` as ``datasets.load_dataset`` takes them) or by
+        the ``datasets`` naming conventions; the files must be of one format
+        (parquet, JSONL or Arrow).
+        """
+        _check_name(name)
+        fs, fpath = filesystem(str(path), storage_options)
+        kw = {"storage_options": storage_options, "progress": progress, "cache_dir": cache_dir}
+        if not has_glob(fpath) and fs.isdir(fpath) and hf.is_saved(fs, fpath):
+            return cls.from_arrow(
+                name, path, text_field, columns, split=split, data_files=data_files, **kw
+            )
+        root = hf.snapshot(fs, fpath)
+        url = to_url(fs, root)
+        listing = list_files(url, storage_options)
+        data = [f for f in listing.files if formats.of_file(f.rel) is not None]
+        split, patterns = hf.choose(data, split, data_files, url)
+        chosen = match_data_files(data, patterns)
+        fmts = sorted({r.name for f in chosen if (r := formats.of_file(f.rel)) and r.inspect})
+        if len(fmts) != 1:
+            raise (ConfigError if fmts else DatasetNotFoundError)(
+                f"dataset {name!r}: split {split!r} of {url!r} (data_files {patterns}) "
+                + (f"mixes formats {fmts}; narrow data_files to one format" if fmts else
+                   "matches no parquet, JSONL or Arrow file; pass data_files='<glob>'")
+            )
+        return cls._from_listing(
+            fmts[0], name, url, text_field, columns if fmts[0] != "jsonl" else None,
+            data_files=tuple(patterns), **kw,
+        )
+
+    @classmethod
+    def from_mds(
+        cls,
+        name: str,
+        path: Any,
+        text_field: str = "text",
+        *,
+        storage_options: dict[str, Any] | None = None,
+    ) -> Dataset:
+        """A Mosaic MDS folder (``index.json`` + ``shard.*.mds[.zstd]``), read in place.
+
+        Its ``index.json`` is the index: nothing is cached or written. Every shard
+        must have the same columns, among them ``text_field``.
+        """
         _check_name(name)
         _check_text_field(text_field)
-        cols = None
-        if columns is not None:
-            cols = tuple(dict.fromkeys([text_field, *columns]))
-        fs, files = _files_for(name, path, "parquet", storage_options)
-        index = build_index(fs, files, "parquet", parquet.inspect, progress=progress)
-        for f, e in zip(files, index.entries, strict=True):
-            missing = [c for c in (cols or (text_field,)) if c not in e["columns"]]
-            if missing:
-                raise MissingFieldError(
-                    f"dataset {name!r}: parquet file {f.url!r} has no column(s) {missing}; "
-                    f"available columns: {e['columns']}. Pass text_field=/columns= accordingly"
-                )
-        shards = tuple(
-            Shard(f.rel, f.url, e["num_samples"], f.size, f.mtime)
-            for f, e in zip(files, index.entries, strict=True)
-        )
+        shards, meta = mds.open_folder(str(path), storage_options)
+        names = meta["schema"]["column_names"]
+        if text_field not in names:
+            raise MissingFieldError(
+                f"dataset {name!r}: MDS folder {str(path)!r} has no column {text_field!r}; its "
+                f"columns are {names}. Pass text_field=<one of them>"
+            )
         return cls(
-            name, "parquet", text_field, shards, cols, storage_options=dict(storage_options or {})
+            name, "mds", text_field, shards, storage_options=dict(storage_options or {}),
+            source=str(path), _meta_json=json.dumps(meta, sort_keys=True),
         )
 
     @classmethod
@@ -295,20 +508,22 @@ class Dataset:
             shards,
             storage_options=dict(storage_options or {}),
             _tokenizer_json=json.dumps(meta, sort_keys=True),
+            source=str(path),
         )
 
     @classmethod
     def from_path(cls, name: str, path: Any, **kwargs: Any) -> Dataset:
         """Detect the format of ``path`` and build the Dataset; ``kwargs`` go to that constructor.
 
-        ``.jsonl``/``.json`` -> JSONL, ``.parquet``/``.pq`` -> parquet, a directory
-        holding our token store's ``zarr.json`` -> tokens; a directory or glob of
-        files by their extensions (files with other extensions in a directory are ignored).
+        A folder layout is recognised first (a token store's ``zarr.json``, an MDS
+        ``index.json``, a ``save_to_disk`` folder); otherwise files decide by their
+        extensions (``.jsonl``/``.json`` and their ``.gz``/``.zst`` forms, ``.parquet``/``.pq``,
+        ``.arrow``). A directory or glob mixing formats is refused; in a directory,
+        files of no known format are ignored with one warning.
         """
         _check_name(name)
-        fmt = _detect(name, str(path), kwargs.get("storage_options"))
-        ctor = {"jsonl": cls.from_jsonl, "parquet": cls.from_parquet, "tokens": cls.from_tokens}
-        return ctor[fmt](name, path, **kwargs)
+        reader = _detect(name, str(path), kwargs.get("storage_options"), kwargs.get("data_files"))
+        return getattr(cls, reader.constructor)(name, path, **kwargs)
 
     def _repr_html_(self) -> str:
         from ..inspect import dataset_html
@@ -316,46 +531,45 @@ class Dataset:
         return dataset_html(self)
 
 
-def _detect(name: str, path: str, storage_options: dict[str, Any] | None) -> str:
+def _detect(
+    name: str, path: str, storage_options: dict[str, Any] | None, data_files: Any
+) -> Reader:
     """The format of ``path`` (see :meth:`Dataset.from_path`)."""
     fs, fpath = filesystem(path, storage_options)
-    is_dir = not has_glob(fpath) and fs.isdir(fpath)
-    if is_dir and fs.isfile(f"{fpath.rstrip('/')}/zarr.json"):
-        try:
-            attrs = json.loads(fs.cat_file(f"{fpath.rstrip('/')}/zarr.json")).get("attributes", {})
-        except ValueError:
-            attrs = {}
-        if attrs.get("format") == tokens.FORMAT:
-            return "tokens"
-        raise DataFormatError(
-            f"dataset {name!r}: {path!r} is a zarr store but not a zephon_dask token store "
-            f"(attribute format={attrs.get('format')!r}); write it with write_token_store"
-        )
+    if not has_glob(fpath) and fs.isdir(fpath):
+        folder = formats.of_folder(fs, fpath.rstrip("/"))
+        if folder is not None:
+            return folder
     listing = list_files(path, storage_options)
     files, searched = listing.files, listing.searched
-    exts = sorted({extension(f.rel) or "(none)" for f in files})
-    fmts = sorted({EXTENSIONS[e] for e in exts if e in EXTENSIONS})
-    unknown = [e for e in exts if e not in EXTENSIONS]
-    if len(fmts) > 1:
+    patterns = _patterns(data_files)
+    if patterns is not None:
+        files = match_data_files(files, patterns)
+    exts = sorted({formats.extension(f.rel) for f in files})
+    found = {r.name: r for f in files if (r := formats.of_file(f.rel)) and r.inspect}
+    unknown = sorted({formats.extension(f.rel) for f in files if formats.of_file(f.rel) is None})
+    if len(found) > 1:
         raise ConfigError(
             f"dataset {name!r}: {path!r} mixes formats (extensions {exts}); point each Dataset "
-            "at one format (a glob such as '*.jsonl', or Dataset.from_jsonl/from_parquet)"
+            "at one format (a glob such as '*.jsonl', data_files=, or Dataset.from_jsonl/"
+            "from_parquet)"
         )
-    if not fmts:
+    if not found:
         if not files:
             raise DatasetNotFoundError(
                 f"dataset {name!r}: no data files found; searched {searched}"
             )
+        known = sorted({e for r in formats.READERS.values() for e in r.extensions})
         raise ConfigError(
             f"dataset {name!r}: cannot tell the format of {path!r} from extension(s) {exts}; "
-            f"known: {sorted(EXTENSIONS)}. Use Dataset.from_jsonl/from_parquet/from_tokens"
+            f"known: {known}. Use Dataset.from_jsonl/from_parquet/from_hf/from_mds/from_tokens"
         )
-    if unknown and listing.kind != "dir":
+    if unknown and listing.kind != "dir" and patterns is None:
         raise ConfigError(
             f"dataset {name!r}: {path!r} matches files with unknown extension(s) {unknown}; "
             "narrow the glob or use Dataset.from_jsonl/from_parquet"
         )
-    return fmts[0]
+    return next(iter(found.values()))
 
 
 def check_unique_names(datasets: Iterable[Dataset]) -> None:

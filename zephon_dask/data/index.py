@@ -1,17 +1,24 @@
-"""Per-file sample counts and their ``index.json`` cache.
+"""Per-file sample counts and their cache, kept in a cache directory of ours.
 
-``index.json`` lives in the directory holding the files and is keyed by file
-name, so several datasets in one directory share it::
+Nothing is ever written beside the data: the index of the files of one data
+directory is one JSON file under :func:`cache_dir` (``index/<hh>/<sha256 of the
+directory's URL>.json``), keyed by file name::
 
-    {"version": 1,
+    {"version": 2, "url": "s3://bucket/web",
      "files": {"a.jsonl": {"format": "jsonl", "size": 123, "mtime": 1.7e9,
-                           "num_samples": 10}}}
+                           "etag": null, "num_samples": 10}}}
 
 Format-specific extras ride along (parquet stores its ``columns``). An entry is
-reused only when format, size and mtime still match; otherwise the file is
-re-inspected (in a thread pool, with a tqdm bar). Writes merge with the entries
-already on disk and go through a temp file + rename. The cache is best effort:
-an unreadable or unwritable location only costs a rebuild (and one warning).
+reused only when format, size, mtime and etag (the content signature) still
+match; otherwise the file is re-inspected (in a thread pool, with a tqdm bar).
+Writes merge with the entries already cached and go through a temp file +
+rename. The cache is best effort: an unreadable or unwritable cache only costs a
+rebuild (and one warning).
+
+The cache directory is, in order: the ``cache_dir`` argument, the
+``ZEPHON_DASK_CACHE_DIR`` environment variable, or the user's cache directory
+(``~/.cache/zephon_dask`` on Linux, honouring ``XDG_CACHE_HOME``). Deleting it
+is always safe.
 
 :func:`build_index` does I/O and writes the cache; nothing else here holds state
 except the set of locations already warned about.
@@ -19,6 +26,7 @@ except the set of locations already warned about.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import posixpath
@@ -29,16 +37,34 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from typing import Any
 
+import platformdirs
 from fsspec import AbstractFileSystem
 
 from ..progress_bar import progress_bar
-from .paths import INDEX_NAME, FileInfo, is_local
+from .paths import FileInfo, is_local
 
-INDEX_VERSION = 1
+INDEX_VERSION = 2
+CACHE_ENV = "ZEPHON_DASK_CACHE_DIR"
 _MIN_FILES_FOR_BAR = 4
 _warned: set[str] = set()
 
 Inspect = Callable[[AbstractFileSystem, FileInfo], dict[str, Any]]
+
+
+def cache_dir(override: str | os.PathLike | None = None) -> str:
+    """Our cache directory: ``override``, else ``$ZEPHON_DASK_CACHE_DIR``, else the user's cache dir."""
+    if override is not None:
+        return os.path.abspath(os.path.expanduser(os.fspath(override)))
+    env = os.environ.get(CACHE_ENV)
+    if env:
+        return os.path.abspath(os.path.expanduser(env))
+    return platformdirs.user_cache_dir("zephon_dask", appauthor=False)
+
+
+def index_file(directory_url: str, root: str) -> str:
+    """The cache file holding the index of the data directory ``directory_url``. Pure."""
+    digest = hashlib.sha256(directory_url.encode()).hexdigest()
+    return os.path.join(root, "index", digest[:2], f"{digest}.json")
 
 
 @dataclass(frozen=True)
@@ -57,17 +83,20 @@ def build_index(
     *,
     progress: bool = True,
     max_workers: int | None = None,
+    cache: str | os.PathLike | None = None,
 ) -> IndexResult:
     """Index ``files``: reuse valid cached entries, run ``inspect`` on the rest in parallel.
 
     ``inspect(fs, file)`` returns at least ``{"num_samples": int}``. A failure
     cancels the files not yet started; of the files that failed, the error of the
     first in ``files`` order is raised, and entries that did finish are still cached.
+    ``cache`` overrides the cache directory (see :func:`cache_dir`).
     """
+    root = cache_dir(cache)
     by_dir: dict[str, list[int]] = {}
     for i, f in enumerate(files):
-        by_dir.setdefault(posixpath.dirname(f.name), []).append(i)
-    cached = {d: _load(fs, d) for d in by_dir}
+        by_dir.setdefault(_dir_url(fs, f.name), []).append(i)
+    cached = {d: _load(index_file(d, root), d) for d in by_dir}
     entries: list[dict[str, Any] | None] = [None] * len(files)
     todo = []
     for d, idx in by_dir.items():
@@ -87,10 +116,16 @@ def build_index(
                 if i in rebuilt and entries[i] is not None
             }
             if fresh:
-                _store(fs, d, fresh)
+                _store(index_file(d, root), d, fresh)
         if errors:
             raise errors[min(errors)]
     return IndexResult(tuple(entries), len(todo))
+
+
+def _dir_url(fs: AbstractFileSystem, name: str) -> str:
+    """The URL of the directory holding ``name`` (local paths made absolute)."""
+    directory = posixpath.dirname(name)
+    return os.path.abspath(directory) if is_local(fs) else fs.unstrip_protocol(directory)
 
 
 def _run(fs, files, fmt, inspect, todo, entries, progress, max_workers) -> dict[int, BaseException]:
@@ -114,7 +149,7 @@ def _run(fs, files, fmt, inspect, todo, entries, progress, max_workers) -> dict[
                     other.cancel()
                 continue
             f = files[i]
-            entries[i] = {"format": fmt, "size": f.size, "mtime": f.mtime, **extra}
+            entries[i] = {"format": fmt, "size": f.size, "mtime": f.mtime, "etag": f.etag, **extra}
             bar.update()
     return errors
 
@@ -125,43 +160,45 @@ def _valid(entry: Any, f: FileInfo, fmt: str) -> bool:
         and entry.get("format") == fmt
         and entry.get("size") == f.size
         and entry.get("mtime") == f.mtime
+        and entry.get("etag") == f.etag
         and isinstance(entry.get("num_samples"), int)
     )
 
 
-def _load(fs: AbstractFileSystem, directory: str) -> dict[str, Any]:
-    """The ``files`` mapping of ``directory``'s index.json; ``{}`` if absent, stale or unreadable."""
+def _load(target: str, url: str) -> dict[str, Any]:
+    """The ``files`` mapping cached for ``url``; ``{}`` if absent, stale or unreadable."""
     try:
-        doc = json.loads(fs.cat_file(posixpath.join(directory, INDEX_NAME)))
+        with open(target, "rb") as fh:
+            doc = json.load(fh)
     except Exception:  # the cache is best effort: an unreadable one is rebuilt
         return {}
-    if not isinstance(doc, dict) or doc.get("version") != INDEX_VERSION:
+    if not isinstance(doc, dict) or doc.get("version") != INDEX_VERSION or doc.get("url") != url:
         return {}
     files = doc.get("files")
     return dict(files) if isinstance(files, dict) else {}
 
 
-def _store(fs: AbstractFileSystem, directory: str, fresh: dict[str, Any]) -> None:
-    """Merge ``fresh`` into ``directory``'s index.json atomically; warn once if impossible."""
-    target = posixpath.join(directory, INDEX_NAME)
+def _store(target: str, url: str, fresh: dict[str, Any]) -> None:
+    """Merge ``fresh`` into the cache file ``target`` atomically; warn once if impossible."""
     tmp = f"{target}.tmp-{uuid.uuid4().hex}"
     try:
-        files = {**_load(fs, directory), **fresh}
-        doc = {"version": INDEX_VERSION, "files": dict(sorted(files.items()))}
-        fs.pipe_file(tmp, json.dumps(doc, indent=1, sort_keys=True).encode())
-        if is_local(fs):
-            os.replace(tmp, target)  # atomic, and never moves *into* a directory
-        else:
-            fs.mv(tmp, target)
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        files = {**_load(target, url), **fresh}
+        doc = {"version": INDEX_VERSION, "url": url, "files": dict(sorted(files.items()))}
+        with open(tmp, "w", encoding="utf-8") as fh:
+            json.dump(doc, fh, indent=1, sort_keys=True)
+        os.replace(tmp, target)  # atomic, and never moves *into* a directory
     except Exception as exc:  # never fail because of the cache
         try:
-            fs.rm_file(tmp)
-        except Exception:
+            os.remove(tmp)
+        except OSError:
             pass
-        if directory not in _warned:
-            _warned.add(directory)
+        root = os.path.dirname(os.path.dirname(os.path.dirname(target)))
+        if root not in _warned:
+            _warned.add(root)
             warnings.warn(
-                f"zephon_dask: cannot write the index cache {target!r} ({exc!r}); "
-                "continuing without it (files will be re-indexed next time)",
+                f"zephon_dask: cannot write the index cache {target!r} ({exc!r}); continuing "
+                f"without it (files will be re-indexed next time). Set {CACHE_ENV} or pass "
+                "cache_dir= to use a writable directory",
                 stacklevel=4,
             )

@@ -1,23 +1,26 @@
-"""JSON Lines shards: line index and random-access reads.
+"""JSON Lines shards, plain or compressed (gzip, zstd): line index and random-access reads.
 
 A record is one non-blank line holding a JSON object. Blank and
 whitespace-only lines (JSON whitespace: space, tab, CR, LF) are skipped, both
 when counting and when reading, so sample offset ``i`` is the ``i``-th
 non-blank line. Lines may end in ``\\n`` or ``\\r\\n``; the last line needs no
-newline. Compressed files are not supported.
+newline. A file is compressed when its magic bytes say so (gzip or zstd,
+whatever its extension); spans are then offsets into the decompressed stream,
+and reads go through :mod:`zephon_dask.data.compressed`.
 
 Each file's record spans (byte ``[start, end)`` of every non-blank line) are
 found by a vectorised numpy scan over the file in blocks. They are not stored
-in ``index.json`` (too big): they live in a per-process LRU (:data:`SPANS`,
-bounded in bytes) keyed by ``(path, size, mtime)``; indexing fills it, and any
-other process rescans on its first read. A rescan that disagrees with the
-indexed size or count raises DataFormatError (the file changed since it was
-indexed).
+in the index cache (too big): they live in a per-process LRU (:data:`SPANS`,
+bounded in bytes) keyed by ``(path, size, mtime)``, with the compressed file's
+checkpoints; indexing fills it, and any other process rescans on its first
+read. A rescan that disagrees with the indexed size or count raises
+DataFormatError (the file changed since it was indexed).
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,8 +28,10 @@ import numpy as np
 from fsspec import AbstractFileSystem
 
 from ..errors import DataFormatError, DatasetNotFoundError, MissingFieldError
+from . import compressed
 from .memo import ByteLRU
 from .paths import FileInfo, filesystem
+from .reader import Reader
 from .shard import Shard
 
 BLOCK = 1 << 26  # bytes scanned per step
@@ -45,53 +50,101 @@ def _spans_in(arr: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarr
     return np.stack([starts[keep], ends[keep]], axis=1)
 
 
-def scan(fs: AbstractFileSystem, name: str, block: int = BLOCK) -> tuple[np.ndarray, int]:
-    """``(spans, file size)``: int64 ``(n, 2)`` byte spans of the non-blank lines of ``name``."""
+def scan_blocks(blocks: Iterable[bytes]) -> tuple[np.ndarray, int]:
+    """``(spans, total bytes)``: int64 ``(n, 2)`` byte spans of the non-blank lines of a byte stream."""
     parts = [np.empty((0, 2), dtype=np.int64)]
     tail, base, total = b"", 0, 0
-    try:
-        with fs.open(name, "rb") as f:
-            while chunk := f.read(block):
-                total += len(chunk)
-                buf = tail + chunk
-                arr = np.frombuffer(buf, dtype=np.uint8)
-                nl = np.flatnonzero(arr == ord("\n"))
-                if nl.size == 0:
-                    tail = buf
-                    continue
-                starts = np.concatenate(([0], nl[:-1] + 1))
-                parts.append(_spans_in(arr, starts, nl) + base)
-                cut = int(nl[-1]) + 1
-                tail, base = buf[cut:], base + cut
-    except FileNotFoundError:
-        raise DatasetNotFoundError(f"JSONL file {name!r} no longer exists") from None
+    for chunk in blocks:
+        total += len(chunk)
+        buf = tail + chunk
+        arr = np.frombuffer(buf, dtype=np.uint8)
+        nl = np.flatnonzero(arr == ord("\n"))
+        if nl.size == 0:
+            tail = buf
+            continue
+        starts = np.concatenate(([0], nl[:-1] + 1))
+        parts.append(_spans_in(arr, starts, nl) + base)
+        cut = int(nl[-1]) + 1
+        tail, base = buf[cut:], base + cut
     if tail:
         arr = np.frombuffer(tail, dtype=np.uint8)
         parts.append(_spans_in(arr, np.array([0]), np.array([arr.size])) + base)
     return np.concatenate(parts).astype(np.int64, copy=False), total
 
 
+def _blocks(fh: Any, block: int) -> Iterable[bytes]:
+    while chunk := fh.read(block):
+        yield chunk
+
+
+def scan(fs: AbstractFileSystem, name: str, block: int = BLOCK) -> tuple[np.ndarray, int]:
+    """``(spans, file size)``: int64 ``(n, 2)`` byte spans of the non-blank lines of a plain file."""
+    try:
+        with fs.open(name, "rb") as f:
+            return scan_blocks(_blocks(f, block))
+    except FileNotFoundError:
+        raise DatasetNotFoundError(f"JSONL file {name!r} no longer exists") from None
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """A scanned file (per process): record spans, and checkpoints when it is compressed."""
+
+    spans: np.ndarray
+    checkpoints: compressed.Checkpoints | None
+
+    @property
+    def nbytes(self) -> int:
+        return self.spans.nbytes + (self.checkpoints.nbytes if self.checkpoints else 0)
+
+
+def _scan_any(fs: AbstractFileSystem, name: str, url: str) -> tuple[_Layout, int]:
+    """``(layout, file size)`` of a plain or compressed JSONL file (sniffed by magic bytes)."""
+    try:
+        kind = compressed.codec(fs.cat_file(name, 0, 8), url)
+        if kind is None:
+            spans, size = scan(fs, name)
+            return _Layout(spans, None), size
+        found: list[compressed.Checkpoints] = []
+        spans, _ = scan_blocks(compressed.decompress(fs, name, url, kind, found))
+        size = int(fs.size(name))
+    except FileNotFoundError:
+        raise DatasetNotFoundError(f"JSONL file {url!r} no longer exists") from None
+    return _Layout(spans, found[0]), size
+
+
 def inspect(fs: AbstractFileSystem, f: FileInfo) -> dict[str, Any]:
     """Index entry extras for one file; also primes :data:`SPANS` for this process."""
-    spans, size = scan(fs, f.name)
+    layout, size = _scan_any(fs, f.name, f.url)
     if size == f.size:
-        SPANS.put((f.url, f.size, f.mtime), spans, spans.nbytes)
-    return {"num_samples": int(spans.shape[0])}
+        SPANS.put((f.url, f.size, f.mtime), layout, layout.nbytes)
+    extra: dict[str, Any] = {"num_samples": int(layout.spans.shape[0])}
+    if layout.checkpoints is not None:
+        extra["codec"] = layout.checkpoints.codec
+    return extra
 
 
-def _spans(fs: AbstractFileSystem, name: str, shard: Shard) -> np.ndarray:
+def _layout(fs: AbstractFileSystem, name: str, shard: Shard) -> _Layout:
     key = (shard.path, shard.size_bytes, shard.mtime)
-    spans = SPANS.get(key)
-    if spans is None:
-        spans, size = scan(fs, name)
-        if size != shard.size_bytes or spans.shape[0] != shard.num_samples:
+    layout = SPANS.get(key)
+    if layout is None:
+        layout, size = _scan_any(fs, name, str(shard.path))
+        if size != shard.size_bytes or layout.spans.shape[0] != shard.num_samples:
             raise DataFormatError(
                 f"JSONL file {shard.path!r} changed since it was indexed (indexed: "
                 f"{shard.num_samples} records, {shard.size_bytes} bytes; now: "
-                f"{spans.shape[0]} records, {size} bytes); rebuild the Dataset to re-index it"
+                f"{layout.spans.shape[0]} records, {size} bytes); rebuild the Dataset to re-index it"
             )
-        SPANS.put(key, spans, spans.nbytes)
-    return spans
+        SPANS.put(key, layout, layout.nbytes)
+    return layout
+
+
+def _fetcher(fs: AbstractFileSystem, name: str, shard: Shard, layout: _Layout) -> Callable:
+    """``fetch(lo, hi) -> [bytes]``: byte ranges of the (decompressed) stream."""
+    cp = layout.checkpoints
+    if cp is None:
+        return lambda lo, hi: fs.cat_ranges([name] * lo.size, lo.tolist(), hi.tolist())
+    return lambda lo, hi: compressed.read_ranges(fs, name, str(shard.path), cp, lo, hi)
 
 
 def read(
@@ -104,20 +157,21 @@ def read(
 ) -> list[dict[str, Any]]:
     """The records at ``offsets`` (int64, validated) of ``shard``, in order; fresh dicts each."""
     fs, name = filesystem(shard.path, storage_options)
-    spans = _spans(fs, name, shard)
+    layout = _layout(fs, name, shard)
+    fetch = _fetcher(fs, name, shard, layout)
     uniq, inverse = np.unique(offsets, return_inverse=True)
-    need = spans[uniq]
+    need = layout.spans[uniq]
     cut = np.flatnonzero(need[1:, 0] - need[:-1, 1] > GAP) + 1
     first = np.concatenate(([0], cut))
     last = np.concatenate((cut, [uniq.size])) - 1
     lo, hi = need[first, 0], need[last, 1]
-    blobs = fs.cat_ranges([name] * first.size, lo.tolist(), hi.tolist())
+    blobs = fetch(lo, hi)
     group = np.repeat(np.arange(first.size), last - first + 1)
     rel = need - lo[group][:, None]
     raw = [blobs[g][s:e] for g, (s, e) in zip(group.tolist(), rel.tolist(), strict=True)]
     return [
         _parse(
-            raw[j], text_field, dataset, _Where(fs, name, shard.path, int(uniq[j]), int(need[j, 0]))
+            raw[j], text_field, dataset, _Where(fetch, shard.path, int(uniq[j]), int(need[j, 0]))
         )
         for j in inverse.ravel().tolist()
     ]
@@ -127,14 +181,14 @@ def read(
 class _Where:
     """Locates a record for error messages (computes the line number only when asked)."""
 
-    fs: AbstractFileSystem
-    name: str
+    fetch: Callable
     path: str | None
     offset: int
     start: int
 
     def __str__(self) -> str:
-        line = self.fs.cat_file(self.name, 0, self.start).count(b"\n") + 1 if self.start else 1
+        head = self.fetch(np.array([0]), np.array([self.start]))[0] if self.start else b""
+        line = head.count(b"\n") + 1
         return f"{self.path}: line {line} (sample offset {self.offset})"
 
 
@@ -156,3 +210,14 @@ def _parse(raw: bytes, text_field: str, dataset: str, where: _Where) -> dict[str
             f"{sorted(record)}. Pass text_field=<one of them> to Dataset.from_jsonl"
         )
     return record
+
+
+def _read(dataset: Any, index: int, offsets: np.ndarray) -> list[dict[str, Any]]:
+    return read(
+        dataset.shards[index], offsets, dataset=dataset.name, text_field=dataset.text_field,
+        storage_options=dataset.storage_options,
+    )
+
+
+EXTENSIONS = (".jsonl", ".json", ".jsonl.gz", ".json.gz", ".jsonl.zst", ".json.zst", ".jsonl.zstd")
+READER = Reader("jsonl", "from_jsonl", _read, inspect=inspect, extensions=EXTENSIONS)

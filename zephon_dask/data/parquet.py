@@ -16,6 +16,7 @@ from fsspec import AbstractFileSystem
 
 from ..errors import DataFormatError, DatasetNotFoundError
 from .paths import FileInfo, filesystem
+from .reader import Reader
 from .shard import Shard
 
 
@@ -64,3 +65,26 @@ def read(
     start_in_table = np.concatenate(([0], np.cumsum(counts[needed])))
     rows = start_in_table[np.searchsorted(needed, group)] + (uniq - bounds[group])
     return table.take(pa.array(rows[inverse.ravel()])).to_pylist()
+
+
+def _read(dataset: Any, index: int, offsets: np.ndarray) -> list[dict[str, Any]]:
+    return read(
+        dataset.shards[index], offsets, columns=dataset.columns,
+        storage_options=dataset.storage_options,
+    )
+
+
+def columns_identity(dataset: Any) -> dict[str, Any]:
+    """The selected columns (``None``: all), part of a columnar dataset's identity."""
+    return {"columns": None if dataset.columns is None else list(dataset.columns)}
+
+
+def columns_html(dataset: Any) -> list[tuple[str, str]]:
+    """The notebook view's row for the selected columns."""
+    return [("columns", "all" if dataset.columns is None else ", ".join(dataset.columns))]
+
+
+READER = Reader(
+    "parquet", "from_parquet", _read, inspect=inspect, extensions=(".parquet", ".pq"),
+    identity=columns_identity, html=columns_html,
+)

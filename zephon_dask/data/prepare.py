@@ -137,7 +137,7 @@ def _tokenize_op(dataset: Any, tokenizer: Any, field: str | None, **settings: An
             f"prepare_tokens needs a zephon_dask.Dataset, got {type(dataset).__name__}; build one "
             "with Dataset.from_jsonl/from_parquet/from_path"
         )
-    if dataset.format == "tokens":
+    if dataset.holds_tokens:
         raise ConfigError(
             f"dataset {dataset.name!r} is already a token store; prepare_tokens reads JSONL, "
             "parquet or in-memory records"

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ConfigError, DataFormatError, MissingFieldError
+from .reader import Reader
 
 
 def freeze(
@@ -82,3 +83,11 @@ def _freeze_one(rec: Any, i: int, sid: str, text_field: str, dataset: str) -> tu
 def read(lines: tuple[str, ...], offsets: np.ndarray) -> list[dict[str, Any]]:
     """The records at ``offsets`` (validated) of one shard, in order; fresh dicts each."""
     return [json.loads(lines[i]) for i in offsets.tolist()]
+
+
+READER = Reader(
+    "records",
+    "from_records",
+    lambda dataset, index, offsets: read(dataset._records[index], offsets),
+    shard_identity=lambda dataset, index: {"sha256": dataset._record_sha256[index]},
+)

@@ -58,6 +58,7 @@ from ..errors import (
 )
 from .memo import ByteLRU
 from .paths import filesystem, to_url
+from .reader import Reader
 from .shard import Shard
 
 FORMAT = "zephon_dask.tokens"
@@ -414,3 +415,21 @@ def verify_shard(
         and not np.any(np.diff(offsets) < 0)
     )
     return record if ok else None
+
+
+def is_store(fs: Any, directory: str) -> bool:
+    """Whether ``directory`` holds a zarr group (``zarr.json``): a token store or a foreign one."""
+    return bool(fs.isfile(f"{directory.rstrip('/')}/zarr.json"))
+
+
+READER = Reader(
+    "tokens",
+    "from_tokens",
+    lambda dataset, index, offsets: read(
+        dataset.shards[index], offsets, storage_options=dataset.storage_options
+    ),
+    detect=is_store,
+    identity=lambda dataset: {"tokenizer": dataset.tokenizer_meta},
+    html=lambda dataset: [("tokenizer", json.dumps(dataset.tokenizer_meta, sort_keys=True))],
+    holds_tokens=True,
+)

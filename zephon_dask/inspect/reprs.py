@@ -8,8 +8,6 @@ description (:func:`pipeline_summary`).
 
 from __future__ import annotations
 
-import json
-
 from ..errors import ConfigError
 from .explain import Section, _span
 from .render import html_block, html_pairs, html_table, html_title
@@ -22,10 +20,11 @@ def dataset_html(dataset) -> str:
     """A dataset: its summary and its first shards."""
     pairs = [("format", dataset.format), ("text field", dataset.text_field),
              ("shards", f"{dataset.num_shards:,}"), ("samples", f"{dataset.num_samples:,}")]
-    if dataset.format == "parquet":
-        pairs.append(("columns", "all" if dataset.columns is None else ", ".join(dataset.columns)))
-    if dataset.format == "tokens":
-        pairs.append(("tokenizer", json.dumps(dataset.tokenizer_meta, sort_keys=True)))
+    pairs += dataset.reader.html(dataset)
+    if dataset.source is not None:
+        pairs.append(("source", dataset.source))
+    if dataset.data_files is not None:
+        pairs.append(("data_files", ", ".join(dataset.data_files)))
     rows = [(str(i), s.shard_id, f"{s.num_samples:,}", "" if s.size_bytes is None else f"{s.size_bytes:,}")
             for i, s in enumerate(dataset.shards[:SHARDS_SHOWN])]
     more = dataset.num_shards - SHARDS_SHOWN
