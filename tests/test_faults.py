@@ -5,7 +5,9 @@ Each test is one row of docs/reliability.md; the cluster rows are in test_faults
 
 from __future__ import annotations
 
+import json
 import os
+import pickle
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +16,14 @@ import zarr
 
 import zephon_dask as z
 from zephon_dask.data import tokens
-from zephon_dask.errors import DataFormatError, DatasetNotFoundError
+from zephon_dask.errors import (
+    ConfigError,
+    DataFormatError,
+    DatasetNotFoundError,
+    EmptyDatasetError,
+    FieldTypeError,
+    RecipeTypeError,
+)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -122,3 +131,108 @@ def test_deleted_shard_folder_is_not_found(store):
     shutil.rmtree(store / "shards/a")
     with pytest.raises((DatasetNotFoundError, DataFormatError), match="prepare_tokens"):
         ds.read(0, np.arange(3))
+
+
+# -- validation at the door ------------------------------------------------------------
+
+
+def _jsonl(tmp_path, records, name="data") -> str:
+    folder = tmp_path / name
+    folder.mkdir(exist_ok=True)
+    with open(folder / "part-0.jsonl", "w") as fh:
+        for r in records:
+            fh.write(json.dumps(r) + "\n")
+    return str(folder)
+
+
+def _pipeline(tmp_path, records, tokenizer="bytes", **source):
+    ds = z.Dataset.from_jsonl("d", _jsonl(tmp_path, records), progress=False)
+    ws = z.MixtureWorkSource([ds], chunk_size=8, seed=0, shuffle_within_shard=False, **source)
+    return z.Pipeline(ws).tokenize(tokenizer, eos_id=1 if callable(tokenizer) else None).pack(16).batch(1).options(
+        runner="synchronous", canonical_replicas=1)
+
+
+@pytest.mark.parametrize("output, match", [
+    ([0.9, 1.9, 2.99], "float64"),
+    ([2**32 + 7], str(2**32 + 7)),
+    ([3, -1], "-1"),
+    ([[1, 2], [3, 4]], "shape"),
+    ([[1, 2], [3]], "flat sequence"),
+    ([True, False], "bool"),
+    (["1", "2"], "<U1"),
+])
+def test_callable_tokenizer_output_is_checked_never_cast(tmp_path, output, match):
+    records = [{"text": f"doc {i}"} for i in range(8)]
+    p = _pipeline(tmp_path, records, tokenizer=lambda t: output if t == "doc 5" else [1, 2])
+    with pytest.raises(ConfigError, match=match) as info, p:
+        list(p)
+    assert "offset 5" in str(info.value)  # the record at fault, not the chunk's first
+
+
+def test_special_and_pad_ids_are_checked_against_the_vocabulary(tmp_path):
+    p = _pipeline(tmp_path, [{"text": "a"}])
+    pipe = z.Pipeline(p.work_source)
+    with pytest.raises(ConfigError, match="eos_id=-7"):
+        pipe.tokenize("bytes", eos_id=-7)
+    with pytest.raises(ConfigError, match=r"bos_id=True"):
+        pipe.tokenize("bytes", bos=True, bos_id=True)
+    with pytest.raises(ConfigError, match=r"\[0, 258\)"):
+        pipe.tokenize("bytes", eos_id=258)
+    with pytest.raises(ConfigError, match="pad_id=1000000"):
+        z.Pipeline(p.work_source).tokenize("bytes").pack(16, pad_id=10**6)
+    z.Pipeline(p.work_source).tokenize("bytes").pack(16, pad_id=257)
+
+
+@pytest.mark.parametrize("value", [7, None, ["a", "b"], {"t": 1}])
+def test_text_field_of_the_wrong_type_names_the_exact_record(tmp_path, value):
+    records = [{"text": f"doc {i}"} for i in range(8)]
+    records[6]["text"] = value
+    p = _pipeline(tmp_path, records)
+    with pytest.raises(FieldTypeError, match="offset 6") as info, p:
+        list(p)
+    assert isinstance(info.value, TypeError) and "not a string" in str(info.value)
+
+
+def test_lone_surrogate_names_the_record_and_survives_pickling(tmp_path):
+    records = [{"text": f"doc {i}"} for i in range(8)]
+    folder = _jsonl(tmp_path, records)
+    with open(Path(folder) / "part-0.jsonl", "a") as fh:
+        fh.write('{"text": "bad \\ud800 text"}\n')
+    ds = z.Dataset.from_jsonl("d", folder, progress=False)
+    ws = z.MixtureWorkSource([ds], chunk_size=9, seed=0, shuffle_within_shard=False)
+    p = z.Pipeline(ws).tokenize().pack(16).batch(1).options(runner="synchronous", canonical_replicas=1)
+    with pytest.raises(DataFormatError, match="offset 8") as info, p:
+        list(p)
+    again = pickle.loads(pickle.dumps(info.value))  # what the distributed runner sends back
+    assert "not valid Unicode" in str(again) and "offset 8" in str(again)
+
+
+def test_filter_dropping_everything_on_a_repeating_source_stops(tmp_path):
+    p = _pipeline(tmp_path, [{"text": f"doc {i}"} for i in range(8)], exhausted_policy="repeat")
+    p = z.Pipeline(p.work_source).filter(lambda r: False).tokenize().pack(16).batch(1).options(
+        runner="synchronous", canonical_replicas=1, flush_every_k_chunks=1)
+    with pytest.raises(EmptyDatasetError, match="no sample") as info, p:
+        next(iter(p))
+    assert "filter.dropped" in str(info.value) or "dropped" in str(info.value)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"chunk_size": 10**12}, "too large"),
+    ({"weights": {"d": "0.5"}}, "not a string"),
+])
+def test_values_that_make_no_sense_are_refused(tmp_path, kwargs, match):
+    ds = z.Dataset.from_jsonl("d", _jsonl(tmp_path, [{"text": "a"}]), progress=False)
+    with pytest.raises(ConfigError, match=match):
+        z.MixtureWorkSource([ds], **kwargs)
+
+
+def test_every_recipe_option_is_type_checked(tmp_path):
+    from zephon_dask.pipeline.builder import DATA_OPTIONS, EXECUTION_OPTIONS
+    from zephon_dask.recipe import OPTION_TYPES, load_recipe
+
+    assert set(OPTION_TYPES) == (set(DATA_OPTIONS) | set(EXECUTION_OPTIONS)) - {"client"}
+    folder = _jsonl(tmp_path, [{"text": "a"}])
+    path = tmp_path / "r.toml"
+    path.write_text(f'[[datasets]]\nname = "d"\npath = "{folder}"\n[options]\nledger = 5\n')
+    with pytest.raises(RecipeTypeError, match="ledger"):
+        load_recipe(path)

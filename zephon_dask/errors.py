@@ -41,6 +41,10 @@ class MissingFieldError(DataFormatError):
     """A record lacks the field an operator or reader needs."""
 
 
+class FieldTypeError(DataFormatError, TypeError):
+    """A record's field has the wrong type (an int or a list where text belongs, ...)."""
+
+
 class IncompleteStoreError(DataFormatError):
     """A token store's preparation was interrupted (or still runs): it is not complete."""
 

@@ -16,12 +16,14 @@ state (:class:`StateError`) before anything is delivered.
 
 from __future__ import annotations
 
-from ..errors import StateError
+from ..errors import EmptyDatasetError, StateError
 from ..pipeline.spec import PipelineSpec
 from .batch import Batch, BatchOptions
 from .batcher import LaneBatcher
 from .fetcher import WindowFetcher
 from .waiting import FirstBatchWait
+
+EMPTY_WINDOWS_LIMIT = 256  # consecutive windows without a sample before a lane gives up
 
 
 class BatchStream:
@@ -60,12 +62,19 @@ class BatchStream:
 
     def _fill(self, lane: int) -> bool:
         """Pull windows until the lane has a full batch; False when the lane has no more."""
-        batcher = self.batchers[lane]
+        batcher, empty = self.batchers[lane], 0
         while not batcher.ready():
             window = self.fetcher.next_needed[lane]
             out = self.fetcher.get(lane)
             if out is None:
                 return False
+            empty = 0 if len(out) else empty + 1
+            if empty == EMPTY_WINDOWS_LIMIT:  # a repeating source would loop forever
+                dropped = {k: n for k, n in out.stats.items() if k.endswith(".dropped")}
+                raise EmptyDatasetError(
+                    f"lane {lane}: {empty} windows in a row (up to window {window}) produced no sample "
+                    f"(last window: {out.stats.get('records', 0)} records read, dropped {dropped}); "
+                    "a .filter or .map drops every record? check it on .preview()")
             for key, n in out.stats.items():
                 self.stats[key] = self.stats.get(key, 0) + n
             batcher.push(window, out.table, skip=self._skip.pop(lane, 0))

@@ -22,8 +22,9 @@ from ..errors import ConfigError
 
 def exact_weight(value: object, name: str) -> Fraction:
     """A user weight as an exact fraction; floats go through their shortest repr (0.7 -> 7/10)."""
-    if isinstance(value, bool):
-        raise ConfigError(f"weight for {name!r} is {value!r}; weights are positive numbers")
+    if isinstance(value, bool | str | bytes):
+        raise ConfigError(f"weight for {name!r} is {value!r}, not a number; weights are positive "
+                          "numbers, e.g. 0.5 (not a string)")
     try:
         if isinstance(value, Fraction | int):
             w = Fraction(value)

@@ -28,7 +28,7 @@ def check_seed(seed: object) -> int:
     return int(seed)
 
 
-@lru_cache(maxsize=65536)
+@lru_cache(maxsize=4096)  # ~3 MB; the hot keys (lane permutations, shard orders) are few
 def stream_keys(seed: int, purpose: str, *indices: int, n: int = 8) -> tuple[int, ...]:
     """``n`` 64-bit keys for the stream named by ``(seed, purpose, indices)``."""
     entropy = [seed, text_id(purpose), *(int(i) for i in indices)]

@@ -28,6 +28,8 @@ from .seeding import check_seed
 
 EXHAUSTED_POLICIES = (None, "stop", "repeat")
 
+MAX_CHUNK_SIZE = 1 << 24  # samples per chunk; larger ones do not fit one task's memory
+
 
 class SizedDataset(Protocol):
     """What the curriculum needs of a dataset."""
@@ -137,6 +139,9 @@ class MixtureWorkSource:
         self.names: tuple[str, ...] = self._check_datasets(self.datasets)
         self.seed = check_seed(seed)
         self.chunk_size = _positive_int(chunk_size, "chunk_size", "e.g. chunk_size=1024")
+        if self.chunk_size > MAX_CHUNK_SIZE:
+            raise ConfigError(f"chunk_size={chunk_size!r} is too large: a chunk is read by one task at "
+                              f"once; use at most {MAX_CHUNK_SIZE:,} (typical: 256 to 8192)")
         self.shuffle_shards = bool(shuffle_shards)
         self.shuffle_within_shard = bool(shuffle_within_shard)
         if shuffle_block_size is not None:

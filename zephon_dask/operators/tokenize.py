@@ -19,6 +19,7 @@ from ..errors import ConfigError, DatasetNotFoundError
 from ..validate import is_int_at_least
 from .identity import function_identity
 
+ID_LIMIT = 2**31  # ids must fit int32 when the vocabulary size is unknown
 EOS_CANDIDATES = ("<|endoftext|>", "</s>", "<eos>", "<|end_of_text|>", "[SEP]")
 BOS_CANDIDATES = ("<s>", "<bos>", "<|begin_of_text|>", "[CLS]", "<|endoftext|>")
 
@@ -98,15 +99,45 @@ class HFTokenizer:
         self.__init__(Tokenizer.from_str(state["json"]))
 
 
+def checked_ids(value, limit: int = ID_LIMIT) -> np.ndarray:
+    """``value`` (a tokenizer's output for one text) as a 1-D int32 array; a :class:`ConfigError`
+    for anything that would need an unsafe cast: floats, bools, nested or ragged shapes, ids
+    outside ``[0, limit)``. Pure."""
+    try:
+        arr = np.asarray(value)
+    except ValueError as exc:  # ragged nesting
+        raise ConfigError(f"the tokenizer returned {_short(value)}, not a flat sequence of ints ({exc})") from None
+    if arr.ndim != 1:
+        raise ConfigError(f"the tokenizer returned shape {arr.shape} ({_short(value)}); it must return a "
+                          "flat sequence of ints for each text")
+    if not arr.size:
+        return np.zeros(0, np.int32)
+    if arr.dtype.kind not in "iu":
+        raise ConfigError(f"the tokenizer returned {arr.dtype} values ({_short(value)}); token ids must be "
+                          "ints (no floats or bools: they would be cast silently)")
+    lo, hi = int(arr.min()), int(arr.max())
+    if lo < 0 or hi >= limit:
+        bad = lo if lo < 0 else hi
+        raise ConfigError(f"the tokenizer returned id {bad}, outside [0, {limit}) (the vocabulary, or int32 "
+                          "when its size is unknown)")
+    return arr.astype(np.int32)
+
+
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 class CallableTokenizer:
-    """A user function ``str -> sequence of ints``. Pure if the function is."""
+    """A user function ``str -> sequence of ints``. Pure if the function is. Its output is
+    checked (:func:`checked_ids`), never cast."""
 
     def __init__(self, fn: Callable[[str], Sequence[int]], name=None, version=None):
         self.fn = fn
         self._identity = function_identity(fn, name, version)
 
     def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
-        return [np.asarray(self.fn(t), dtype=np.int32) for t in texts]
+        return [checked_ids(self.fn(t)) for t in texts]
 
     def identity(self) -> dict:
         return {"kind": "callable", **self._identity}
@@ -154,14 +185,28 @@ class Tokenize:
         self.bos_id = self._special("bos", bos, bos_id)
         self.eos_id = self._special("eos", eos, eos_id)
 
+    @property
+    def vocab_size(self) -> int | None:
+        """The tokenizer's vocabulary size, ``None`` for a callable (unknown)."""
+        return getattr(self.tokenizer, "vocab_size", None)
+
+    def check_id(self, value, name: str) -> int:
+        """``value`` as a token id of this tokenizer: an int in ``[0, vocab_size)`` (int32 when the
+        vocabulary is unknown), else a :class:`ConfigError` naming ``name``. Pure."""
+        limit = self.vocab_size or ID_LIMIT
+        if isinstance(value, bool) or not isinstance(value, int | np.integer) or not 0 <= value < limit:
+            what = f"the vocabulary [0, {limit})" if self.vocab_size else "[0, 2**31)"
+            raise ConfigError(f"{name}={value!r} must be an int token id in {what}")
+        return int(value)
+
     def _special(self, which: str, enabled: bool, given) -> int | None:
         if not enabled:
             return None
         tok = self.tokenizer
         if isinstance(tok, HFTokenizer):
-            return tok.special_id(which, given)
+            return self.check_id(tok.special_id(which, given), f"{which}_id")
         if given is not None:
-            return int(given)
+            return self.check_id(given, f"{which}_id")
         if isinstance(tok, ByteTokenizer):
             return tok.bos_id if which == "bos" else tok.eos_id
         raise ConfigError(f"a callable tokenizer needs {which}_id=<int> when {which}=True")
@@ -180,7 +225,10 @@ class Tokenize:
     def encode_documents(self, texts: Sequence[str]):
         """Encode texts; returns ``(arrays, owner index per array, token start per array, truncated)``."""
         arrays, owners, starts, truncated = [], [], [], 0
-        for i, ids in enumerate(self.tokenizer.encode_batch(texts)):
+        encoded = self.tokenizer.encode_batch(texts)
+        if len(encoded) != len(texts):
+            raise ConfigError(f"the tokenizer returned {len(encoded)} documents for {len(texts)} texts")
+        for i, ids in enumerate(encoded):
             parts = [ids]
             if self.bos_id is not None:
                 parts.insert(0, np.array([self.bos_id], np.int32))

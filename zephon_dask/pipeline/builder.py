@@ -230,6 +230,8 @@ class Pipeline:
             raise ConfigError("the pipeline already packs; call .pack() once")
         self._check_tokens("pack")
         op = Pack(max_length, algorithm, pad_id, num_bins)
+        for tok in (o for o in self._record_ops if isinstance(o, Tokenize)):
+            tok.check_id(pad_id, "pad_id")  # a pad id outside the vocabulary breaks the embedding
         self._batch = BatchOptions(**{**self._batch.config(), "pad_id": pad_id})
         return self._add_accumulator(op)
 

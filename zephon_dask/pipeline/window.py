@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..errors import MissingFieldError
+from ..errors import DataFormatError, FieldTypeError, MissingFieldError, ZephonError
 from ..operators.base import WindowContext
 from ..operators.table import SampleTable
 from ..operators.tokenize import Tokenize
@@ -140,6 +140,9 @@ def compute_chunk(spec: PipelineSpec, g: int) -> ChunkOutput:
 
 
 def _tokenize(op: Tokenize, items: list, where, stats: dict) -> list:
+    """Encode the records' text field. A record without the field, with a value that is not a
+    ``str``, with text that is not valid Unicode, or on which the tokenizer fails, is named
+    exactly (dataset, shard, offset) in a typed error whose message survives pickling."""
     texts = []
     for item in items:
         rec = item[2]
@@ -148,11 +151,18 @@ def _tokenize(op: Tokenize, items: list, where, stats: dict) -> list:
                 f"record at {where(item[0])} has no field {op.field!r} (fields: {sorted(rec)}); "
                 "pass tokenize(field=...)"
             )
-        texts.append(rec[op.field])
+        text = rec[op.field]
+        if not isinstance(text, str):
+            raise FieldTypeError(
+                f"record at {where(item[0])}: field {op.field!r} is {type(text).__name__} "
+                f"{_short(text)}, not a string; fix the data, or turn it into text with .map(...) "
+                "(or .decode_text() for bytes) before .tokenize()"
+            )
+        texts.append(text)
     try:
         arrays, owners, starts, truncated = op.encode_documents(texts)
-    except Exception as exc:
-        _note(exc, f"tokenize failed on a chunk starting at {where(items[0][0])}")
+    except Exception:
+        _raise_for_culprit(op, items, texts, where)
         raise
     if truncated:
         stats["tokenize.truncated_tokens"] = stats.get("tokenize.truncated_tokens", 0) + truncated
@@ -161,6 +171,30 @@ def _tokenize(op: Tokenize, items: list, where, stats: dict) -> list:
         src = items[owner]
         out.append([src[0], src[1] + start, {**src[2], "tokens": arr}])
     return out
+
+
+def _raise_for_culprit(op: Tokenize, items: list, texts: list[str], where) -> None:
+    """After a batch encode failed: encode text by text and raise for the first one that fails,
+    naming its record (returns if none fails alone; the caller re-raises the batch's error)."""
+    for item, text in zip(items, texts, strict=True):
+        try:
+            op.encode_documents([text])
+        except UnicodeError as exc:
+            raise DataFormatError(
+                f"record at {where(item[0])}: field {op.field!r} is not valid Unicode ({exc}); "
+                "clean the text, e.g. .map(lambda r: {**r, 'text': r['text'].encode('utf-8', "
+                "'replace').decode()})"
+            ) from None
+        except Exception as exc:
+            if isinstance(exc, ZephonError):
+                raise type(exc)(f"record at {where(item[0])}: {exc}") from None
+            _note(exc, f"tokenize failed on the record at {where(item[0])}")
+            raise
+
+
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def finish_window(spec: PipelineSpec, lane: int, window: int, chunk_outputs) -> WindowOutput:
