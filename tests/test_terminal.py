@@ -166,3 +166,33 @@ def test_the_first_batch_is_logged_and_a_slow_one_shows_progress(caplog, monkeyp
     assert "window(s) submitted for the first batch" in caplog.text and "first batch after" in caplog.text
     assert len(bars) == 1 and bars[0].kwargs["desc"] == "computing the first windows"
     assert 0 < bars[0].total and bars[0].n <= bars[0].total
+
+
+RECIPE = __import__("pathlib").Path(__file__).resolve().parents[1] / "examples" / "recipe.toml"
+
+
+@pytest.mark.parametrize("argv", [
+    ["run", str(RECIPE), "--steps", "-3"],
+    ["run", str(RECIPE), "--steps", "two"],
+    ["run", str(RECIPE), "--steps", "2", "--dp-group-id", "-1"],
+    ["explain", str(RECIPE), "--dp-degree", "0"],
+    ["prepare", str(RECIPE), "--out", "x", "--workers", "0"],
+])
+def test_cli_argument_errors_are_one_line_and_exit_2(argv, capsys):
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    err = capsys.readouterr().err
+    assert info.value.code == 2
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err and "error: argument" in err
+
+
+def test_cli_checks_output_paths_before_streaming(tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    for argv in (["--checkpoint", str(blocker / "ck.json")], ["--checkpoint", str(tmp_path)],
+                 ["--ledger", str(blocker)]):
+        assert main(["run", str(RECIPE), "--steps", "2", *argv]) == 2
+        out = capsys.readouterr()
+        assert "global step" not in out.out  # refused before the recipe's pipeline was built
+        assert len(out.err.strip().splitlines()) == 1 and argv[0] in out.err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]  # nothing left behind

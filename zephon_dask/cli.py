@@ -9,8 +9,15 @@ from . import __version__
 from .commands import COMMANDS
 
 
+class Parser(argparse.ArgumentParser):
+    """Argument errors: one line on stderr and exit status 2 (argparse's own adds the usage)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="zephon-dask",
         description="Deterministic, elastically resumable LLM training batches computed on Dask.",
     )

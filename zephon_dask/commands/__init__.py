@@ -6,7 +6,59 @@ library at their top, so ``zephon-dask --help`` stays fast; heavy imports
 happen inside ``run``.
 """
 
+import argparse
+
 COMMANDS = ("demo", "run", "verify", "prepare", "explain", "plan", "bench")
+
+
+def _int(text: str, minimum: int, what: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = None
+    if value is None or value < minimum:
+        raise argparse.ArgumentTypeError(f"{text!r} is not {what}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    """An argparse ``type``: an integer >= 1 (else a one-line usage error, exit 2)."""
+    return _int(text, 1, "a positive integer (1, 2, ...)")
+
+
+def count(text: str) -> int:
+    """An argparse ``type``: an integer >= 0."""
+    return _int(text, 0, "a non-negative integer (0, 1, ...)")
+
+
+def writable_file(path: str, option: str) -> None:
+    """Raise ``OSError`` (a one-line message) unless a file can be written at ``path``: checked
+    before a run streams for minutes, not after. Creates the missing folders (as the write
+    would) and opens an unnamed temporary file there, so nothing is left behind."""
+    import os
+
+    target = os.path.abspath(path)
+    if os.path.isdir(target):
+        raise IsADirectoryError(f"{option} {path!r} is a directory; give a file path")
+    writable_dir(os.path.dirname(target), option, shown=path)
+
+
+def writable_dir(path: str, option: str, shown: str | None = None) -> None:
+    """Raise ``OSError`` unless files can be written in the folder ``path`` (created if missing);
+    the message names ``shown`` (default: ``path``)."""
+    import os
+    import tempfile
+
+    target = os.path.abspath(path)
+    if os.path.exists(target) and not os.path.isdir(target):
+        raise NotADirectoryError(f"{option} {path!r} is a file; give a folder")
+    try:
+        os.makedirs(target, exist_ok=True)
+        with tempfile.TemporaryFile(dir=target):
+            pass
+    except OSError as exc:
+        raise PermissionError(f"{option} {(shown or path)!r} cannot be written: {exc.strerror or exc}; "
+                              "choose a path in a writable folder") from None
 
 
 def fail(command: str, exc: BaseException) -> int:

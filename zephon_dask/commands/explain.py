@@ -1,15 +1,15 @@
 """``zephon-dask explain RECIPE``: print the plan of a recipe's pipeline (no cluster is started)."""
 
-from . import fail
+from . import count, fail, positive_int
 
 HELP = "print what a recipe's pipeline will do: datasets, mixture, lanes, operators, warnings"
 
 
 def add_arguments(parser) -> None:
     parser.add_argument("recipe", help="a TOML recipe (see docs/recipes.md)")
-    parser.add_argument("--dp-degree", type=int, default=None,
+    parser.add_argument("--dp-degree", type=positive_int, default=None,
                         help="explain for this many DP groups (default: the recipe's options, else 1)")
-    parser.add_argument("--dp-group-id", type=int, default=None,
+    parser.add_argument("--dp-group-id", type=count, default=None,
                         help="explain for this DP group (default: the recipe's options, else 0)")
 
 

@@ -8,7 +8,7 @@ are token stores are skipped. Other recipe tables are ignored here.
 
 import posixpath
 
-from . import fail
+from . import fail, positive_int
 
 HELP = "tokenize a recipe's datasets once, on a Dask cluster, into zarr token stores"
 
@@ -16,7 +16,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("recipe", help="TOML recipe with [[datasets]] and [tokenize]")
     parser.add_argument("--out", required=True,
                         help="folder or fsspec URL; each dataset's store goes to OUT/<name>")
-    parser.add_argument("--workers", type=int, default=None,
+    parser.add_argument("--workers", type=positive_int, default=None,
                         help="workers of the embedded LocalCluster (default: all cores)")
     parser.add_argument("--address", default=None,
                         help="scheduler address of a running Dask cluster (instead of a local one)")
