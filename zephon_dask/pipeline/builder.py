@@ -24,6 +24,7 @@ from ..curriculum.routing import (
     group_lanes,
 )
 from ..errors import ConfigError, StateError, ZephonWarning
+from ..log import logger
 from ..operators.base import Accumulator
 from ..operators.records import DecodeText, Filter, Map
 from ..operators.shuffle import Shuffle
@@ -631,6 +632,10 @@ class Pipeline:
         self._resume = copy.deepcopy(state)
         self._progress = None
         self._handed_out = False
+        lanes = {int(k): v for k, v in state["lanes"].items()}
+        logger.info("resuming at global step %d: lane frontiers (window, offset) %s",
+                    state["step"]["global_step"],
+                    {lane: (lanes[lane]["window"], lanes[lane]["offset"]) for lane in self.owned_lanes()})
         return self
 
     def check_resumable(self, state: dict, lanes: list[int]):
