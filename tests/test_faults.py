@@ -17,6 +17,7 @@ import zarr
 import zephon_dask as z
 from zephon_dask.data import tokens
 from zephon_dask.errors import (
+    ClosedError,
     ConfigError,
     DataFormatError,
     DatasetNotFoundError,
@@ -351,3 +352,54 @@ def test_verify_reports_missing_steps_in_the_middle(tmp_path):
         w.close()
     same, report = verify_ledgers(tmp_path / "a", tmp_path / "b")
     assert not same and "lacks global steps 5..6" in report
+
+
+# -- use after close ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("runner", ["synchronous", "threads"])
+def test_use_after_close_is_a_typed_error_never_a_restart(tmp_path, runner):
+    p = _pipeline(tmp_path, [{"text": f"doc {i} " * 4} for i in range(40)]).options(
+        runner=runner, prefetch_windows=1)
+    it = iter(p)
+    next(it)
+    p.close()
+    with pytest.raises(ClosedError, match="closed"):
+        next(it)
+    with pytest.raises(ClosedError, match="closed"):
+        next(iter(p))
+    assert p.state_dict()["format"]  # the state stays readable after close
+
+
+def test_closed_runner_refuses_work(tmp_path):
+    from zephon_dask.execution.runners import ThreadRunner
+    from zephon_dask.graph import window_graph
+
+    p = _pipeline(tmp_path, [{"text": "a"}])
+    runner = ThreadRunner(p.spec, 1)
+    runner.close()
+    with pytest.raises(ClosedError):
+        runner.submit(window_graph(p.spec, 0, 0, True), 0)
+
+
+# -- secure defaults ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["../../escape/prose", "/abs/prose", "a/../../b", "a//b", ".", "c:\\x", "a\\..\\b"])
+def test_prepare_refuses_names_that_leave_the_output_folder(name):
+    from zephon_dask.commands.prepare import store_path
+
+    with pytest.raises(ConfigError, match="would leave"):
+        store_path("out", name)
+    assert store_path("out/", "web/en") == "out/web/en"
+
+
+def test_cli_prepare_writes_nothing_outside_out(tmp_path, capsys):
+    from zephon_dask.cli import main
+
+    folder = _jsonl(tmp_path, [{"text": "a"}])
+    recipe = tmp_path / "r.toml"
+    recipe.write_text(f'[[datasets]]\nname = "../escape"\npath = "{folder}"\n')
+    assert main(["prepare", str(recipe), "--out", str(tmp_path / "out")]) == 2
+    assert "would leave" in capsys.readouterr().err
+    assert not (tmp_path / "escape").exists()
