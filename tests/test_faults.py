@@ -17,12 +17,15 @@ import zarr
 import zephon_dask as z
 from zephon_dask.data import tokens
 from zephon_dask.errors import (
+    ClosedError,
     ConfigError,
     DataFormatError,
     DatasetNotFoundError,
     EmptyDatasetError,
     FieldTypeError,
     RecipeTypeError,
+    StateError,
+    ZephonWarning,
 )
 
 pytestmark = pytest.mark.timeout(120)
@@ -236,3 +239,167 @@ def test_every_recipe_option_is_type_checked(tmp_path):
     path.write_text(f'[[datasets]]\nname = "d"\npath = "{folder}"\n[options]\nledger = 5\n')
     with pytest.raises(RecipeTypeError, match="ledger"):
         load_recipe(path)
+
+
+# -- files: checkpoints and ledgers -----------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def a_state(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("state")
+    p = _pipeline(folder, [{"text": f"doc {i}"} for i in range(20)])
+    with p:
+        it = iter(p)
+        next(it)
+        return p.state_dict()
+
+
+def test_interrupted_saves_leave_no_temp_files_behind(tmp_path, a_state):
+    target = tmp_path / "ckpt.json"
+    stale = [tmp_path / f".ckpt.json.dead{i}.tmp" for i in range(3)]
+    for f in stale:
+        f.write_text("{partial")
+        os.utime(f, (0, 0))  # left by saves killed long ago
+    fresh = tmp_path / ".ckpt.json.live.tmp"  # a save running right now
+    fresh.write_text("{")
+    z.save_state(target, a_state)
+    assert not any(f.exists() for f in stale) and fresh.exists()
+    assert z.load_state(target) == a_state
+
+
+def test_symlink_is_written_through(tmp_path, a_state):
+    real = tmp_path / "real" / "data.json"
+    real.parent.mkdir()
+    link = tmp_path / "latest.json"
+    link.symlink_to(real)
+    z.save_state(link, a_state)
+    assert link.is_symlink() and real.is_file()
+    assert z.load_state(link) == a_state
+
+
+@pytest.mark.parametrize("kind", ["directory", "fifo"])
+def test_non_regular_checkpoint_targets_are_refused(tmp_path, a_state, kind):
+    target = tmp_path / "ckpt"
+    target.mkdir() if kind == "directory" else os.mkfifo(target)
+    with pytest.raises(StateError, match="cannot write a checkpoint"):
+        z.save_state(target, a_state)
+    assert not list(tmp_path.glob(".*.tmp"))
+
+
+@pytest.mark.parametrize("content", ["directory", b"\x89PNG\r\n\x1a\n\x00\xff"])
+def test_directory_or_binary_checkpoints_are_state_errors(tmp_path, content):
+    path = tmp_path / "ckpt.json"
+    path.mkdir() if content == "directory" else path.write_bytes(content)
+    with pytest.raises(StateError, match="directory|binary"):
+        z.load_state(path)
+
+
+def test_cli_run_exits_2_for_a_bad_checkpoint_or_ledger(tmp_path):
+    from zephon_dask.cli import main
+
+    folder = _jsonl(tmp_path, [{"text": f"doc {i}"} for i in range(20)])
+    recipe = tmp_path / "r.toml"
+    recipe.write_text(f'[[datasets]]\nname = "d"\npath = "{folder}"\n[pack]\nmax_length = 16\n'
+                      '[batch]\nmicrobatch_size = 1\n[options]\nrunner = "synchronous"\n')
+    (tmp_path / "dir.json").mkdir()
+    (tmp_path / "bin.json").write_bytes(b"\x00\xff\xfe")
+    ledger_file = tmp_path / "ledger-file"
+    ledger_file.write_text("x")
+    assert main(["run", str(recipe), "--steps", "1", "--resume", str(tmp_path / "dir.json")]) == 2
+    assert main(["run", str(recipe), "--steps", "1", "--resume", str(tmp_path / "bin.json")]) == 2
+    assert main(["run", str(recipe), "--steps", "1", "--ledger", str(ledger_file)]) == 2
+
+
+def test_ledger_torn_last_line_is_repaired_before_appending(tmp_path):
+    from zephon_dask.state.ledger import LedgerWriter, read_ledger
+
+    w = LedgerWriter(tmp_path, 0)
+    w.write(0, 0, 0, np.zeros((1, 4)))
+    w.close()
+    path = tmp_path / "rank-0.jsonl"
+    path.write_text(path.read_text() + '{"global_step": 1, "lane": 0, "ind')  # killed mid-write
+    with pytest.warns(ZephonWarning, match="cut short"):
+        w = LedgerWriter(tmp_path, 0)
+    w.write(1, 0, 1, np.ones((1, 4)))
+    w.close()
+    assert sorted(read_ledger(tmp_path)) == [0, 1]
+
+
+def test_ledger_paths_that_are_not_folders_or_files(tmp_path):
+    from zephon_dask.state.ledger import LedgerWriter, read_ledger
+
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(StateError, match="is a file"):
+        LedgerWriter(tmp_path / "f", 0)
+    (tmp_path / "d" / "rank-0.jsonl").mkdir(parents=True)
+    with pytest.raises(StateError, match="is a directory"):
+        LedgerWriter(tmp_path / "d", 0)
+    with pytest.raises(StateError, match="directory"):
+        read_ledger(tmp_path / "d")
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "rank-0.jsonl").write_bytes(b"\xff\xfe\x00")
+    with pytest.raises(StateError, match="binary"):
+        read_ledger(tmp_path / "b")
+
+
+def test_verify_reports_missing_steps_in_the_middle(tmp_path):
+    from zephon_dask.state.ledger import LedgerWriter, verify_ledgers
+
+    for name, steps in (("a", range(10)), ("b", [*range(5), *range(7, 10)])):
+        w = LedgerWriter(tmp_path / name, 0)
+        for s in steps:
+            w.write(s, 0, s, np.full((1, 2), s))
+        w.close()
+    same, report = verify_ledgers(tmp_path / "a", tmp_path / "b")
+    assert not same and "lacks global steps 5..6" in report
+
+
+# -- use after close ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("runner", ["synchronous", "threads"])
+def test_use_after_close_is_a_typed_error_never_a_restart(tmp_path, runner):
+    p = _pipeline(tmp_path, [{"text": f"doc {i} " * 4} for i in range(40)]).options(
+        runner=runner, prefetch_windows=1)
+    it = iter(p)
+    next(it)
+    p.close()
+    with pytest.raises(ClosedError, match="closed"):
+        next(it)
+    with pytest.raises(ClosedError, match="closed"):
+        next(iter(p))
+    assert p.state_dict()["format"]  # the state stays readable after close
+
+
+def test_closed_runner_refuses_work(tmp_path):
+    from zephon_dask.execution.runners import ThreadRunner
+    from zephon_dask.graph import window_graph
+
+    p = _pipeline(tmp_path, [{"text": "a"}])
+    runner = ThreadRunner(p.spec, 1)
+    runner.close()
+    with pytest.raises(ClosedError):
+        runner.submit(window_graph(p.spec, 0, 0, True), 0)
+
+
+# -- secure defaults ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["../../escape/prose", "/abs/prose", "a/../../b", "a//b", ".", "c:\\x", "a\\..\\b"])
+def test_prepare_refuses_names_that_leave_the_output_folder(name):
+    from zephon_dask.commands.prepare import store_path
+
+    with pytest.raises(ConfigError, match="would leave"):
+        store_path("out", name)
+    assert store_path("out/", "web/en") == "out/web/en"
+
+
+def test_cli_prepare_writes_nothing_outside_out(tmp_path, capsys):
+    from zephon_dask.cli import main
+
+    folder = _jsonl(tmp_path, [{"text": "a"}])
+    recipe = tmp_path / "r.toml"
+    recipe.write_text(f'[[datasets]]\nname = "../escape"\npath = "{folder}"\n')
+    assert main(["prepare", str(recipe), "--out", str(tmp_path / "out")]) == 2
+    assert "would leave" in capsys.readouterr().err
+    assert not (tmp_path / "escape").exists()

@@ -3,7 +3,8 @@
 Reads the recipe (see ``docs/recipes.md``) with :func:`zephon_dask.recipe.load_recipe`,
 uses its ``[[datasets]]`` and ``[tokenize]`` tables, and runs ``prepare_tokens`` for each
 dataset on one Dask cluster, writing ``<out>/<name>``. Datasets that already
-are token stores are skipped. Other recipe tables are ignored here.
+are token stores are skipped. Other recipe tables are ignored here. A dataset name
+that would leave ``--out`` (absolute, ``..``, a backslash) is refused before anything runs.
 """
 
 import posixpath
@@ -21,6 +22,20 @@ def add_arguments(parser) -> None:
     parser.add_argument("--address", default=None,
                         help="scheduler address of a running Dask cluster (instead of a local one)")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bars")
+
+
+def store_path(out: str, name: str) -> str:
+    """``<out>/<name>``, or a :class:`ConfigError` when ``name`` would lead outside ``out``. Pure."""
+    from ..errors import ConfigError
+
+    parts = name.split("/")
+    if not name or name.startswith("/") or "\\" in name or ":" in name or any(p in ("", ".", "..") for p in parts):
+        raise ConfigError(
+            f"dataset name {name!r} cannot name a store under --out {out!r}: it would leave that folder "
+            "(absolute, '..', '.', an empty part, a backslash or a colon); rename the dataset, e.g. 'web' "
+            "or 'web/en'"
+        )
+    return posixpath.join(out.rstrip("/"), name)
 
 
 def _read_recipe(path: str):
@@ -55,9 +70,10 @@ def run(args) -> int:
         if not todo:
             return 0
         tokenizer = tokenize.pop("tokenizer")
+        outs = {d.name: store_path(args.out, d.name) for d in todo}  # every name checked first
         with connect(address=args.address, n_workers=args.workers) as client:
             for d in todo:
-                out = posixpath.join(args.out.rstrip("/"), d.name)
+                out = outs[d.name]
                 r = prepare_tokens(d, tokenizer, out, client=client, progress=not args.no_progress,
                                    **tokenize)
                 print(f"{d.name}: {r.num_docs:,} documents, {r.num_tokens:,} tokens -> {r.path} "

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
+from ..errors import ClosedError
 from ..graph import window_graph
 from ..pipeline.spec import PipelineSpec
 from ..pipeline.window import WindowOutput
@@ -30,6 +31,7 @@ class WindowFetcher:
         self.num_windows = {lane: spec.num_windows(lane) for lane in self.lanes}
         self.inflight: OrderedDict = OrderedDict()
         self._seq = 0
+        self._closed = False
         self._top_up()
 
     def _exists(self, lane: int, w: int) -> bool:
@@ -52,7 +54,9 @@ class WindowFetcher:
             self._submit(lane, w)
 
     def get(self, lane: int) -> WindowOutput | None:
-        """The lane's next window (blocking), or ``None`` past its last one."""
+        """The lane's next window (blocking: the runner's handle bounds the wait), or ``None`` past
+        its last one. A :class:`ClosedError` once :meth:`close` ran."""
+        self.check_open()
         w = self.next_needed[lane]
         if not self._exists(lane, w):
             return None
@@ -79,7 +83,14 @@ class WindowFetcher:
                 return lane
         return None
 
+    def check_open(self) -> None:
+        """A :class:`ClosedError` once :meth:`close` ran."""
+        if self._closed:
+            raise ClosedError("this batch iterator was closed (its pipeline was closed or a new "
+                              "iteration replaced it); start a new one with iter(pipeline)")
+
     def close(self) -> None:
+        self._closed = True
         for handle in self.inflight.values():
             handle.release()
         self.inflight.clear()

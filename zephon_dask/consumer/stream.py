@@ -115,6 +115,7 @@ class BatchStream:
         if self._unverified or self._resumed:
             self._verify_start()
         while not all(self.finished.values()):
+            self.fetcher.check_open()  # batches buffered before a close() are not served after it
             lane = self._choose()
             self.pointer = (self.lanes.index(lane) + 1) % len(self.lanes)
             batch = self._emit(lane)

@@ -23,7 +23,7 @@ from ..curriculum.routing import (
     check_replicas,
     group_lanes,
 )
-from ..errors import ConfigError, StateError, ZephonWarning
+from ..errors import ClosedError, ConfigError, StateError, ZephonWarning
 from ..log import logger
 from ..operators.base import Accumulator
 from ..operators.records import DecodeText, Filter, Map
@@ -435,6 +435,9 @@ class Pipeline:
 
     def runner(self):
         """The started runner for the current spec (started on first use, reused after)."""
+        if self.__dict__.get("_closed"):
+            raise ClosedError("this pipeline is closed; build a new one (or use it in a `with` block "
+                              "only once) instead of iterating it again from its start")
         spec = self.spec
         if self._runner is not None and self._runner_fp != spec.fingerprint:
             self._runner.close()
@@ -688,7 +691,9 @@ class Pipeline:
                                  "batch; the state is corrupted")
 
     def close(self) -> None:
-        """Stop the iteration, and the cluster or threads this pipeline started."""
+        """Stop the iteration, and the cluster or threads this pipeline started. Iterating or
+        computing on the cluster afterwards raises :class:`ClosedError`."""
+        self._closed = True
         if self._stream is not None:
             self._stream.close()
             self._stream = None

@@ -2,8 +2,12 @@
 
 :func:`save_state` writes canonical JSON with a SHA-256 of the state to a
 temporary file in the same folder, fsyncs it and renames it over the target,
-so a crash leaves either the old file or the new one. :func:`load_state`
-refuses a truncated, corrupted or foreign file with a :class:`StateError`.
+so a crash leaves either the old file or the new one. A temporary file that a
+killed save left behind is removed by the next save to that path once it is
+:data:`STALE_TMP_SECONDS` old. A symlink target is written through (its
+final file is replaced, the link is kept); a directory, device, FIFO or
+socket at the path is refused. :func:`load_state` refuses a truncated,
+corrupted, binary or foreign file with a :class:`StateError`.
 """
 
 from __future__ import annotations
@@ -11,7 +15,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import stat
 import tempfile
+import time
 from pathlib import Path
 
 from ..errors import StateError
@@ -23,11 +29,51 @@ def _digest(state: dict) -> str:
     return hashlib.sha256(body.encode()).hexdigest()
 
 
+STALE_TMP_SECONDS = 300  # a save takes seconds at most: older temp files are from killed saves
+
+
+def _target(path: Path) -> Path:
+    """The regular file a save replaces: ``path``, or the file a symlink there points to (written
+    through, so the link stays). Anything else at the path is a :class:`StateError`."""
+    real = Path(os.path.realpath(path)) if path.is_symlink() else path
+    try:
+        mode = real.stat().st_mode
+    except FileNotFoundError:
+        return real
+    except OSError as exc:
+        raise StateError(f"cannot write a checkpoint at {str(path)!r}: {exc}") from None
+    if not stat.S_ISREG(mode):
+        kind = "a directory" if stat.S_ISDIR(mode) else "not a regular file (a device, FIFO or socket)"
+        raise StateError(f"cannot write a checkpoint at {str(path)!r}: it is {kind}; give a file path, "
+                         "e.g. ckpt/data.json")
+    return real
+
+
+def _sweep(path: Path) -> None:
+    """Remove temp files of earlier saves to ``path`` that were killed (older than
+    :data:`STALE_TMP_SECONDS`)."""
+    cutoff = time.time() - STALE_TMP_SECONDS
+    for old in path.parent.glob(f".{path.name}.*.tmp"):
+        try:
+            if old.is_file() and old.stat().st_mtime < cutoff:
+                old.unlink()
+        except OSError:  # removed meanwhile, or not ours to remove
+            pass
+
+
 def save_state(path, state: dict) -> Path:
-    """Write ``state`` to ``path`` atomically (temp file + fsync + rename); returns the path."""
+    """Write ``state`` to ``path`` atomically (temp file + fsync + rename); returns the path.
+
+    A symlink at ``path`` is written through; a directory or special file there raises
+    :class:`StateError`."""
     state = check_state(state)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    given = Path(path)
+    try:
+        given.parent.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise StateError(f"cannot write a checkpoint at {str(given)!r}: a parent of it is a file") from None
+    path = _target(given)
+    _sweep(path)
     payload = {"sha256": _digest(state), "state": state}
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
@@ -39,7 +85,7 @@ def save_state(path, state: dict) -> Path:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    return path
+    return given
 
 
 def load_state(path) -> dict:
@@ -49,6 +95,14 @@ def load_state(path) -> dict:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise StateError(f"no checkpoint at {str(path)!r}") from None
+    except IsADirectoryError:
+        raise StateError(f"checkpoint path {str(path)!r} is a directory; give the file save_state wrote, "
+                         "e.g. ckpt/data.json") from None
+    except UnicodeDecodeError:
+        raise StateError(f"checkpoint {str(path)!r} is a binary file, not a zephon_dask checkpoint (a "
+                         "JSON file written by save_state); check the path") from None
+    except OSError as exc:
+        raise StateError(f"cannot read checkpoint {str(path)!r}: {exc}") from None
     try:
         payload = json.loads(text)
     except ValueError as exc:

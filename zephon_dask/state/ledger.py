@@ -5,19 +5,23 @@
 handed over. :func:`verify_ledgers` compares two runs step by step. Ledgers
 are read as sets keyed by ``(global_step, lane, index_in_lane)``, so which
 rank served a lane does not matter, and a batch logged again after a crash
-and a resume from an earlier checkpoint is not counted twice.
+and a resume from an earlier checkpoint is not counted twice. A run that
+appends to a ledger whose last line a crash cut short first truncates that
+partial line (with a warning): the resumed run logs its batches again.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
+import warnings
 from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
 
-from ..errors import StateError
+from ..errors import StateError, ZephonWarning
 
 
 def batch_digest(tokens) -> str:
@@ -33,8 +37,18 @@ class LedgerWriter:
 
     def __init__(self, directory, rank: int):
         self.path = Path(directory) / f"rank-{rank}.jsonl"
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 (closed by close())
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            _repair_torn_tail(self.path)
+            self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 (closed by close())
+        except (FileExistsError, NotADirectoryError):
+            raise StateError(f"ledger folder {str(directory)!r} is a file; give a folder for the "
+                             "rank-<n>.jsonl files") from None
+        except IsADirectoryError:
+            raise StateError(f"ledger file {str(self.path)!r} is a directory; remove it or choose "
+                             "another ledger folder") from None
+        except OSError as exc:
+            raise StateError(f"cannot open the ledger {str(self.path)!r}: {exc}") from None
 
     def write(self, global_step: int, lane: int, index_in_lane: int, tokens) -> None:
         record = {"global_step": global_step, "lane": lane, "index_in_lane": index_in_lane,
@@ -46,6 +60,29 @@ class LedgerWriter:
         self._file.close()
 
 
+def _repair_torn_tail(path: Path) -> None:
+    """Cut a last line that does not end in a newline (a write a crash interrupted)."""
+    try:
+        with open(path, "rb+") as f:
+            size = f.seek(0, os.SEEK_END)
+            if not size:
+                return
+            f.seek(max(0, size - 65536))
+            tail = f.read()
+            if tail.endswith(b"\n"):
+                return
+            cut = tail.rfind(b"\n")
+            keep = size - len(tail) + cut + 1 if cut >= 0 else 0
+            if cut < 0 and size > len(tail):
+                raise StateError(f"ledger {str(path)!r} ends in a line over 64 KiB without a newline: "
+                                 "it is not a ledger; move it away")
+            f.truncate(keep)
+    except FileNotFoundError:
+        return
+    warnings.warn(f"ledger {str(path)!r}: its last line was cut short by a crash ({size - keep} bytes); "
+                  "removed it before appending", ZephonWarning, stacklevel=3)
+
+
 def read_ledger(directory) -> dict[int, dict[tuple[int, int], str]]:
     """``{global_step: {(lane, index_in_lane): sha256}}`` from every ``rank-*.jsonl`` in ``directory``."""
     directory = Path(directory)
@@ -55,7 +92,13 @@ def read_ledger(directory) -> dict[int, dict[tuple[int, int], str]]:
                          "by a pipeline with .options(ledger=DIR)")
     steps: dict[int, dict[tuple[int, int], str]] = defaultdict(dict)
     for path in files:
-        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        try:
+            text = path.read_text(encoding="utf-8")
+        except IsADirectoryError:
+            raise StateError(f"{path} is a directory, not a ledger file; move it away") from None
+        except UnicodeDecodeError:
+            raise StateError(f"{path} is a binary file, not a ledger (JSON lines); move it away") from None
+        for n, line in enumerate(text.splitlines(), 1):
             if not line.strip():
                 continue
             try:
@@ -71,9 +114,23 @@ def read_ledger(directory) -> dict[int, dict[tuple[int, int], str]]:
     return dict(steps)
 
 
+def gaps(steps) -> list[tuple[int, int]]:
+    """Runs ``(first, last)`` of global steps missing between the lowest and highest of ``steps``. Pure."""
+    have = sorted(steps)
+    return [(lo + 1, hi - 1) for lo, hi in zip(have, have[1:], strict=False) if hi - lo > 1]
+
+
 def verify_ledgers(dir_a, dir_b) -> tuple[bool, str]:
-    """Whether every global step both ledgers cover holds the same batches, and a report."""
+    """Whether every global step both ledgers cover holds the same batches, and neither misses a
+    step inside its own range; and a report."""
     a, b = read_ledger(dir_a), read_ledger(dir_b)
+    for label, steps in (("A", a), ("B", b)):
+        missing = gaps(steps)
+        if missing:
+            runs = ", ".join(f"{lo}" if lo == hi else f"{lo}..{hi}" for lo, hi in missing[:4])
+            more = f" and {len(missing) - 4} more runs" if len(missing) > 4 else ""
+            return False, (f"ledger {label} lacks global steps {runs}{more} between its first and last "
+                           f"({min(steps)}..{max(steps)}): batches were lost or the ledger was cut")
     common = sorted(set(a) & set(b))
     if not common:
         return False, f"the ledgers share no global step ({len(a)} and {len(b)} steps)"
