@@ -2,10 +2,10 @@
 
 A file is either the Arrow IPC *stream* format (what ``datasets`` writes) or the
 IPC *file* format (magic ``ARROW1``); both are read. A record is one row as a
-dict of the selected columns. Local files are memory-mapped, so a read maps
-the file, walks its record-batch headers and copies out only the rows asked;
-files on other filesystems are fetched whole and kept in a per-process LRU
-(:data:`TABLES`). Pure apart from that cache.
+dict of the selected columns. Local files are memory-mapped (the page cache
+holds the data), files on other filesystems are fetched whole; either way the
+opened table is kept in a per-process LRU (:data:`TABLES`, keyed by path, size
+and mtime) and a read copies out only the rows asked. Pure apart from that cache.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from .shard import Shard
 
 FILE_MAGIC = b"ARROW1"
 TABLES = ByteLRU(1 << 30)
+_MAPPED = 1 << 16
 
 
 def _open(fs: Any, name: str, url: str) -> pa.Table:
@@ -55,14 +56,13 @@ def inspect(fs: Any, f: FileInfo) -> dict[str, Any]:
 
 
 def _table(shard: Shard, storage_options: dict[str, Any] | None) -> pa.Table:
-    fs, name = filesystem(str(shard.path), storage_options)
-    if is_local(fs):
-        return _open(fs, name, str(shard.path))
     key = (shard.path, shard.size_bytes, shard.mtime)
     table = TABLES.get(key)
     if table is None:
+        fs, name = filesystem(str(shard.path), storage_options)
         table = _open(fs, name, str(shard.path))
-        TABLES.put(key, table, table.nbytes)
+        # a memory-mapped table holds no memory of its own: weigh only its batch headers
+        TABLES.put(key, table, _MAPPED if is_local(fs) else table.nbytes)
     return table
 
 
@@ -82,7 +82,12 @@ def read(
         )
     if columns:
         table = table.select(list(columns))
-    return table.take(pa.array(offsets)).to_pylist()
+    # ``take`` on a table of many batches concatenates whole columns first: slice out the
+    # runs of consecutive rows needed (zero-copy), then take from that small table.
+    uniq, inverse = np.unique(offsets, return_inverse=True)
+    runs = np.split(uniq, np.flatnonzero(np.diff(uniq) != 1) + 1)
+    small = pa.concat_tables([table.slice(int(r[0]), r.size) for r in runs]).combine_chunks()
+    return small.take(pa.array(inverse.ravel())).to_pylist()
 
 
 READER = Reader(

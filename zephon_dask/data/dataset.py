@@ -447,11 +447,15 @@ class Dataset:
         text_field: str = "text",
         *,
         storage_options: dict[str, Any] | None = None,
+        progress: bool = True,
+        cache_dir: str | os.PathLike | None = None,
     ) -> Dataset:
         """A Mosaic MDS folder (``index.json`` + ``shard.*.mds[.zstd]``), read in place.
 
-        Its ``index.json`` is the index: nothing is cached or written. Every shard
-        must have the same columns, among them ``text_field``.
+        Its ``index.json`` is the index: nothing is cached or written (``progress``
+        and ``cache_dir`` are accepted so that ``from_path`` takes the same
+        arguments for every format). Every shard must have the same columns, among
+        them ``text_field``.
         """
         _check_name(name)
         _check_text_field(text_field)
@@ -488,8 +492,13 @@ class Dataset:
         *,
         tokenizer: Any = None,
         storage_options: dict[str, Any] | None = None,
+        progress: bool = True,
+        cache_dir: str | os.PathLike | None = None,
     ) -> Dataset:
         """A pre-tokenized zarr token store (see :mod:`zephon_dask.data.tokens`).
+
+        Its metadata is its index (``progress`` and ``cache_dir`` are accepted so that
+        ``from_path`` takes the same arguments for every format).
 
         An incomplete store (an interrupted ``prepare_tokens`` job) is refused.
         ``tokenizer`` (anything ``Pipeline.tokenize`` accepts) is the tokenizer the
