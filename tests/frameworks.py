@@ -44,3 +44,43 @@ def record_inputs(model) -> list[str]:
 
     model.register_forward_pre_hook(hook, with_kwargs=True)
     return seen
+
+
+MODEL_FIELDS = ("input_ids", "labels", "attention_mask", "position_ids")
+
+
+def lightning_module():
+    """A LightningModule around the tiny GPT-2; ``.seen`` records its training inputs."""
+    import pytorch_lightning as pl
+    import torch
+
+    class TinyLM(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.model = tiny_gpt2()
+            self.seen = record_inputs(self.model)
+
+        def training_step(self, batch, batch_idx):
+            return self.model(**{k: batch[k] for k in MODEL_FIELDS}).loss
+
+        def configure_optimizers(self):
+            return torch.optim.AdamW(self.parameters(), lr=1e-3)
+
+    return TinyLM()
+
+
+def lightning_fit(pipeline, root, resume=None, **trainer_kw):
+    """Fit ``STEPS`` steps, checkpointing every ``SAVE_AT``; returns the module."""
+    import pytorch_lightning as pl
+    from pytorch_lightning.callbacks import ModelCheckpoint
+
+    from zephon_dask.integrations.lightning import ZephonDataModule
+
+    module = lightning_module()
+    checkpoints = ModelCheckpoint(dirpath=str(root), every_n_train_steps=SAVE_AT, save_top_k=-1,
+                                  filename="{step}")
+    trainer = pl.Trainer(max_steps=STEPS, accelerator="cpu", logger=False, enable_progress_bar=False,
+                         enable_model_summary=False, callbacks=[checkpoints], num_sanity_val_steps=0,
+                         **trainer_kw)
+    trainer.fit(module, datamodule=ZephonDataModule(pipeline), ckpt_path=resume)
+    return module
