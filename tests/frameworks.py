@@ -84,3 +84,34 @@ def lightning_fit(pipeline, root, resume=None, **trainer_kw):
                          **trainer_kw)
     trainer.fit(module, datamodule=ZephonDataModule(pipeline), ckpt_path=resume)
     return module
+
+
+def accelerate_run(pipeline_factory, root) -> tuple[list[str], list[str]]:
+    """``STEPS`` steps with ``save_state`` after ``SAVE_AT``, then a fresh model, pipeline and
+    loader resumed with ``load_state``; returns what the model trained on in each run."""
+    import torch
+    from accelerate import Accelerator
+
+    from zephon_dask.integrations.accelerate import prepare_pipeline
+
+    def run(steps, load=None):
+        accelerator = Accelerator(cpu=True)
+        model = tiny_gpt2()
+        seen = record_inputs(model)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        model, optimizer = accelerator.prepare(model, optimizer)
+        with pipeline_factory() as pipe:
+            loader = prepare_pipeline(accelerator, pipe)
+            if load is not None:
+                accelerator.load_state(load)
+            for step, batch in zip(range(steps), loader, strict=False):
+                loss = model(**{k: batch[k] for k in MODEL_FIELDS}).loss
+                accelerator.backward(loss)
+                optimizer.step()
+                optimizer.zero_grad()
+                if step + 1 == SAVE_AT and load is None:
+                    accelerator.save_state(str(root))
+        return seen
+
+    full = run(STEPS)
+    return full, run(STEPS - SAVE_AT, load=str(root))

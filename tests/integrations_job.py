@@ -47,13 +47,21 @@ def run_lightning(args) -> dict:
     return {"inputs": seen, "resumed": resumed}
 
 
+def run_accelerate(args) -> dict:
+    from frameworks import accelerate_run
+
+    full, resumed = accelerate_run(lambda: hf_pipeline(Path(args.corpus), runner="threads"),
+                                   Path(args.out) / "accelerate")
+    return {"inputs": full, "resumed": resumed}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--framework", required=True, choices=["hf", "lightning", "accelerate"])
     ap.add_argument("--corpus", required=True)
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
-    result = {"hf": run_hf, "lightning": run_lightning}[args.framework](args)
+    result = {"hf": run_hf, "lightning": run_lightning, "accelerate": run_accelerate}[args.framework](args)
     rank = int(os.environ["RANK"])
     name = f"rank-{rank}.json"
     (Path(args.out) / name).write_text(json.dumps(result))
