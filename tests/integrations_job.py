@@ -1,8 +1,9 @@
 """Framework training runs under ``torchrun`` (gloo, CPU), for tests/test_integrations_*.py.
 
-Each rank trains a tiny model through the framework's zephon_dask integration
+Each rank trains a tiny model through each framework's zephon_dask integration
 and writes the digests of the ``input_ids`` its model received to
-``--out/rank-<r>.json`` (``inputs``; with a resume in the same ranks, ``resumed``).
+``--out/rank-<r>.json``: per framework, ``inputs`` and, where the job also
+resumes from the step-6 checkpoint in the same ranks, ``resumed``.
 """
 
 from __future__ import annotations
@@ -57,11 +58,12 @@ def run_accelerate(args) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--framework", required=True, choices=["hf", "lightning", "accelerate"])
+    ap.add_argument("--frameworks", nargs="+", required=True, choices=["hf", "lightning", "accelerate"])
     ap.add_argument("--corpus", required=True)
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
-    result = {"hf": run_hf, "lightning": run_lightning, "accelerate": run_accelerate}[args.framework](args)
+    runs = {"hf": run_hf, "lightning": run_lightning, "accelerate": run_accelerate}
+    result = {name: runs[name](args) for name in args.frameworks}  # one launch: the imports are paid once
     rank = int(os.environ["RANK"])
     name = f"rank-{rank}.json"
     (Path(args.out) / name).write_text(json.dumps(result))

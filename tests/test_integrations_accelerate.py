@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 pytest.importorskip("accelerate")
 
 from frameworks import SAVE_AT, STEPS, accelerate_run, hf_pipeline  # noqa: E402
 from test_integrations_hf import stream  # noqa: E402
-from test_torchrun import torchrun  # noqa: E402
 
 from zephon_dask.errors import ShardingError, ZephonError  # noqa: E402
 
@@ -59,13 +56,3 @@ def test_every_resharding_wrapper_is_refused(corpus_dir):
         sampler = torch.utils.data.distributed.DistributedSampler(range(4), num_replicas=2, rank=0)
         with pytest.raises(ValueError, match="sampler"):  # torch itself: no sampler on an IterableDataset
             torch.utils.data.DataLoader(pipe.to_torch_dataset(), sampler=sampler, batch_size=None)
-
-
-@pytest.mark.slow
-def test_two_ranks_train_every_lane_once_and_resume_exactly(corpus_dir, tmp_path):
-    torchrun(2, "--framework", "accelerate", "--corpus", str(corpus_dir), "--out", str(tmp_path),
-             job="integrations_job.py")
-    ranks = [json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in range(2)]
-    assert sorted(ranks[0]["inputs"] + ranks[1]["inputs"]) == sorted(stream(corpus_dir, 2 * STEPS))
-    for r in ranks:
-        assert r["resumed"] == r["inputs"][SAVE_AT:]

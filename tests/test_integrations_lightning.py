@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 pytest.importorskip("pytorch_lightning")
 
 from frameworks import SAVE_AT, STEPS, hf_pipeline, lightning_fit  # noqa: E402
 from test_integrations_hf import stream  # noqa: E402
-from test_torchrun import torchrun  # noqa: E402
 
 
 def test_fit_resumes_exactly_from_a_checkpoint(corpus_dir, tmp_path):
@@ -21,13 +18,3 @@ def test_fit_resumes_exactly_from_a_checkpoint(corpus_dir, tmp_path):
     with hf_pipeline(corpus_dir) as pipe:
         resumed = lightning_fit(pipe, tmp_path / "resumed", resume=str(checkpoint), devices=1).seen
     assert resumed == full[SAVE_AT:]  # neither the prefetched batch 6 lost nor batches 0..5 replayed
-
-
-@pytest.mark.slow
-def test_two_rank_ddp_trains_every_lane_once_and_resumes_exactly(corpus_dir, tmp_path):
-    torchrun(2, "--framework", "lightning", "--corpus", str(corpus_dir), "--out", str(tmp_path),
-             job="integrations_job.py")
-    ranks = [json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in range(2)]
-    assert sorted(ranks[0]["inputs"] + ranks[1]["inputs"]) == sorted(stream(corpus_dir, 2 * STEPS))
-    for r in ranks:
-        assert r["resumed"] == r["inputs"][SAVE_AT:]
