@@ -44,3 +44,74 @@ def record_inputs(model) -> list[str]:
 
     model.register_forward_pre_hook(hook, with_kwargs=True)
     return seen
+
+
+MODEL_FIELDS = ("input_ids", "labels", "attention_mask", "position_ids")
+
+
+def lightning_module():
+    """A LightningModule around the tiny GPT-2; ``.seen`` records its training inputs."""
+    import pytorch_lightning as pl
+    import torch
+
+    class TinyLM(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.model = tiny_gpt2()
+            self.seen = record_inputs(self.model)
+
+        def training_step(self, batch, batch_idx):
+            return self.model(**{k: batch[k] for k in MODEL_FIELDS}).loss
+
+        def configure_optimizers(self):
+            return torch.optim.AdamW(self.parameters(), lr=1e-3)
+
+    return TinyLM()
+
+
+def lightning_fit(pipeline, root, resume=None, **trainer_kw):
+    """Fit ``STEPS`` steps, checkpointing every ``SAVE_AT``; returns the module."""
+    import pytorch_lightning as pl
+    from pytorch_lightning.callbacks import ModelCheckpoint
+
+    from zephon_dask.integrations.lightning import ZephonDataModule
+
+    module = lightning_module()
+    checkpoints = ModelCheckpoint(dirpath=str(root), every_n_train_steps=SAVE_AT, save_top_k=-1,
+                                  filename="{step}")
+    trainer = pl.Trainer(max_steps=STEPS, accelerator="cpu", logger=False, enable_progress_bar=False,
+                         enable_model_summary=False, callbacks=[checkpoints], num_sanity_val_steps=0,
+                         **trainer_kw)
+    trainer.fit(module, datamodule=ZephonDataModule(pipeline), ckpt_path=resume)
+    return module
+
+
+def accelerate_run(pipeline_factory, root) -> tuple[list[str], list[str]]:
+    """``STEPS`` steps with ``save_state`` after ``SAVE_AT``, then a fresh model, pipeline and
+    loader resumed with ``load_state``; returns what the model trained on in each run."""
+    import torch
+    from accelerate import Accelerator
+
+    from zephon_dask.integrations.accelerate import prepare_pipeline
+
+    def run(steps, load=None):
+        accelerator = Accelerator(cpu=True)
+        model = tiny_gpt2()
+        seen = record_inputs(model)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        model, optimizer = accelerator.prepare(model, optimizer)
+        with pipeline_factory() as pipe:
+            loader = prepare_pipeline(accelerator, pipe)
+            if load is not None:
+                accelerator.load_state(load)
+            for step, batch in zip(range(steps), loader, strict=False):
+                loss = model(**{k: batch[k] for k in MODEL_FIELDS}).loss
+                accelerator.backward(loss)
+                optimizer.step()
+                optimizer.zero_grad()
+                if step + 1 == SAVE_AT and load is None:
+                    accelerator.save_state(str(root))
+        return seen
+
+    full = run(STEPS)
+    return full, run(STEPS - SAVE_AT, load=str(root))

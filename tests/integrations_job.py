@@ -1,8 +1,9 @@
 """Framework training runs under ``torchrun`` (gloo, CPU), for tests/test_integrations_*.py.
 
-Each rank trains a tiny model through the framework's zephon_dask integration
+Each rank trains a tiny model through each framework's zephon_dask integration
 and writes the digests of the ``input_ids`` its model received to
-``--out/rank-<r>.json`` (with ``--tag``, ``rank-<r>-<tag>.json``).
+``--out/rank-<r>.json``: per framework, ``inputs`` and, where the job also
+resumes from the step-6 checkpoint in the same ranks, ``resumed``.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from frameworks import SAVE_AT, STEPS, hf_pipeline, record_inputs, tiny_gpt2  # noqa: E402
 
 
-def run_hf(args) -> list[str]:
+def run_hf(args) -> dict:
     from transformers import TrainingArguments
 
     from zephon_dask.integrations.hf import ZephonTrainer
@@ -29,22 +30,43 @@ def run_hf(args) -> list[str]:
                               save_steps=SAVE_AT, report_to=[], logging_strategy="no", disable_tqdm=True,
                               use_cpu=True, seed=0, ddp_backend="gloo")
     with hf_pipeline(Path(args.corpus), runner="threads") as pipe:
-        ZephonTrainer(model=model, args=targs, train_dataset=pipe).train(resume_from_checkpoint=args.resume)
-    return seen
+        ZephonTrainer(model=model, args=targs, train_dataset=pipe).train()
+    return {"inputs": seen}
+
+
+def run_lightning(args) -> dict:
+    """A full DDP fit, then a second fit in the same ranks resumed from its step-6 checkpoint."""
+    from frameworks import lightning_fit
+
+    root = Path(args.out) / "lightning"
+    kw = {"devices": 2, "strategy": "ddp", "use_distributed_sampler": True}
+    with hf_pipeline(Path(args.corpus), runner="threads") as pipe:
+        seen = lightning_fit(pipe, root / "full", **kw).seen
+    with hf_pipeline(Path(args.corpus), runner="threads") as pipe:
+        resumed = lightning_fit(pipe, root / "resumed", resume=str(root / "full" / f"step={SAVE_AT}.ckpt"),
+                                **kw).seen
+    return {"inputs": seen, "resumed": resumed}
+
+
+def run_accelerate(args) -> dict:
+    from frameworks import accelerate_run
+
+    full, resumed = accelerate_run(lambda: hf_pipeline(Path(args.corpus), runner="threads"),
+                                   Path(args.out) / "accelerate")
+    return {"inputs": full, "resumed": resumed}
 
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--framework", required=True, choices=["hf", "lightning", "accelerate"])
+    ap.add_argument("--frameworks", nargs="+", required=True, choices=["hf", "lightning", "accelerate"])
     ap.add_argument("--corpus", required=True)
     ap.add_argument("--out", required=True)
-    ap.add_argument("--resume")
-    ap.add_argument("--tag", default="")
     args = ap.parse_args()
-    seen = {"hf": run_hf}[args.framework](args)
+    runs = {"hf": run_hf, "lightning": run_lightning, "accelerate": run_accelerate}
+    result = {name: runs[name](args) for name in args.frameworks}  # one launch: the imports are paid once
     rank = int(os.environ["RANK"])
-    name = f"rank-{rank}-{args.tag}.json" if args.tag else f"rank-{rank}.json"
-    (Path(args.out) / name).write_text(json.dumps({"inputs": seen}))
+    name = f"rank-{rank}.json"
+    (Path(args.out) / name).write_text(json.dumps(result))
     return 0
 
 

@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 pytest.importorskip("transformers")
 
 from frameworks import SAVE_AT, STEPS, digest, hf_pipeline, record_inputs, tiny_gpt2  # noqa: E402
-from test_torchrun import torchrun  # noqa: E402
 from transformers import Trainer, TrainingArguments  # noqa: E402
 
 from zephon_dask.errors import ConfigError, ShardingError, ZephonError  # noqa: E402
@@ -75,12 +72,3 @@ def test_stock_trainer_on_the_dataset_is_refused(corpus_dir, tmp_path):
         with pytest.raises(ShardingError, match="ZephonTrainer") as info:
             trainer.train()
     assert isinstance(info.value, ZephonError) and isinstance(info.value, RuntimeError)
-
-
-@pytest.mark.slow
-def test_two_ranks_train_every_lane_once(corpus_dir, tmp_path):
-    torchrun(2, "--framework", "hf", "--corpus", str(corpus_dir), "--out", str(tmp_path), job="integrations_job.py")
-    ranks = [json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in range(2)]
-    trained = sorted(ranks[0]["inputs"] + ranks[1]["inputs"])
-    assert len(ranks[0]["inputs"]) == len(ranks[1]["inputs"]) == STEPS
-    assert trained == sorted(stream(corpus_dir, 2 * STEPS))  # the dp=1 stream: no lane lost or repeated

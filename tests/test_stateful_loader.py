@@ -282,3 +282,22 @@ def test_a_newer_iterator_supersedes_the_older(corpus_dir, tmp_path):
     assert rest == [t[:2] for t in truth[3:]]
     lines = (tmp_path / "ledger" / "rank-0.jsonl").read_text().splitlines()
     assert len(lines) == 2 + len(truth)  # the ledger stayed open for the live iterator
+
+
+def test_stateful_dataloader_with_an_idle_worker(corpus_dir):
+    """4 lanes over 3 workers: worker 2 serves none, and its (empty) state resumes too."""
+    with build(corpus_dir, runner="synchronous") as pipe:
+        full = [rows(item) for item in loader(pipe, 3)]
+    with build(corpus_dir, runner="synchronous") as pipe:
+        first, head = loader(pipe, 3), []
+        for item in first:
+            head.append(rows(item))
+            if len(head) == 7:
+                break
+        state = first.state_dict()
+        del first
+    assert [ds["lanes"] for ds in dataset_states(state)] == [[0, 2], [1, 3], []]
+    with build(corpus_dir, runner="synchronous") as pipe:
+        second = loader(pipe, 3)
+        second.load_state_dict(state)
+        assert head + [rows(item) for item in second] == full

@@ -182,11 +182,13 @@ class PipelineDataset(IterableDataset):
             lanes = worker_lanes(lanes, workers)[worker]
         return lanes, pipe._resume, lanes[0] if lanes else None
 
-    def _start(self) -> tuple[Progress, dict | None]:
+    def _start(self) -> tuple[Progress | None, dict | None]:
+        """This process's progress (``None`` for a worker serving no lane) and its start state."""
         lanes, resume, first = self._serving()
-        pipe = self._pipe()
-        shape = StepShape(max(1, len(lanes)), max(1, len(lanes)), 1, False)  # steps are the loader's
-        return Progress(pipe.spec, lanes, resume, shape, first_lane=first), resume
+        if not lanes:
+            return None, None
+        shape = StepShape(len(lanes), len(lanes), 1, False)  # steps are counted by the loader's user
+        return Progress(self._pipe().spec, lanes, resume, shape, first_lane=first), resume
 
     def __iter__(self):
         refuse_resharding()  # a framework wrapper splitting these rank-split lanes again
@@ -194,8 +196,8 @@ class PipelineDataset(IterableDataset):
         return self._generate(self._pipe(), self._progress, resume)
 
     @staticmethod
-    def _generate(pipe, progress: Progress, resume: dict | None):
-        if not progress.lanes:
+    def _generate(pipe, progress: Progress | None, resume: dict | None):
+        if progress is None:
             return
         stream = pipe.open_stream(progress.lanes, resume, progress.first_lane)
         stream.on_finish = progress.lane_finished
@@ -211,7 +213,7 @@ class PipelineDataset(IterableDataset):
         progress = self._progress if self._progress is not None else self._start()[0]
         worker, workers = self._worker()
         return {"format": DATASET_FORMAT, "version": VERSION, "worker": worker, "num_workers": workers,
-                "lanes": list(progress.lanes), "state": progress.state()}
+                "lanes": list(progress.lanes) if progress else [], "state": progress.state() if progress else None}
 
     def load_state_dict(self, state: dict) -> None:
         """Start the next iteration in this process where ``state`` (from :meth:`state_dict`) stands."""
@@ -226,8 +228,11 @@ class PipelineDataset(IterableDataset):
                 "resumes with the same num_workers. To change it, resume through "
                 "pipeline.to_torch_loader(), whose state is the pipeline's"
             )
-        inner = check_state(state.get("state"), where="the dataset state")
         lanes = state.get("lanes")
+        if lanes == [] and state.get("state") is None:  # a worker that serves no lane
+            self._loaded, self._progress = {"lanes": [], "state": None}, None
+            return
+        inner = check_state(state.get("state"), where="the dataset state")
         pipe = self._pipe()
         owned = set(pipe.owned_lanes())
         if (not isinstance(lanes, list) or not set(lanes) <= owned

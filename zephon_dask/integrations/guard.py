@@ -6,8 +6,11 @@ each rank iterates only its own lanes. A wrapper that splits the stream again
 shard in ``transformers``) would make every rank train a fraction of its
 fraction, or all ranks rank 0's lanes, silently. :func:`refuse_resharding`
 looks, when a pipeline dataset starts iterating, for such a wrapper among its
-callers and raises :class:`ShardingError`. (A ``DistributedSampler`` cannot
-reach a pipeline: torch refuses any sampler on an ``IterableDataset``.)
+callers and raises :class:`ShardingError`. accelerate's ``DataLoaderShard``
+(what ``prepare`` builds in one process) is refused too: it does not split,
+but it rebuilds the loader, so the pipeline no longer sees what was
+delivered and its state would be wrong. (A ``DistributedSampler`` cannot reach
+a pipeline: torch refuses any sampler on an ``IterableDataset``.)
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from ..errors import ShardingError
 RESHARDING_WRAPPERS = (
     ("accelerate.", "IterableDatasetShard."),
     ("accelerate.", "DataLoaderDispatcher."),
+    ("accelerate.", "DataLoaderShard."),  # one process: not split, but its deliveries go unrecorded
     ("transformers.", "IterableDatasetShard."),
 )
 MAX_DEPTH = 64  # callers examined; the wrappers sit a few frames above the dataset

@@ -25,7 +25,6 @@ after the last batch it trained on.
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 import torch
@@ -33,7 +32,8 @@ from transformers import Trainer, TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
 
 from ..errors import ConfigError, StateError
-from ..state import gather_state, load_state, save_state
+from ..state import load_state, save_state
+from .ranks import collective_state
 
 STATE_FILE = "zephon_state.json"
 MODEL_FIELDS = ("input_ids", "labels", "attention_mask", "position_ids")
@@ -50,14 +50,6 @@ def pipeline_of(obj):
         return obj.pipeline
     raise ConfigError(f"train_dataset={type(obj).__name__} is not a zephon_dask pipeline; pass the "
                       "Pipeline (or pipeline.to_torch_dataset())")
-
-
-def collective_state(pipeline) -> dict:
-    """The pipeline's state with every rank's lanes (collective under ``torch.distributed``)."""
-    dist = sys.modules.get("torch.distributed")
-    if dist is not None and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        return gather_state(pipeline)
-    return pipeline.state_dict()
 
 
 def checkpoint_state(checkpoint_dir) -> dict:

@@ -1,0 +1,57 @@
+"""accelerate fed by a pipeline: :func:`prepare_pipeline`. The loader holds the pipeline.
+
+``accelerator.prepare(pipeline.to_torch_loader())`` would rebuild the loader
+around accelerate's ``DataLoaderDispatcher`` (rank 0 reads, every rank gets a
+slice: the other ranks' lanes are never read) or ``IterableDatasetShard``
+(each rank keeps a slice of its own lanes); both are refused with
+:class:`~zephon_dask.errors.ShardingError`. :func:`prepare_pipeline` instead
+returns an :class:`AcceleratorLoader` that
+
+- moves each batch to ``accelerator.device`` (pinned and non-blocking on CUDA);
+- is marked prepared, so ``accelerator.prepare`` passes it through unchanged
+  and never splits it again (each rank already reads only its own lanes);
+- is registered for checkpointing: ``accelerator.save_state`` writes its state
+  (every rank's lanes, gathered; the main process writes it) and
+  ``accelerator.load_state`` restores it, so the next batch after a resume is
+  the one after the last batch the loop received, computed directly.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..consumer.torch_io import PipelineLoader
+from .ranks import collective_state
+
+
+class AcceleratorLoader(PipelineLoader):
+    """A :class:`PipelineLoader` on a device, with a rank-gathered state; accelerate leaves it as is."""
+
+    _is_accelerate_prepared = True  # accelerate's own mark: prepare() returns the loader unchanged
+
+    def __init__(self, pipeline, device=None, num_workers: int = 0, **dataloader_kwargs):
+        self.device = torch.device(device) if device is not None else None
+        cuda = self.device is not None and self.device.type == "cuda"
+        dataloader_kwargs.setdefault("pin_memory", cuda)
+        super().__init__(pipeline, num_workers=num_workers, **dataloader_kwargs)
+
+    def __iter__(self):
+        batches = super().__iter__()
+        if self.device is None:
+            return batches
+        blocking = not self.pin_memory
+        return ({k: v.to(self.device, non_blocking=not blocking) for k, v in batch.items()} for batch in batches)
+
+    def state_dict(self, *, ahead: int | None = None, at_step: int | None = None) -> dict:
+        if ahead is None and at_step is None:
+            return collective_state(self.pipeline)
+        return super().state_dict(ahead=ahead, at_step=at_step)
+
+
+def prepare_pipeline(accelerator, pipeline, num_workers: int = 0, **dataloader_kwargs) -> AcceleratorLoader:
+    """The pipeline's loader for ``accelerator``: on its device, never re-sharded, checkpointed
+    by ``save_state``/``load_state``. Call it on every rank (after ``Accelerator()``)."""
+    loader = AcceleratorLoader(pipeline, device=accelerator.device, num_workers=num_workers, **dataloader_kwargs)
+    loader = accelerator.prepare(loader)
+    accelerator.register_for_checkpointing(loader)
+    return loader
