@@ -2,7 +2,7 @@
 offsets sha256 against the completion record) against a bare zarr open, and ``verify_store``'s
 full hash of every token.
 
-    python benchmarks/bench_verify.py [--tokens 20000000] [--docs 100000]
+    python benchmarks/bench_verify.py [--tokens 20000000] [--docs 100000] [--quick]
 """
 
 from __future__ import annotations
@@ -24,7 +24,10 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=20_000_000)
     ap.add_argument("--docs", type=int, default=100_000)
     ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--quick", action="store_true", help="2M tokens, 10k documents")
     args = ap.parse_args()
+    if args.quick:
+        args.tokens, args.docs = 2_000_000, 10_000
     rng = np.random.default_rng(0)
     cuts = np.sort(rng.choice(np.arange(1, args.tokens), args.docs - 1, replace=False))
     flat = rng.integers(0, 50_000, args.tokens, dtype=np.uint16)

@@ -159,3 +159,17 @@ def test_embedded_cluster_listens_on_loopback_only():
         listening = {c.laddr.ip for p in procs for c in p.net_connections(kind="inet") if c.status == "LISTEN"}
         assert cluster.dashboard_link.startswith("http://127.0.0.1:")
     assert listening == {"127.0.0.1"}, listening
+
+
+def test_short_soak_growth_is_bounded(tmp_path):
+    """A few seconds of the soak benchmark: fds and threads stay flat, memory grows little."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    try:
+        from bench_soak import growth, soak
+    finally:
+        sys.path.pop(0)
+    samples = soak(seconds=8, every=1, n_workers=1, workdir=str(tmp_path))
+    assert samples[-1].batches > samples[0].batches
+    for name, g in growth(samples, warmup=3).items():
+        assert g["fds"] <= 4 and g["threads"] <= 2, (name, g)
+        assert g["rss"] < 0.25, (name, g)  # loose: the full soak (benchmarks/bench_soak.py) checks 2%

@@ -148,10 +148,11 @@ def _quiet_for_shutdown(client: Client) -> None:
 
 LOST_RESULT = (CancelledError, CommClosedError, OSError)
 RESUBMITS = 3
+SILENT_AFTER = 3.0  # seconds without a heartbeat (at least) before a worker counts as frozen
 
 
-def _again_key(graph: WindowGraph) -> str:
-    return graph.key.replace("zephon-", "zephon-again-", 1)
+def _again_key(graph: WindowGraph, n: int) -> str:
+    return graph.key.replace("zephon-", f"zephon-again{n}-", 1)
 
 
 class DistributedHandle(WindowHandle):
@@ -160,21 +161,24 @@ class DistributedHandle(WindowHandle):
     A result lost with its worker (a gather that fails or a future the scheduler
     cancels) is resubmitted under the same keys: the window is pure, so the
     recomputation gives the same bytes. A window still computing after the
-    runner's ``stall`` seconds is logged with the workers computing it, and a
-    fused copy is submitted to the other workers; the first of the two to finish
-    is used (the same bytes either way)."""
+    runner's ``stall`` seconds is logged with the workers computing it, and (if a
+    worker holds it and others exist) a fused copy is submitted to the other
+    workers, carrying the spec by value; the first of the two to finish is used
+    (the same bytes either way)."""
 
     def __init__(self, graph: WindowGraph, future, chunk_futures, runner, priority):
         super().__init__(graph, future=future)
         self._chunks, self._runner, self._priority = chunk_futures, runner, priority
-        self._copy = None
+        self._copy, self._copy_on, self._copies = None, [], 0
 
     def result(self):
         runner, resubmits = self._runner, 0
         started = reported = time.monotonic()
+        stuck: set[str] = set()  # finished, but the result could not be fetched in time (a frozen holder)
         while True:
+            live = [f for f in (self._future, self._copy) if f is not None and f.key not in stuck]
             try:
-                done = runner.watch.wait([self._future, self._copy])
+                done = runner.watch.wait(live or [self._future])
             except ClusterError as exc:
                 exc.add_note(f"zephon_dask: while waiting for lane {self.graph.lane}, window {self.graph.window}")
                 raise
@@ -183,11 +187,21 @@ class DistributedHandle(WindowHandle):
                     reported = time.monotonic()
                     self._stalled(reported - started)
                 continue
+            finished = done.status == "finished"
             try:
-                return done.result()
+                return done.result(timeout=runner.stall) if finished else done.result()
             except RuntimeError:  # "IOLoop is closed" when the client closed meanwhile; else the task's own
                 runner.watch.check_open()
                 raise
+            except TimeoutError as exc:
+                if not finished:  # the task's own error
+                    exc.add_note(f"zephon_dask: while computing lane {self.graph.lane}, window {self.graph.window}")
+                    raise
+                stuck.add(done.key)
+                reported = time.monotonic()
+                self._stalled(reported - started)
+                if self._copy is None or self._copy is done:
+                    stuck.discard(done.key)  # nothing else to wait for: keep fetching it
             except LOST_RESULT as exc:
                 if resubmits == RESUBMITS:
                     raise
@@ -204,20 +218,31 @@ class DistributedHandle(WindowHandle):
                 raise
 
     def _stalled(self, waited: float) -> None:
-        """Report a window computing for too long; compute a copy on the other workers."""
+        """Report a window computing (or its result being fetched) for too long; compute a copy on
+        the other workers."""
         runner = self._runner
         keys = {f.key for f in [self._future, *self._chunks] if f is not None}
-        busy, workers = runner.processing(keys)
-        others = sorted(set(workers) - set(busy))
-        plan = "computing it again on the other workers" if others and self._copy is None else (
-            "a copy already runs elsewhere" if self._copy is not None else "no other worker to compute it")
-        logger.warning("zephon_dask: lane %d, window %d has been computing for %.0f s (stall_timeout %g s) "
-                       "on %s: a worker may be frozen or overloaded; %s", self.graph.lane, self.graph.window,
-                       waited, runner.stall, ", ".join(busy) or "no worker yet", plan)
-        if others and self._copy is None:
+        busy, live, silent = runner.workers_for(keys)
+        if self._copy is not None and set(self._copy_on) & set(silent):  # the copy went to a frozen worker
+            self._copy.release()
+            self._copy = None
+        # responsive workers, those not holding this window first (a silent one may hold its inputs)
+        others = sorted(set(live) - set(busy)) or sorted(set(live) & set(busy))
+        # a window no worker has taken yet is queued behind others: a copy would only add load
+        copy = bool(busy and others) and self._copy is None
+        plan = ("computing it again on " + ", ".join(others) if copy else "a copy already runs elsewhere"
+                if self._copy is not None else "no responsive worker to compute it" if busy else "it is still queued")
+        logger.warning("zephon_dask: lane %d, window %d has been computing (or fetched) for %.0f s (stall_timeout %g s) "
+                       "on %s; workers not heard from for over %g s: %s; %s", self.graph.lane, self.graph.window,
+                       waited, runner.stall, ", ".join(busy) or "no worker yet", max(runner.stall, SILENT_AFTER),
+                       ", ".join(silent) or "none", plan)
+        if copy:
+            self._copies += 1
+            self._copy_on = others
             self._copy = runner.client.submit(
-                compute_window, runner.spec, self.graph.lane, self.graph.window, key=_again_key(self.graph),
-                workers=others, allow_other_workers=False, pure=False, priority=self._priority)
+                compute_window, runner.spec, self.graph.lane, self.graph.window,
+                key=_again_key(self.graph, self._copies), workers=others, allow_other_workers=False,
+                pure=False, priority=self._priority)
 
     def release(self) -> None:
         fut, chunks, copy = self._future, self._chunks, self._copy
@@ -249,6 +274,7 @@ class DistributedRunner(Runner):
         if address is not None and client is None:
             logger.info("connected to the Dask scheduler at %s", address)
         self.watch = ClusterWatch(self.client, timeout, address)
+        self._live_only: list[str] | None = None  # the responsive workers, while some are silent
         # A task, not scattered data: if the worker holding it dies, the
         # scheduler recomputes it from the task definition.
         self._spec_future = self.client.submit(_spec_value, spec, key=graph_keys.spec_key(spec.fingerprint),
@@ -272,14 +298,24 @@ class DistributedRunner(Runner):
             raise ClusterError(f"the Dask scheduler at {self.watch.address} did not answer within "
                                f"{PROBE_TIMEOUT:g} s ({exc!r}); check the cluster") from None
 
-    def processing(self, keys) -> tuple[list[str], list[str]]:
-        """``(workers computing any of keys, every worker)``; empty lists if the scheduler does not answer."""
+    def workers_for(self, keys) -> tuple[list[str], list[str], list[str]]:
+        """``(workers computing or holding any of keys, responsive workers, silent workers)``: a
+        worker is silent when its last heartbeat is ``stall`` seconds older than the newest one.
+        Empty lists if the scheduler does not answer."""
         try:
-            every = sorted(self._identity(-1).get("workers", {}))
+            seen = {w: info.get("last_seen", 0.0) for w, info in self._identity(-1).get("workers", {}).items()}
             queues = self.client.sync(self.client.scheduler.processing, callback_timeout=PROBE_TIMEOUT)
+            holders = self.client.sync(self.client.scheduler.who_has, keys=sorted(keys),
+                                       callback_timeout=PROBE_TIMEOUT)
         except Exception:  # reporting is best effort; the wait's own checks raise what matters
-            return [], []
-        return sorted(w for w, ks in queues.items() if keys & set(map(str, ks))), every
+            return [], [], []
+        busy = {w for w, ks in queues.items() if keys & set(map(str, ks))}
+        busy.update(w for ws in holders.values() for w in ws)
+        newest = max(seen.values(), default=0.0)
+        silent = sorted(w for w, t in seen.items() if newest - t > max(self.stall, SILENT_AFTER))
+        live = sorted(set(seen) - set(silent))
+        self._live_only = live if silent and live else None
+        return sorted(busy), live, silent
 
     @property
     def slots(self) -> int:
@@ -294,6 +330,9 @@ class DistributedRunner(Runner):
         if c is None:
             raise ClosedError("this distributed runner is closed; build or reopen the pipeline to compute more windows")
         opts = {"priority": priority, "retries": self.retries, "pure": False}
+        if self._live_only:  # while a worker is silent: avoid it, and do not fetch the spec from it
+            spec = self.spec
+            opts.update(workers=self._live_only, allow_other_workers=False)
         if graph.fused:
             fut = c.submit(compute_window, spec, graph.lane, graph.window, key=graph.key, **opts)
             return DistributedHandle(graph, fut, [], self, priority)

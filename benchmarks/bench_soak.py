@@ -1,0 +1,130 @@
+"""Soak: stream batches for a while on the embedded cluster and sample memory, fds and threads.
+
+Samples the training process and every worker process (RSS, open file descriptors,
+threads) at a fixed interval while a repeating pipeline streams batches, then reports
+the change from the end of the warm-up to the last sample. Bounded state means flat
+curves after warm-up.
+
+    python benchmarks/bench_soak.py --minutes 30 [--workers 2] [--every 10] [--csv soak.csv] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+import zephon_dask as z
+
+WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron".split()
+
+
+@dataclass
+class Sample:
+    seconds: float
+    batches: int
+    rss_mb: dict[str, float]
+    fds: dict[str, int]
+    threads: dict[str, int]
+
+
+def _corpus(root: Path, files: int = 4, docs: int = 500) -> str:
+    import random
+
+    rng = random.Random(0)
+    root.mkdir(parents=True, exist_ok=True)
+    for f in range(files):
+        with open(root / f"part-{f}.jsonl", "w") as fh:
+            for i in range(docs):
+                words = " ".join(rng.choice(WORDS) for _ in range(rng.randint(5, 200)))
+                fh.write(json.dumps({"text": f"{f}/{i} {words}"}) + "\n")
+    return str(root)
+
+
+def _measure(procs: dict[str, psutil.Process]) -> tuple[dict, dict, dict]:
+    rss, fds, threads = {}, {}, {}
+    for name, p in procs.items():
+        try:
+            with p.oneshot():
+                rss[name] = p.memory_info().rss / 2**20
+                fds[name] = p.num_fds()
+                threads[name] = p.num_threads()
+        except psutil.NoSuchProcess:
+            pass
+    return rss, fds, threads
+
+
+def soak(seconds: float, every: float, n_workers: int = 1, workdir: str | None = None) -> list[Sample]:
+    """Stream a repeating pipeline on an embedded cluster for ``seconds``; a :class:`Sample` every ``every`` s."""
+    with tempfile.TemporaryDirectory(dir=workdir) as tmp:
+        ds = z.Dataset.from_jsonl("web", _corpus(Path(tmp) / "web"), progress=False)
+        ws = z.MixtureWorkSource([ds], chunk_size=64, seed=0, exhausted_policy="repeat")
+        pipe = (z.Pipeline(ws).tokenize().shuffle(64).pack(256).batch(4)
+                .options(runner="distributed", n_workers=n_workers, canonical_replicas=4))
+        samples: list[Sample] = []
+        with pipe:
+            batches = iter(pipe)
+            next(batches)
+            procs = {"trainer": psutil.Process()}
+            procs.update({f"worker-{i}": psutil.Process(pid)
+                          for i, pid in enumerate(sorted(pipe.runner().worker_pids().values()))})
+            start = time.monotonic()
+            n, due = 1, start
+            while True:
+                now = time.monotonic()
+                if now >= due:
+                    samples.append(Sample(now - start, n, *_measure(procs)))
+                    due += every
+                    if now - start >= seconds:
+                        break
+                next(batches)
+                n += 1
+        return samples
+
+
+def growth(samples: list[Sample], warmup: float) -> dict[str, dict[str, float]]:
+    """Per process: relative RSS change and absolute fd / thread change from the first sample
+    after ``warmup`` seconds to the last one."""
+    after = [s for s in samples if s.seconds >= warmup] or samples[-1:]
+    first, last = after[0], samples[-1]
+    return {name: {"rss": last.rss_mb[name] / first.rss_mb[name] - 1,
+                   "fds": last.fds[name] - first.fds[name],
+                   "threads": last.threads[name] - first.threads[name]}
+            for name in first.rss_mb if name in last.rss_mb}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--minutes", type=float, default=1.0)
+    ap.add_argument("--workers", type=int, default=1)
+    ap.add_argument("--every", type=float, default=10.0, help="seconds between samples")
+    ap.add_argument("--warmup", type=float, default=None, help="seconds of warm-up (default: a tenth)")
+    ap.add_argument("--csv", help="write every sample here")
+    ap.add_argument("--quick", action="store_true", help="20 s, a sample every 2 s")
+    args = ap.parse_args()
+    if args.quick:
+        args.minutes, args.every = 1 / 3, 2.0
+    seconds = args.minutes * 60
+    samples = soak(seconds, args.every, args.workers)
+    if args.csv:
+        names = sorted(samples[0].rss_mb)
+        with open(args.csv, "w") as fh:
+            fh.write("seconds,batches," + ",".join(f"{n}_rss_mb,{n}_fds,{n}_threads" for n in names) + "\n")
+            for s in samples:
+                cols = [f"{s.rss_mb.get(n, 0):.1f},{s.fds.get(n, 0)},{s.threads.get(n, 0)}" for n in names]
+                fh.write(f"{s.seconds:.1f},{s.batches}," + ",".join(cols) + "\n")
+    warmup = args.warmup if args.warmup is not None else seconds / 10
+    print(f"{samples[-1].batches:,} batches in {samples[-1].seconds:.0f} s; change after {warmup:.0f} s of warm-up:")
+    for name, g in growth(samples, warmup).items():
+        s0 = next(s for s in samples if s.seconds >= warmup or s is samples[-1])
+        print(f"  {name:10s} RSS {s0.rss_mb[name]:7.1f} -> {samples[-1].rss_mb[name]:7.1f} MB ({g['rss']:+.1%}), "
+              f"fds {g['fds']:+d}, threads {g['threads']:+d}")
+
+
+if __name__ == "__main__":
+    main()
