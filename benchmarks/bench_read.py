@@ -1,7 +1,8 @@
 """Read throughput per format: records/s of ``Dataset.read`` on one shard at random chunks.
 
-Writes the same documents (fixed seed; ~600 bytes of text each) as one shard
-in every format zephon_dask reads: JSONL plain, gzip and zstd; parquet (row
+Writes the same documents (fixed seed; ~600 bytes of text each; 100,000 by default) as one shard
+in every format zephon_dask reads: JSONL plain, gzip, zstd in one frame and
+zstd in frames of 4 MiB of text (``zst frames``); parquet (row
 groups of 8,192); Arrow IPC stream (what ``save_to_disk`` writes); MDS raw and
 zstd. Then, per format:
 
@@ -11,7 +12,11 @@ zstd. Then, per format:
   per-process cache cleared: the line scan or offset table is rebuilt);
 * ``chunks``: records/s over ``--reads`` reads of ``--chunk`` consecutive records
   at random offsets (warm process caches, as a Dask worker has them);
-* ``scattered``: records/s over reads of ``--chunk`` random offsets.
+* ``uncached``: the same for ``--reads / 10`` chunks with the decoded-data caches
+  (compressed JSONL segments, decompressed MDS shards) emptied before each read:
+  what a chunk costs when nothing decoded is reused (line index and checkpoints kept);
+* ``scattered``: records/s over ``--reads / 10`` reads of ``--chunk`` random offsets
+  anywhere in the shard (what ``shuffle_within_shard`` with large blocks asks).
 
 Nothing asserts a time; the figures vary with the machine and its load.
 
@@ -77,6 +82,10 @@ def write_all(root: Path, docs: list[dict]) -> dict[str, Path]:
     out["jsonl.gz"].write_bytes(gzip.compress(text, 6))
     out["jsonl.zst"] = root / "a.jsonl.zst"
     out["jsonl.zst"].write_bytes(zstandard.ZstdCompressor(level=3).compress(text))
+    frames = [text[i : i + (4 << 20)] for i in range(0, len(text), 4 << 20)]
+    out["zst frames"] = root / "b.jsonl.zst"  # 4 MiB of text per frame: seekable per frame
+    out["zst frames"].write_bytes(b"".join(zstandard.ZstdCompressor(level=3).compress(f)
+                                           for f in frames))
     out["parquet"] = root / "a.parquet"
     pq.write_table(table, out["parquet"], row_group_size=8192)
     out["arrow"] = root / "a.arrow"
@@ -110,22 +119,33 @@ def bench(label: str, path: Path, chunk: int, reads: int, rng) -> dict:
     for s in starts.tolist():
         ds.read(0, np.arange(s, s + chunk))
     chunks_s = time.perf_counter() - t0
-    scattered = [rng.integers(0, n, size=chunk) for _ in range(reads)]
+    few = max(5, reads // 10)
+    starts = rng.integers(0, n - chunk, size=few)
+    elapsed = 0.0
+    for s in starts.tolist():
+        compressed.SEGMENTS.clear()  # decoded data dropped; line index and checkpoints kept
+        mds.DECODED.clear()
+        t0 = time.perf_counter()
+        ds.read(0, np.arange(s, s + chunk))
+        elapsed += time.perf_counter() - t0
+    uncached = chunk * few / elapsed
+    scattered = [rng.integers(0, n, size=chunk) for _ in range(few)]
     t0 = time.perf_counter()
     for offs in scattered:
         ds.read(0, offs)
     scattered_s = time.perf_counter() - t0
     size = sum(p.stat().st_size for p in ([path] if path.is_file() else path.iterdir()))
     return {"format": label, "MiB": size / 2**20, "index_s": index_s, "first_ms": first_s * 1e3,
-            "chunks": chunk * reads / chunks_s, "scattered": chunk * reads / scattered_s}
+            "chunks": chunk * reads / chunks_s, "uncached": uncached,
+            "scattered": chunk * len(scattered) / scattered_s}
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="20,000 documents, 50 reads")
-    ap.add_argument("--docs", type=int, default=200_000)
+    ap.add_argument("--docs", type=int, default=100_000)
     ap.add_argument("--chunk", type=int, default=64)
-    ap.add_argument("--reads", type=int, default=300)
+    ap.add_argument("--reads", type=int, default=200)
     args = ap.parse_args(argv)
     docs_n, reads = (20_000, 50) if args.quick else (args.docs, args.reads)
     with tempfile.TemporaryDirectory() as tmp:
@@ -133,14 +153,16 @@ def main(argv: list[str] | None = None) -> None:
         root = Path(tmp) / "data"
         root.mkdir()
         paths = write_all(root, documents(docs_n))
-        print(f"{docs_n:,} documents, chunks of {args.chunk}, {reads} reads per mode\n")
+        print(f"{docs_n:,} documents, chunks of {args.chunk}, {reads} chunk reads, "
+              f"{max(5, reads // 10)} scattered reads\n")
         print(f"{'format':<11}{'MiB':>8}{'index s':>9}{'first ms':>10}"
-              f"{'chunks rec/s':>14}{'scattered rec/s':>17}")
+              f"{'chunks rec/s':>14}{'uncached rec/s':>16}{'scattered rec/s':>17}")
         rng = np.random.default_rng(1)
         for label, path in paths.items():
             r = bench(label, path, args.chunk, reads, rng)
             print(f"{r['format']:<11}{r['MiB']:>8.1f}{r['index_s']:>9.2f}{r['first_ms']:>10.1f}"
-                  f"{r['chunks']:>14,.0f}{r['scattered']:>17,.0f}", flush=True)
+                  f"{r['chunks']:>14,.0f}{r['uncached']:>16,.0f}{r['scattered']:>17,.0f}",
+                  flush=True)
 
 
 if __name__ == "__main__":

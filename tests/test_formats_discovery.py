@@ -20,8 +20,9 @@ from zephon_dask.data import Dataset
 from zephon_dask.data import formats as formats_mod
 from zephon_dask.data import index as index_mod
 from zephon_dask.data.paths import glob_regex
+from zephon_dask.data.reader import Reader
 from zephon_dask.errors import ConfigError, DatasetNotFoundError, ZephonWarning
-from zephon_dask.recipe import DATASET_FORMATS
+from zephon_dask.recipe import dataset_formats, load_recipe
 
 
 def tree(root: Path) -> dict[str, tuple[int, float]]:
@@ -213,7 +214,7 @@ def test_mixed_formats_refused_and_others_warned_once(tmp_path):
 def test_registry_drives_constructors_recipes_and_reads(tmp_path):
     for name, reader in formats_mod.READERS.items():
         assert reader.name == name and callable(getattr(Dataset, reader.constructor))
-    assert set(DATASET_FORMATS) == set(formats_mod.NAMES) - {"records"}
+    assert set(dataset_formats()) == set(formats_mod.NAMES) - {"records"}
     assert formats_mod.of_file("x/chat.jsonl.gz").name == "jsonl"
     assert formats_mod.of_file("shard.00000.mds.zstd").name == "mds"
     assert formats_mod.of_file("notes.txt") is None
@@ -227,3 +228,31 @@ def test_registry_drives_constructors_recipes_and_reads(tmp_path):
     with pytest.raises(ConfigError) as ei:
         Dataset("x", "csv", "text", ())
     assert_typed(ei, ConfigError, ValueError, "csv", "jsonl")
+
+
+def _lines_inspect(fs, f):
+    return {"num_samples": len(fs.cat_file(f.name).decode().splitlines())}
+
+
+def _lines_read(dataset, index, offsets):
+    shard = dataset.shards[index]
+    lines = Path(shard.path).read_text().splitlines()
+    return [{dataset.text_field: lines[i]} for i in offsets.tolist()]
+
+
+def test_a_new_format_is_one_reader_and_one_registry_line(tmp_path, monkeypatch):
+    lines = Reader("lines", None, _lines_read, inspect=_lines_inspect, extensions=(".txt",),
+                   html=lambda ds: [("kind", "plain text")])
+    monkeypatch.setitem(formats_mod.READERS, "lines", lines)
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "a.txt").write_text("one\ntwo\nthree\n")
+    (tmp_path / "data" / "b.txt").write_text("four\n")
+    ds = Dataset.from_path("l", tmp_path / "data", progress=False)
+    assert ds.format == "lines" and ds.shard_sizes == (3, 1)
+    assert ds.read(0, [2, 0]) == [{"text": "three"}, {"text": "one"}]
+    assert "plain text" in ds._repr_html_() and ds.identity()["format"] == "lines"
+    (tmp_path / "r.toml").write_text(
+        '[[datasets]]\nname = "l"\npath = "data"\nformat = "lines"\n[batch]\nmicrobatch_size = 1\n'
+    )
+    (entry,) = load_recipe(tmp_path / "r.toml").datasets
+    assert entry.open().shard_sizes == (3, 1)

@@ -22,13 +22,18 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from .data.formats import NAMES as FORMATS
+from .data.formats import READERS
 from .data.formats import get as format_reader
 from .data.paths import has_glob
 from .errors import RecipeError, RecipeKeyError, RecipePathError, RecipeTypeError
 from .pipeline.builder import DATA_OPTIONS, EXECUTION_OPTIONS
 
-DATASET_FORMATS = tuple(f for f in FORMATS if f != "records")  # the registry's file formats
+
+def dataset_formats() -> tuple[str, ...]:
+    """The formats a recipe may name: every registered format but in-memory records."""
+    return tuple(f for f in READERS if f != "records")
+
+
 _INT, _BOOL, _STR = (int,), (bool,), (str,)
 _NUMBER = (int, float)
 
@@ -86,9 +91,12 @@ class DatasetEntry:
         from .data import Dataset
 
         kwargs = {} if self.text_field is None else {"text_field": self.text_field}
-        ctor = Dataset.from_path if self.format is None else getattr(
-            Dataset, format_reader(self.format).constructor
-        )
+        if self.format is None:
+            return Dataset.from_path(self.name, self.path, **kwargs)
+        constructor = format_reader(self.format).constructor
+        if constructor is None:
+            return Dataset.from_files(self.name, self.path, self.format, **kwargs)
+        ctor = getattr(Dataset, constructor)
         return ctor(self.name, self.path, **kwargs)
 
 
@@ -255,10 +263,10 @@ def _datasets(file: str, base: str, value: Any) -> tuple[DatasetEntry, ...]:
         where = f"[[datasets]] #{i + 1}"
         _check_table(file, where, table, DATASET_KEYS, DATASET_REQUIRED)
         fmt = table.get("format")
-        if fmt is not None and fmt not in DATASET_FORMATS:
+        if fmt is not None and fmt not in dataset_formats():
             raise RecipeError(
                 f"{file}: {where} format = {fmt!r} is unknown; choose one of "
-                f"{', '.join(map(repr, DATASET_FORMATS))}, or leave it out to detect it from the path"
+                f"{', '.join(map(repr, dataset_formats()))}, or leave it out to detect it from the path"
             )
         if fmt is not None and format_reader(fmt).holds_tokens and "text_field" in table:
             raise RecipeKeyError(

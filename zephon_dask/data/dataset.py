@@ -307,6 +307,36 @@ class Dataset:
         )
 
     @classmethod
+    def from_files(
+        cls,
+        name: str,
+        path: Any,
+        format: str,
+        text_field: str = "text",
+        columns: Iterable[str] | None = None,
+        *,
+        data_files: str | Sequence[str] | None = None,
+        storage_options: dict[str, Any] | None = None,
+        progress: bool = True,
+        cache_dir: str | os.PathLike | None = None,
+    ) -> Dataset:
+        """Files of any registered file format (one whose reader has ``inspect``).
+
+        The generic constructor behind :meth:`from_jsonl` and the like, and the one
+        :meth:`from_path` and recipes use for a format whose reader names no
+        constructor of its own.
+        """
+        if formats.get(format).inspect is None:
+            raise ConfigError(
+                f"format {format!r} is not read from files; use its own constructor "
+                f"(Dataset.{formats.get(format).constructor})"
+            )
+        return cls._from_listing(
+            format, name, path, text_field, columns, data_files=data_files,
+            storage_options=storage_options, progress=progress, cache_dir=cache_dir,
+        )
+
+    @classmethod
     def from_jsonl(
         cls,
         name: str,
@@ -532,6 +562,8 @@ class Dataset:
         """
         _check_name(name)
         reader = _detect(name, str(path), kwargs.get("storage_options"), kwargs.get("data_files"))
+        if reader.constructor is None:
+            return cls.from_files(name, path, reader.name, **kwargs)
         return getattr(cls, reader.constructor)(name, path, **kwargs)
 
     def _repr_html_(self) -> str:

@@ -31,7 +31,8 @@ class Reader:
     """One format.
 
     - ``name``: the ``Dataset.format`` string; ``constructor``: the Dataset classmethod
-      building one (``"from_jsonl"``), which recipes and ``from_path`` call.
+      building one (``"from_jsonl"``), which recipes and ``from_path`` call; ``None``
+      for a plain file format, built by the generic ``Dataset.from_files``.
     - ``read(dataset, shard index, offsets)``: the records at ``offsets`` (int64,
       validated), in order, fresh objects each.
     - ``inspect(fs, file)``: ``{"num_samples": n, ...extras}`` for the index cache
@@ -46,7 +47,7 @@ class Reader:
     """
 
     name: str
-    constructor: str
+    constructor: str | None
     read: Callable[[Any, int, Any], list[dict[str, Any]]]
     inspect: Callable[[AbstractFileSystem, FileInfo], dict[str, Any]] | None = None
     extensions: tuple[str, ...] = ()
