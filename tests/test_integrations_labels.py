@@ -87,3 +87,14 @@ def test_unknown_label_convention_is_refused(bad):
     with pytest.raises(ConfigError, match="labels=") as info:
         BatchOptions(2, labels=bad)
     assert isinstance(info.value, ZephonError) and isinstance(info.value, ValueError)
+
+
+def test_importing_the_package_and_the_guard_imports_no_framework():
+    import subprocess
+    import sys
+
+    code = ("import sys, zephon_dask, zephon_dask.integrations, zephon_dask.consumer.torch_io; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in "
+            "('transformers', 'accelerate', 'pytorch_lightning', 'lightning')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.strip() == "[]"

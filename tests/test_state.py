@@ -40,6 +40,15 @@ def samples(batch):
     return [tuple(map(tuple, batch.sources(i))) for i in range(batch.num_samples)]
 
 
+def builtins_only(obj) -> bool:
+    """Only plain dict/list/str/int/bool/float/None, as torch.load(weights_only=True) and JSON take."""
+    if type(obj) is dict:
+        return all(type(k) is str and builtins_only(v) for k, v in obj.items())
+    if type(obj) is list:
+        return all(builtins_only(v) for v in obj)
+    return type(obj) in (str, int, bool, float, type(None))
+
+
 def via_file(tmp_path, state, name="state.json"):
     return z.load_state(z.save_state(tmp_path / name, state))
 
@@ -230,6 +239,7 @@ def test_state_schema_and_seed_from_checkpoint(corpus_dir, tmp_path):
     state = pipe.state_dict()
     assert json.loads(json.dumps(state)) == state  # JSON-native
     assert type(state) is dict and "<table" in state_html(state)  # tables in a notebook, on request
+    assert builtins_only(state) and builtins_only(via_file(tmp_path, state))
     assert state["format"] == "zephon_dask.state" and state["version"] == 2
     assert state["step"]["global_batches"] == 4 and state["step"]["microbatch_size"] == 3
     assert state["fingerprint"] == pipe.fingerprint()

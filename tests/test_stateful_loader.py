@@ -238,9 +238,13 @@ def saved_then_edited(tmp_path, corpus_dir, edit):
     (lambda s: s["lanes"]["3"].update(batches_delivered=0), "position moves exactly"),
 ])
 def test_progress_beyond_the_stream_is_refused(tmp_path, corpus_dir, edit, match):
+    """Refused at load where the spec can tell, else before the lane delivers a wrong batch."""
     state = saved_then_edited(tmp_path, corpus_dir, edit)
+    got = []
     with build(corpus_dir, runner="synchronous") as pipe, pytest.raises(StateError, match=match):
-        next(iter(pipe.load_state_dict(state)))
+        for batch in pipe.load_state_dict(state):
+            got.append(batch.lane)
+    assert 1 not in got and len(got) < 4
 
 
 @pytest.mark.parametrize("key", ["\u0663", "+1", "01", " 1", "1" * 12])

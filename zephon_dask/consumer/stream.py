@@ -8,10 +8,12 @@ emits whichever lane has a batch ready first.
 
 A resumed stream starts each lane at its saved frontier: the fetcher begins
 at the saved window, the batcher drops the ``offset`` samples of it that were
-delivered, and the round-robin begins at ``first_lane``. Before the first
-batch, every resumed lane's window is read: an offset past its end, or a
-lane the state calls finished that still has a batch to give, refuses the
-state (:class:`StateError`) before anything is delivered.
+delivered, and the round-robin begins at ``first_lane``. A state that the
+stream cannot have produced is refused (:class:`StateError`) before any
+wrong batch: an offset past its window's end when the lane's window is read,
+and a lane the state calls finished that still has a batch to give before
+the first batch (genuine finished lanes sit at their end: this reads
+nothing, or their last window).
 """
 
 from __future__ import annotations
@@ -41,7 +43,6 @@ class BatchStream:
                             and (ends[lane] is None or at[lane].get("window", 0) < ends[lane])]
         for lane in self._unverified:
             self.finished[lane] = False
-        self._resumed = [lane for lane in self.lanes if self._skip[lane] and not self.finished[lane]]
         live = [lane for lane in self.lanes if not self.finished[lane]]
         self.fetcher = WindowFetcher(spec, runner, live, prefetch, fused=fused,
                                      start_windows={lane: at[lane].get("window", 0) for lane in live})
@@ -89,12 +90,8 @@ class BatchStream:
             self.on_finish(lane, self.batchers[lane].next_index)
         return batch
 
-    def _verify_start(self) -> None:
-        """Read each resumed lane's first window (the push checks the offset); a lane the
-        state calls finished must have no batch left from its frontier."""
-        for lane in self._resumed:
-            self._fill(lane)
-        self._resumed = []
+    def _verify_finished(self) -> None:
+        """A lane the state calls finished must have no batch left from its frontier."""
         for lane in self._unverified:
             batcher = self.batchers[lane]
             if self._fill(lane) or (batcher.buffered and not batcher.opts.drop_last):
@@ -112,8 +109,8 @@ class BatchStream:
         return self._next()
 
     def _next(self) -> Batch:
-        if self._unverified or self._resumed:
-            self._verify_start()
+        if self._unverified:
+            self._verify_finished()
         while not all(self.finished.values()):
             self.fetcher.check_open()  # batches buffered before a close() are not served after it
             lane = self._choose()
