@@ -67,7 +67,8 @@ OPTION_TYPES: dict[str, tuple[type, ...]] = {
     "threads_per_worker": _INT, "address": _STR, "session_client": _BOOL, "prefetch_windows": _INT,
     "fuse": _BOOL,
     "retries": _INT, "dp_degree": _INT, "dp_group_id": _INT, "mapping_strategy": _STR,
-    "deterministic": _BOOL, "batches_per_step": _INT, "ledger": _STR, "cluster_timeout": _NUMBER,
+    "deterministic": _BOOL, "batches_per_step": _INT, "global_batches_per_step": _INT, "ledger": _STR,
+    "cluster_timeout": _NUMBER,
     "stall_timeout": _NUMBER, "dashboard_address": _STR,
 }
 TOP_LEVEL = ("datasets", *TABLES, "options")
