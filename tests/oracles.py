@@ -153,7 +153,7 @@ def ref_lane_batches(spec, lane, microbatch_size, drop_last=True):
 
     Each batch is ``(lane, index_in_lane, rows)`` with ``rows`` a list of token lists.
     """
-    from zephon_dask.pipeline import compute_window
+    from zephon_dask.core import compute_window
 
     rows = []
     for w in range(spec.num_windows(lane)):

@@ -29,7 +29,7 @@ from zephon_dask.inspect import (
     window_graph,
 )
 from zephon_dask.operators.tokenize import ByteTokenizer
-from zephon_dask.pipeline import compute_window
+from zephon_dask.core import compute_window
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "recipe.toml"

@@ -18,7 +18,7 @@ from zephon_dask.errors import ConfigError, DatasetNotFoundError, MissingFieldEr
 from zephon_dask.operators.base import WindowContext
 from zephon_dask.operators.shuffle import Shuffle
 from zephon_dask.operators.table import SampleTable
-from zephon_dask.pipeline import compute_chunk, compute_window
+from zephon_dask.core import compute_chunk, compute_window
 
 WORDS = "the quick brown fox jumps over a lazy dog while seven wizards quietly hex".split()
 

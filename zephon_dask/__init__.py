@@ -19,7 +19,8 @@ from .errors import (
     ZephonError,
 )
 from .log import set_log_level
-from .pipeline import Pipeline, WindowOutput, compute_window
+from .core import WindowOutput, compute_window
+from .pipeline import Pipeline
 from .state import gather_state, load_state, merge_states, save_state, verify_ledgers
 
 __version__ = "0.1.0"

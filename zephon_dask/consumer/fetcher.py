@@ -14,8 +14,8 @@ from collections import OrderedDict
 
 from ..errors import ClosedError
 from ..graph import window_graph
-from ..pipeline.spec import PipelineSpec
-from ..pipeline.window import WindowOutput
+from ..core.spec import PipelineSpec
+from ..core.window import WindowOutput
 
 
 class WindowFetcher:

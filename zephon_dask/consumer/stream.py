@@ -19,7 +19,7 @@ nothing, or their last window).
 from __future__ import annotations
 
 from ..errors import EmptyDatasetError, StateError
-from ..pipeline.spec import PipelineSpec
+from ..core.spec import PipelineSpec
 from .batch import Batch, BatchOptions
 from .batcher import LaneBatcher
 from .fetcher import WindowFetcher

@@ -32,8 +32,8 @@ from distributed.comm import CommClosedError
 from ..errors import ClosedError, ClusterError
 from ..graph import WindowGraph
 from ..graph import keys as graph_keys
-from ..pipeline.spec import PipelineSpec
-from ..pipeline.window import compute_chunk, compute_window, finish_window
+from ..core.spec import PipelineSpec
+from ..core.window import compute_chunk, compute_window, finish_window
 from .runners import Runner, WindowHandle
 from .watch import DEFAULT_STALL, DEFAULT_TIMEOUT, PROBE_TIMEOUT, ClusterWatch, probe_address
 

@@ -17,8 +17,8 @@ import dask
 from ..errors import ClosedError, ConfigError
 from ..graph import WindowGraph
 from ..log import logger
-from ..pipeline.spec import PipelineSpec
-from ..pipeline.window import WindowOutput
+from ..core.spec import PipelineSpec
+from ..core.window import WindowOutput
 
 RUNNERS = ("distributed", "threads", "synchronous")
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..pipeline.spec import PipelineSpec
-from ..pipeline.window import compute_chunk, compute_window, finish_window
+from ..core.spec import PipelineSpec
+from ..core.window import compute_chunk, compute_window, finish_window
 from .keys import chunk_key, spec_key, window_key
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, fields
 from ..errors import MissingDependencyError
 from ..graph import WindowGraph
 from ..graph import window_graph as build_window_graph
-from ..pipeline.spec import PipelineSpec
+from ..core.spec import PipelineSpec
 from .render import html_block, html_table, text_table
 
 TASK_HEADERS = ("key", "kind", "chunk", "needs")

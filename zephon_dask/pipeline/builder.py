@@ -35,8 +35,8 @@ from ..state.progress import Progress, StepShape, resume_point
 from ..state.schema import check_state, config_diff, describe_diff
 from ..validate import is_int_at_least
 from . import steps
-from .spec import PipelineSpec
-from .window import WindowOutput, compute_window
+from ..core.spec import PipelineSpec
+from ..core.window import WindowOutput, compute_window
 
 _END = object()  # the end of an iterator (next()'s default)
 DATA_OPTIONS = {"canonical_replicas": 8, "flush_every_k_chunks": 8}
