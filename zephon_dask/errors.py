@@ -45,6 +45,10 @@ class FieldTypeError(DataFormatError, TypeError):
     """A record's field has the wrong type (an int or a list where text belongs, ...)."""
 
 
+class OperatorOutputError(ZephonError, TypeError):
+    """An operator's user function returned the wrong type (a ``.map`` function: anything but a dict)."""
+
+
 class IncompleteStoreError(DataFormatError):
     """A token store's preparation was interrupted (or still runs): it is not complete."""
 

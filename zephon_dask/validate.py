@@ -1,8 +1,51 @@
-"""Shared argument predicates. Pure."""
+"""Argument validators shared by every layer. Pure.
+
+Each returns the value (an integer as a Python ``int``) or raises a
+:class:`~zephon_dask.errors.ConfigError` that names the argument and its
+value and says what would be valid, e.g.
+``shuffle(buffer_size=0) must be a positive integer (e.g. 1024)``.
+An integer is a Python or numpy integer, never a ``bool``.
+"""
 
 from __future__ import annotations
 
+import numbers
+from collections.abc import Sequence
+from typing import Any
+
+from .errors import ConfigError
+
+
+def _label(name: str, value: object, call: str) -> str:
+    return f"{call}({name}={value!r})" if call else f"{name}={value!r}"
+
+
+def check_int(value: object, name: str, minimum: int = 1, *, below: int | None = None,
+              optional: bool = False, hint: str = "", call: str = "") -> Any:
+    """``value`` as an ``int`` in ``[minimum, below)`` (``below=None``: no upper bound), or
+    ``None`` when it is ``None`` and ``optional``; else a :class:`ConfigError` naming
+    ``name`` (as ``call(name=value)`` when ``call`` is given) and ending with ``(hint)``."""
+    if value is None and optional:
+        return None
+    if (isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= minimum
+            and (below is None or value < below)):
+        return int(value)
+    what = {0: "a non-negative integer", 1: "a positive integer"}.get(minimum, f"an integer >= {minimum}")
+    if below is not None:
+        what = f"an integer in [{minimum}, {below})"
+    raise ConfigError(f"{_label(name, value, call)} must be {what}{' or None' if optional else ''}"
+                      f"{f' ({hint})' if hint else ''}")
+
+
+def check_choice(value: object, choices: Sequence, name: str, *, call: str = "") -> Any:
+    """``value`` if it is one of ``choices`` (of the same type: ``1`` is not ``True``), else a
+    :class:`ConfigError` listing them."""
+    if any(isinstance(value, type(c)) and value == c for c in choices):
+        return value
+    raise ConfigError(f"{_label(name, value, call)} is unknown; choose one of {', '.join(map(repr, choices))}")
+
 
 def is_int_at_least(value: object, minimum: int) -> bool:
-    """True for a Python ``int`` (not ``bool``) that is ``>= minimum``."""
+    """True for a Python ``int`` (not ``bool``, not numpy) that is ``>= minimum``: the test for a
+    caller that keeps the raw value; a caller that keeps the returned value uses :func:`check_int`."""
     return isinstance(value, int) and not isinstance(value, bool) and value >= minimum

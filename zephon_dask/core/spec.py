@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from ..curriculum import MixtureWorkSource
-from ..operators.base import Accumulator
+from ..operators.base import Accumulator, RecordOp
 from ..operators.identity import sha256_json
 
 FORMAT = "zephon_dask.pipeline"
@@ -21,7 +21,7 @@ FORMAT_VERSION = 1
 @dataclass(frozen=True, eq=False)
 class PipelineSpec:
     source: MixtureWorkSource
-    record_ops: tuple  # stateless operators, in chain order (tokenize among them)
+    record_ops: tuple[RecordOp, ...]  # in chain order (tokenize among them)
     accumulators: tuple[Accumulator, ...]
     canonical_replicas: int
     flush_every_k_chunks: int

@@ -3,7 +3,8 @@
 A window is computed in two stages that map one-to-one onto Dask tasks:
 
 * ``compute_chunk(spec, g)``: read chunk ``g``'s pointers and run the
-  stateless operators, giving one document per output record;
+  record operators (``op.apply_chunk`` each), giving one document per
+  output record;
 * ``finish_window(spec, lane, window, chunk_tables)``: concatenate the chunk
   outputs in chunk order and run the accumulators, which start empty here and
   are flushed at the end.
@@ -18,10 +19,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..errors import DataFormatError, FieldTypeError, MissingFieldError, ZephonError
-from ..operators.base import WindowContext
+from ..errors import MissingFieldError
+from ..operators.base import ChunkContext, Row, WindowContext
 from ..operators.table import SampleTable
-from ..operators.tokenize import Tokenize
 from .spec import PipelineSpec
 
 
@@ -91,110 +91,32 @@ def read_chunk(spec: PipelineSpec, g: int) -> tuple[np.ndarray, list[dict]]:
 
 
 def compute_chunk(spec: PipelineSpec, g: int) -> ChunkOutput:
-    """Read chunk ``g`` and apply the stateless operators (pure)."""
+    """Read chunk ``g`` and apply the record operators, in chain order (pure)."""
     pointers, records = read_chunk(spec, g)
-    names = spec.source.names
-    stats = {"records": len(records)}
-    # items: [pointer index, token start, record]
-    items = [[i, 0, rec] for i, rec in enumerate(records)]
-
-    def where(i: int) -> str:
-        d, s, o = pointers[i].tolist()
-        return f"dataset {names[d]!r}, shard {s}, offset {o} (chunk {g})"
-
+    ctx = ChunkContext(g, spec.source.names, pointers, {"records": len(records)})
+    rows = [Row(i, 0, rec) for i, rec in enumerate(records)]
     for op in spec.record_ops:
-        if isinstance(op, Tokenize):
-            items = _tokenize(op, items, where, stats)
-            continue
-        out = []
-        for item in items:
-            try:
-                produced = op.apply(item[2])
-            except Exception as exc:
-                _note(exc, f"{op.name} failed on {where(item[0])}")
-                raise
-            out.extend([item[0], item[1], rec] for rec in produced)
-        stats[f"{op.name}.dropped"] = stats.get(f"{op.name}.dropped", 0) + len(items) - len(out)
-        items = out
+        rows = op.apply_chunk(rows, ctx)
 
     arrays = []
-    for item in items:
-        tokens = item[2].get("tokens") if isinstance(item[2], dict) else None
+    for row in rows:
+        tokens = row.record.get("tokens") if isinstance(row.record, dict) else None
         if tokens is None:
             raise MissingFieldError(
-                f"record at {where(item[0])} has no 'tokens' after the stateless operators; "
+                f"record at {ctx.where(row.pointer)} has no 'tokens' after the stateless operators; "
                 "add .tokenize() to the pipeline"
             )
         arrays.append(np.asarray(tokens))
     lengths = np.array([len(a) for a in arrays], dtype=np.int64)
     offsets = np.zeros(len(arrays) + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
-    idx = np.array([it[0] for it in items], dtype=np.int64)
-    lineage = np.zeros((len(items), 5), dtype=np.int64)
-    if len(items):
-        lineage[:, :3] = pointers[idx]
-        lineage[:, 3] = [it[1] for it in items]
+    lineage = np.zeros((len(rows), 5), dtype=np.int64)
+    if rows:
+        lineage[:, :3] = pointers[np.array([r.pointer for r in rows], dtype=np.int64)]
+        lineage[:, 3] = [r.token_start for r in rows]
         lineage[:, 4] = lengths
     flat = np.concatenate(arrays) if arrays else np.zeros(0, np.int32)
-    return ChunkOutput(g, SampleTable.from_documents(flat, offsets, lineage), stats)
-
-
-def _tokenize(op: Tokenize, items: list, where, stats: dict) -> list:
-    """Encode the records' text field. A record without the field, with a value that is not a
-    ``str``, with text that is not valid Unicode, or on which the tokenizer fails, is named
-    exactly (dataset, shard, offset) in a typed error whose message survives pickling."""
-    texts = []
-    for item in items:
-        rec = item[2]
-        if op.field not in rec:
-            raise MissingFieldError(
-                f"record at {where(item[0])} has no field {op.field!r} (fields: {sorted(rec)}); "
-                "pass tokenize(field=...)"
-            )
-        text = rec[op.field]
-        if not isinstance(text, str):
-            raise FieldTypeError(
-                f"record at {where(item[0])}: field {op.field!r} is {type(text).__name__} "
-                f"{_short(text)}, not a string; fix the data, or turn it into text with .map(...) "
-                "(or .decode_text() for bytes) before .tokenize()"
-            )
-        texts.append(text)
-    try:
-        arrays, owners, starts, truncated = op.encode_documents(texts)
-    except Exception:
-        _raise_for_culprit(op, items, texts, where)
-        raise
-    if truncated:
-        stats["tokenize.truncated_tokens"] = stats.get("tokenize.truncated_tokens", 0) + truncated
-    out = []
-    for arr, owner, start in zip(arrays, owners, starts, strict=True):
-        src = items[owner]
-        out.append([src[0], src[1] + start, {**src[2], "tokens": arr}])
-    return out
-
-
-def _raise_for_culprit(op: Tokenize, items: list, texts: list[str], where) -> None:
-    """After a batch encode failed: encode text by text and raise for the first one that fails,
-    naming its record (returns if none fails alone; the caller re-raises the batch's error)."""
-    for item, text in zip(items, texts, strict=True):
-        try:
-            op.encode_documents([text])
-        except UnicodeError as exc:
-            raise DataFormatError(
-                f"record at {where(item[0])}: field {op.field!r} is not valid Unicode ({exc}); "
-                "clean the text, e.g. .map(lambda r: {**r, 'text': r['text'].encode('utf-8', "
-                "'replace').decode()})"
-            ) from None
-        except Exception as exc:
-            if isinstance(exc, ZephonError):
-                raise type(exc)(f"record at {where(item[0])}: {exc}") from None
-            _note(exc, f"tokenize failed on the record at {where(item[0])}")
-            raise
-
-
-def _short(value) -> str:
-    text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."
+    return ChunkOutput(g, SampleTable.from_documents(flat, offsets, lineage), ctx.stats)
 
 
 def finish_window(spec: PipelineSpec, lane: int, window: int, chunk_outputs) -> WindowOutput:

@@ -14,7 +14,7 @@ import warnings
 from dataclasses import dataclass
 
 from ..errors import ConfigError, ElasticityWarning
-from ..validate import is_int_at_least
+from ..validate import check_choice, check_int
 from .permutation import permute
 from .seeding import stream_keys
 
@@ -24,18 +24,8 @@ MAPPING_STRATEGIES = ("contiguous", "interleaved")
 
 def check_replicas(canonical_replicas: object) -> int:
     """Validate ``canonical_replicas`` (R): a positive integer."""
-    if not is_int_at_least(canonical_replicas, 1):
-        raise ConfigError(
-            f"canonical_replicas={canonical_replicas!r} must be a positive integer; "
-            "size it for the largest data-parallel degree you expect (e.g. 8)"
-        )
-    return canonical_replicas
-
-
-def check_choice(value: object, choices: tuple[str, ...], what: str) -> str:
-    if value not in choices:
-        raise ConfigError(f"{what}={value!r} is unknown; choose one of {', '.join(map(repr, choices))}")
-    return value  # type: ignore[return-value]
+    return check_int(canonical_replicas, "canonical_replicas", 1,
+                     hint="size it for the largest data-parallel degree you expect, e.g. 8")
 
 
 def _lane_keys(seed: int, replicas: int, block: int) -> tuple[int, ...]:
@@ -60,8 +50,7 @@ def slot_of(lane: int, block: int, replicas: int, seed: int, assignment: str = "
 
 def check_degree(replicas: int, dp_degree: object) -> int:
     """Validate a DP degree against R: error above R, warning when it does not divide R."""
-    if not is_int_at_least(dp_degree, 1):
-        raise ConfigError(f"dp_degree={dp_degree!r} must be a positive integer")
+    dp_degree = check_int(dp_degree, "dp_degree", 1)
     if dp_degree > replicas:
         raise ConfigError(
             f"dp_degree={dp_degree} exceeds canonical_replicas={replicas}: some DP groups would "
@@ -142,9 +131,7 @@ def plan(replicas: int, dp_degree: int, mapping: str = "contiguous") -> Plan:
 
 def check_step(batches_per_step: object, dp_degree: int, replicas: int) -> int:
     """Validate ``batches_per_step``: a global step is elastic only if ``N * dp_degree % R == 0``."""
-    n = batches_per_step
-    if not is_int_at_least(n, 1):
-        raise ConfigError(f"batches_per_step={n!r} must be a positive int (batches one rank takes per step)")
+    n = check_int(batches_per_step, "batches_per_step", 1, hint="batches one rank takes per step")
     if (n * dp_degree) % replicas:
         every = replicas // math.gcd(replicas, dp_degree)
         degree = replicas // math.gcd(replicas, n)

@@ -13,7 +13,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from ..errors import ConfigError
+from ..validate import check_int
 
 
 def text_id(text: str) -> int:
@@ -23,9 +23,7 @@ def text_id(text: str) -> int:
 
 def check_seed(seed: object) -> int:
     """Validate a run seed: a non-negative Python or numpy integer."""
-    if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or seed < 0:
-        raise ConfigError(f"seed={seed!r} is not a non-negative integer; pass e.g. seed=0")
-    return int(seed)
+    return check_int(seed, "seed", 0, hint="e.g. seed=0")
 
 
 @lru_cache(maxsize=4096)  # ~3 MB; the hot keys (lane permutations, shard orders) are few

@@ -21,6 +21,7 @@ from ..errors import (
     EmptyDatasetError,
     EndlessStreamError,
 )
+from ..validate import check_choice, check_int
 from . import routing
 from .mixture import Mixture, exact_weight, interleave
 from .order import DatasetOrder
@@ -138,22 +139,17 @@ class MixtureWorkSource:
         self.datasets: tuple = tuple(datasets)
         self.names: tuple[str, ...] = self._check_datasets(self.datasets)
         self.seed = check_seed(seed)
-        self.chunk_size = _positive_int(chunk_size, "chunk_size", "e.g. chunk_size=1024")
+        self.chunk_size = check_int(chunk_size, "chunk_size", 1, hint="e.g. chunk_size=1024")
         if self.chunk_size > MAX_CHUNK_SIZE:
             raise ConfigError(f"chunk_size={chunk_size!r} is too large: a chunk is read by one task at "
                               f"once; use at most {MAX_CHUNK_SIZE:,} (typical: 256 to 8192)")
         self.shuffle_shards = bool(shuffle_shards)
         self.shuffle_within_shard = bool(shuffle_within_shard)
-        if shuffle_block_size is not None:
-            shuffle_block_size = _positive_int(
-                shuffle_block_size, "shuffle_block_size", "or None to disable the block shuffle"
-            )
-        self.shuffle_block_size = shuffle_block_size
+        self.shuffle_block_size = check_int(shuffle_block_size, "shuffle_block_size", 1, optional=True,
+                                            hint="None disables the block shuffle")
         self.reshuffle_on_repeat = bool(reshuffle_on_repeat)
-        self.lane_assignment = routing.check_choice(
-            lane_assignment, routing.LANE_ASSIGNMENTS, "lane_assignment"
-        )
-        self.stop_after_passes = _positive_int(stop_after_passes, "stop_after_passes", "e.g. 1")
+        self.lane_assignment = check_choice(lane_assignment, routing.LANE_ASSIGNMENTS, "lane_assignment")
+        self.stop_after_passes = check_int(stop_after_passes, "stop_after_passes", 1, hint="e.g. 1")
         self.exhausted_policy, self.max_repeats = self._check_policy(
             exhausted_policy, max_repeats, self.stop_after_passes
         )
@@ -219,7 +215,8 @@ class MixtureWorkSource:
                 raise ConfigError(
                     f"max_repeats={max_repeats!r} needs exhausted_policy='repeat'"
                 )
-            max_repeats = _positive_int(max_repeats, "max_repeats", "or None for an endless stream")
+            max_repeats = check_int(max_repeats, "max_repeats", 1, optional=True,
+                                    hint="None for an endless stream")
         return policy, max_repeats
 
     def _raw_weights(self, weights):
@@ -318,7 +315,7 @@ class MixtureWorkSource:
 
     def window(self, lane: int, w: int, canonical_replicas: int, k: int) -> list[int]:
         """Global chunk ids of lane ``lane``'s window ``w`` (``k`` chunks; the last may be short)."""
-        k = _positive_int(k, "flush_every_k_chunks", "e.g. 8")
+        k = check_int(k, "flush_every_k_chunks", 1, hint="e.g. 8")
         chunks = self.lane_chunks(lane, canonical_replicas)
         if w < 0 or (self.num_chunks is not None and w >= self.num_windows(lane, canonical_replicas, k)):
             raise ChunkOutOfRangeError(f"lane {lane} has no window {w}")
@@ -373,12 +370,6 @@ class MixtureWorkSource:
         from ..inspect import source_html
 
         return source_html(self)
-
-
-def _positive_int(value: object, name: str, hint: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
-        raise ConfigError(f"{name}={value!r} must be a positive integer ({hint})")
-    return int(value)
 
 
 def _first_true(pred) -> int:

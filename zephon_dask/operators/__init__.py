@@ -1,7 +1,10 @@
 """Operators: stateless record operators (chunk tasks) and accumulators (window tasks)."""
 
-from .base import Accumulator, RecordOp, WindowContext
+from .base import Accumulator, ChunkContext, RecordOp, Row, WindowContext
 from .table import SampleTable
 from .tokenize import ByteTokenizer, HFTokenizer
 
-__all__ = ["Accumulator", "ByteTokenizer", "HFTokenizer", "RecordOp", "SampleTable", "WindowContext"]
+__all__ = [
+    "Accumulator", "ByteTokenizer", "ChunkContext", "HFTokenizer", "RecordOp", "Row", "SampleTable",
+    "WindowContext",
+]

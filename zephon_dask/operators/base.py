@@ -1,9 +1,11 @@
 """Operator contracts. Operators are immutable descriptions; applying one is pure.
 
-Two kinds exist (DESIGN.md section 5):
+Two kinds exist:
 
-* :class:`RecordOp` (stateless): maps one record to zero or more records. Runs
-  in chunk tasks, in pointer order, in parallel across chunks.
+* :class:`RecordOp` (stateless): runs in chunk tasks, in pointer order, in
+  parallel across chunks. It defines either ``apply(record) -> records`` (zero
+  or more; the default ``apply_chunk`` calls it per row) or, to work on a whole
+  chunk at once (e.g. batch tokenization), ``apply_chunk(rows, ctx) -> rows``.
 * :class:`Accumulator`: sees a whole window's samples in order and returns the
   window's output samples. Starts empty at the window's start and is flushed
   at its end, so a window stays a pure function of (config, lane, window).
@@ -15,13 +17,22 @@ pipeline fingerprint; execution settings never appear in it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
+
+import numpy as np
 
 from .table import SampleTable
 
 
+class _Counters:
+    stats: dict[str, int]
+
+    def count(self, key: str, n: int) -> None:
+        self.stats[key] = self.stats.get(key, 0) + int(n)
+
+
 @dataclass
-class WindowContext:
+class WindowContext(_Counters):
     """Where an accumulator runs, plus the window's counters (the only mutable part)."""
 
     seed: int
@@ -30,8 +41,32 @@ class WindowContext:
     dataset_names: tuple[str, ...]
     stats: dict[str, int] = field(default_factory=dict)
 
-    def count(self, key: str, n: int) -> None:
-        self.stats[key] = self.stats.get(key, 0) + int(n)
+
+@dataclass
+class ChunkContext(_Counters):
+    """Where a record operator runs, plus the chunk's counters (the only mutable part).
+
+    ``pointers`` holds the chunk's ``(dataset, shard, offset)`` rows in pointer order.
+    """
+
+    chunk: int
+    dataset_names: tuple[str, ...]
+    pointers: np.ndarray
+    stats: dict[str, int] = field(default_factory=dict)
+
+    def where(self, pointer: int) -> str:
+        """``"dataset 'web', shard 3, offset 17 (chunk 5)"`` for pointer index ``pointer``."""
+        d, s, o = self.pointers[pointer].tolist()
+        return f"dataset {self.dataset_names[d]!r}, shard {s}, offset {o} (chunk {self.chunk})"
+
+
+class Row(NamedTuple):
+    """One record between record operators: its pointer index in the chunk, the offset of its
+    first token in the source document (non-zero for a piece of a split one), the record."""
+
+    pointer: int
+    token_start: int
+    record: dict
 
 
 class Operator:
@@ -41,14 +76,33 @@ class Operator:
     def spec(self) -> dict[str, Any]:  # pragma: no cover - every operator overrides it
         raise NotImplementedError
 
+    def __repr__(self) -> str:
+        settings = ", ".join(f"{k}={v!r}" for k, v in self.spec().items() if k != "op")
+        return f"{type(self).__name__}({settings})"
+
 
 class RecordOp(Operator):
-    """Stateless: ``apply(record) -> list of records`` (possibly empty)."""
+    """Stateless: ``apply(record) -> records`` per record, or ``apply_chunk(rows, ctx) -> rows``."""
 
     kind = "stateless"
 
     def apply(self, record: dict) -> list[dict]:  # pragma: no cover - overridden
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} defines neither apply nor apply_chunk")
+
+    def apply_chunk(self, rows: list[Row], ctx: ChunkContext) -> list[Row]:
+        """:meth:`apply` on each row in order (pure if ``apply`` is); each output record keeps its
+        row's pointer and token start. Counts ``<name>.dropped`` (rows in minus rows out, zero
+        included); an error gets a note naming the record."""
+        out = []
+        for row in rows:
+            try:
+                produced = self.apply(row.record)
+            except Exception as exc:
+                exc.add_note(f"zephon_dask: {self.name} failed on {ctx.where(row.pointer)}")
+                raise
+            out.extend(Row(row.pointer, row.token_start, rec) for rec in produced)
+        ctx.count(f"{self.name}.dropped", len(rows) - len(out))
+        return out
 
 
 class Accumulator(Operator):

@@ -34,13 +34,12 @@ bin choice loops once per document over a numpy array of open-bin room.
 from __future__ import annotations
 
 import bisect
-import numbers
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from ..errors import ConfigError
+from ..validate import check_choice, check_int
 from .base import Accumulator, WindowContext
 from .table import SampleTable, segment_arange
 
@@ -49,11 +48,6 @@ BIN_ALGORITHMS = ("first_fit", "best_fit")
 DEFAULT_NUM_BINS = 64
 
 
-def _is_int(value: object) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-
-
-@dataclass(frozen=True)
 class Pack(Accumulator):
     """Pack a window's documents into ``max_length`` rows (see the module docstring).
 
@@ -64,44 +58,24 @@ class Pack(Accumulator):
 
     name = "pack"
 
-    max_length: int
-    algorithm: str = "wrap"
-    pad_id: int = 0
-    num_bins: int | None = None
-
-    def __post_init__(self) -> None:
-        if not _is_int(self.max_length) or self.max_length < 1:
-            raise ConfigError(
-                f"max_length={self.max_length!r} must be a positive integer: the row length in "
-                "tokens (e.g. 2048)"
-            )
-        if not isinstance(self.algorithm, str) or self.algorithm not in ALGORITHMS:
-            raise ConfigError(
-                f"algorithm={self.algorithm!r} is unknown; choose one of "
-                f"{', '.join(map(repr, ALGORITHMS))}"
-            )
-        if not _is_int(self.pad_id) or self.pad_id < 0:
-            raise ConfigError(
-                f"pad_id={self.pad_id!r} must be a non-negative integer: the tokenizer's "
-                "padding token id"
-            )
-        num_bins = self.num_bins
-        if self.algorithm not in BIN_ALGORITHMS:
+    def __init__(self, max_length: int, algorithm: str = "wrap", pad_id: int = 0,
+                 num_bins: int | None = None):
+        self.max_length = check_int(max_length, "max_length", 1, call="pack",
+                                    hint="the row length in tokens, e.g. 2048")
+        self.algorithm = check_choice(algorithm, ALGORITHMS, "algorithm", call="pack")
+        self.pad_id = check_int(pad_id, "pad_id", 0, call="pack", hint="the tokenizer's padding token id")
+        if algorithm not in BIN_ALGORITHMS:
             if num_bins is not None:
                 raise ConfigError(
                     f"num_bins={num_bins!r} only applies to 'first_fit' and 'best_fit'; "
-                    f"drop it for algorithm={self.algorithm!r}"
+                    f"drop it for algorithm={algorithm!r}"
                 )
         elif num_bins is None:
             num_bins = DEFAULT_NUM_BINS
-        elif not _is_int(num_bins) or num_bins < 1:
-            raise ConfigError(
-                f"num_bins={num_bins!r} must be a positive integer: how many bins stay open "
-                f"(default {DEFAULT_NUM_BINS})"
-            )
-        object.__setattr__(self, "max_length", int(self.max_length))
-        object.__setattr__(self, "pad_id", int(self.pad_id))
-        object.__setattr__(self, "num_bins", None if num_bins is None else int(num_bins))
+        else:
+            num_bins = check_int(num_bins, "num_bins", 1, call="pack",
+                                 hint=f"how many bins stay open, default {DEFAULT_NUM_BINS}")
+        self.num_bins = num_bins
 
     def spec(self) -> dict[str, Any]:
         return {

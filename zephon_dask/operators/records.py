@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ..errors import ConfigError, DataFormatError, MissingFieldError
+from ..errors import ConfigError, DataFormatError, MissingFieldError, OperatorOutputError
 from .base import RecordOp
 from .identity import function_identity
 
@@ -30,7 +30,7 @@ class Map(_UserFunctionOp):
     def apply(self, record: dict) -> list[dict]:
         out = self.fn(record)
         if not isinstance(out, dict):
-            raise TypeError(
+            raise OperatorOutputError(
                 f"map function {self.identity['fn']} returned {type(out).__name__}, not a dict; "
                 "return the (possibly modified) record"
             )

@@ -13,8 +13,7 @@ import numpy as np
 
 from ..curriculum.permutation import mix64
 from ..curriculum.seeding import stream_keys
-from ..errors import ConfigError
-from ..validate import is_int_at_least
+from ..validate import check_int
 from .base import Accumulator, WindowContext
 from .table import SampleTable
 
@@ -57,11 +56,8 @@ class Shuffle(Accumulator):
     name = "shuffle"
 
     def __init__(self, buffer_size: int, seed: int | None = None):
-        if not is_int_at_least(buffer_size, 1):
-            raise ConfigError(f"shuffle(buffer_size={buffer_size!r}) must be a positive int, e.g. 1024")
-        if seed is not None and not is_int_at_least(seed, 0):
-            raise ConfigError(f"shuffle(seed={seed!r}) must be a non-negative int or None")
-        self.buffer_size, self.seed = buffer_size, seed
+        self.buffer_size = check_int(buffer_size, "buffer_size", 1, call="shuffle", hint="e.g. 1024")
+        self.seed = check_int(seed, "seed", 0, optional=True, call="shuffle", hint="None: the pipeline seed")
 
     def spec(self) -> dict:
         return {"op": "shuffle", "buffer_size": self.buffer_size, "seed": self.seed}

@@ -1,8 +1,8 @@
 """Tokenization: the built-in byte tokenizer, Hugging Face ``tokenizers``, or a callable.
 
-``Tokenize`` is a stateless chunk operator: it encodes a whole chunk at once
-(``encode_batch`` for Hugging Face tokenizers) and is pure given the
-tokenizer. Hugging Face's own thread pool follows ``TOKENIZERS_PARALLELISM``
+``Tokenize`` is a record operator that works on a whole chunk at once
+(``apply_chunk``; ``encode_batch`` for Hugging Face tokenizers) and is pure
+given the tokenizer. Hugging Face's own thread pool follows ``TOKENIZERS_PARALLELISM``
 and ``RAYON_NUM_THREADS``; the runners set one thread per Dask worker so a
 worker never oversubscribes its core.
 """
@@ -15,8 +15,16 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from ..errors import ConfigError, DatasetNotFoundError
-from ..validate import is_int_at_least
+from ..errors import (
+    ConfigError,
+    DataFormatError,
+    DatasetNotFoundError,
+    FieldTypeError,
+    MissingFieldError,
+    ZephonError,
+)
+from ..validate import check_int
+from .base import ChunkContext, RecordOp, Row
 from .identity import function_identity
 
 ID_LIMIT = 2**31  # ids must fit int32 when the vocabulary size is unknown
@@ -65,9 +73,8 @@ class HFTokenizer:
         except Exception as exc:
             raise ConfigError(f"{path!r} is not a Hugging Face tokenizer.json: {exc}") from None
 
-    def special_id(self, which: str, given: int | str | None) -> int:
-        if isinstance(given, int) and not isinstance(given, bool):
-            return given
+    def special_id(self, which: str, given: str | None) -> int:
+        """The id of token ``given``, or of the first of the usual ``which`` ("bos"/"eos") tokens."""
         names = (given,) if isinstance(given, str) else (
             EOS_CANDIDATES if which == "eos" else BOS_CANDIDATES
         )
@@ -123,9 +130,9 @@ def checked_ids(value, limit: int = ID_LIMIT) -> np.ndarray:
     return arr.astype(np.int32)
 
 
-def _short(value) -> str:
+def _short(value, limit: int = 60) -> str:
     text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 class CallableTokenizer:
@@ -161,7 +168,7 @@ def resolve_tokenizer(tokenizer, name=None, version=None):
     )
 
 
-class Tokenize:
+class Tokenize(RecordOp):
     """Encodes ``record[field]`` into ``record['tokens']`` (int32), with BOS/EOS and length policy.
 
     ``max_length`` caps a document's tokens (BOS/EOS included): longer ones are
@@ -169,7 +176,6 @@ class Tokenize:
     become separate documents. Truncated tokens are counted, never hidden.
     """
 
-    kind = "stateless"
     name = "tokenize"
 
     def __init__(self, tokenizer="bytes", field="text", bos=False, eos=True, max_length=None,
@@ -177,8 +183,8 @@ class Tokenize:
         self.tokenizer = resolve_tokenizer(tokenizer, name, version)
         if not isinstance(field, str) or not field:
             raise ConfigError(f"tokenize(field={field!r}): give the name of the text field")
-        if max_length is not None and not is_int_at_least(max_length, 1):
-            raise ConfigError(f"tokenize(max_length={max_length!r}) must be a positive int or None")
+        max_length = check_int(max_length, "max_length", 1, optional=True, call="tokenize",
+                               hint="tokens per document, BOS/EOS included; None: no cap")
         if split_long and max_length is None:
             raise ConfigError("tokenize(split_long=True) needs max_length=<tokens per piece>")
         self.field, self.max_length, self.split_long = field, max_length, bool(split_long)
@@ -193,23 +199,21 @@ class Tokenize:
     def check_id(self, value, name: str) -> int:
         """``value`` as a token id of this tokenizer: an int in ``[0, vocab_size)`` (int32 when the
         vocabulary is unknown), else a :class:`ConfigError` naming ``name``. Pure."""
-        limit = self.vocab_size or ID_LIMIT
-        if isinstance(value, bool) or not isinstance(value, int | np.integer) or not 0 <= value < limit:
-            what = f"the vocabulary [0, {limit})" if self.vocab_size else "[0, 2**31)"
-            raise ConfigError(f"{name}={value!r} must be an int token id in {what}")
-        return int(value)
+        if self.vocab_size:
+            return check_int(value, name, 0, below=self.vocab_size, hint="a token id of the vocabulary")
+        return check_int(value, name, 0, below=ID_LIMIT, hint="a token id; int32 as the vocabulary is unknown")
 
     def _special(self, which: str, enabled: bool, given) -> int | None:
         if not enabled:
             return None
         tok = self.tokenizer
-        if isinstance(tok, HFTokenizer):
-            return self.check_id(tok.special_id(which, given), f"{which}_id")
-        if given is not None:
-            return self.check_id(given, f"{which}_id")
-        if isinstance(tok, ByteTokenizer):
-            return tok.bos_id if which == "bos" else tok.eos_id
-        raise ConfigError(f"a callable tokenizer needs {which}_id=<int> when {which}=True")
+        if isinstance(tok, HFTokenizer) and (given is None or isinstance(given, str)):
+            given = tok.special_id(which, given)
+        elif given is None:
+            if not isinstance(tok, ByteTokenizer):
+                raise ConfigError(f"a callable tokenizer needs {which}_id=<int> when {which}=True")
+            given = tok.bos_id if which == "bos" else tok.eos_id
+        return self.check_id(given, f"{which}_id")
 
     def spec(self) -> dict:
         return {
@@ -245,3 +249,58 @@ class Tokenize:
                 truncated += len(doc) - m
                 arrays.append(doc[:m]), owners.append(i), starts.append(0)
         return arrays, owners, starts, truncated
+
+    def apply_chunk(self, rows: list[Row], ctx: ChunkContext) -> list[Row]:
+        """Encode the rows' text field in one batch (pure given the tokenizer); a split document's
+        pieces keep its pointer, their token start shifted. Counts ``tokenize.truncated_tokens``.
+
+        A record without the field, with a value that is not a ``str``, with text that is not
+        valid Unicode, or on which the tokenizer fails, is named exactly (dataset, shard, offset)
+        in a typed error whose message survives pickling.
+        """
+        texts = [self._text(row, ctx) for row in rows]
+        try:
+            arrays, owners, starts, truncated = self.encode_documents(texts)
+        except Exception:
+            self._raise_for_culprit(rows, texts, ctx)
+            raise
+        if truncated:
+            ctx.count("tokenize.truncated_tokens", truncated)
+        return [
+            Row(rows[i].pointer, rows[i].token_start + start, {**rows[i].record, "tokens": arr})
+            for arr, i, start in zip(arrays, owners, starts, strict=True)
+        ]
+
+    def _text(self, row: Row, ctx: ChunkContext) -> str:
+        record = row.record
+        if self.field not in record:
+            raise MissingFieldError(
+                f"record at {ctx.where(row.pointer)} has no field {self.field!r} (fields: {sorted(record)}); "
+                "pass tokenize(field=...)"
+            )
+        text = record[self.field]
+        if not isinstance(text, str):
+            raise FieldTypeError(
+                f"record at {ctx.where(row.pointer)}: field {self.field!r} is {type(text).__name__} "
+                f"{_short(text, 40)}, not a string; fix the data, or turn it into text with .map(...) "
+                "(or .decode_text() for bytes) before .tokenize()"
+            )
+        return text
+
+    def _raise_for_culprit(self, rows: list[Row], texts: list[str], ctx: ChunkContext) -> None:
+        """After a batch encode failed: encode text by text and raise for the first one that fails,
+        naming its record (returns if none fails alone; the caller re-raises the batch's error)."""
+        for row, text in zip(rows, texts, strict=True):
+            try:
+                self.encode_documents([text])
+            except UnicodeError as exc:
+                raise DataFormatError(
+                    f"record at {ctx.where(row.pointer)}: field {self.field!r} is not valid Unicode ({exc}); "
+                    "clean the text, e.g. .map(lambda r: {**r, 'text': r['text'].encode('utf-8', "
+                    "'replace').decode()})"
+                ) from None
+            except Exception as exc:
+                if isinstance(exc, ZephonError):
+                    raise type(exc)(f"record at {ctx.where(row.pointer)}: {exc}") from None
+                exc.add_note(f"zephon_dask: tokenize failed on the record at {ctx.where(row.pointer)}")
+                raise

@@ -17,6 +17,7 @@ from ..curriculum.routing import check_step
 from ..errors import ConfigError, StateError
 from ..state.progress import StepShape
 from ..state.schema import describe_diff
+from ..validate import check_int
 
 
 def valid_degrees(replicas: int, global_batches: int) -> list[int]:
@@ -26,13 +27,13 @@ def valid_degrees(replicas: int, global_batches: int) -> list[int]:
 
 def check_global(global_batches: object, replicas: int) -> int:
     """Validate G: a positive multiple of R."""
-    g = global_batches
-    if type(g) is not int or g < 1 or g % replicas:
-        near = max(replicas, -(-g // replicas) * replicas) if type(g) is int else replicas
+    g = check_int(global_batches, "global_batches_per_step", 1,
+                  hint=f"a multiple of canonical_replicas={replicas}, e.g. {replicas}")
+    if g % replicas:
         raise ConfigError(
             f"global_batches_per_step={g!r} must be a positive multiple of canonical_replicas="
             f"{replicas}, so that every global step is whole round-robin cycles over the lanes "
-            f"(the nearest is {near})"
+            f"(the nearest is {-(-g // replicas) * replicas})"
         )
     return g
 
