@@ -223,6 +223,57 @@ def test_killed_worker_changes_nothing(corpus_dir):
         assert got == truth
 
 
+def _scheduler_tasks(fp: str, dask_scheduler=None) -> dict:
+    """The scheduler's tasks whose key holds ``fp``: ``{key: (dependencies, group, user priority,
+    worker restrictions)}``."""
+    return {str(k): (sorted(str(d.key) for d in ts.dependencies), ts.prefix.name, -ts.priority[0],
+                     tuple(sorted(ts.worker_restrictions or ())))
+            for k, ts in dask_scheduler.tasks.items() if fp in str(k)}
+
+
+@pytest.mark.parametrize("fuse", [False, True])
+def test_distributed_runner_submits_exactly_the_window_graph(corpus_dir, cluster, fuse):
+    import dask
+
+    from zephon_dask.execution.cluster import DistributedRunner
+    from zephon_dask.graph import window_graph
+
+    spec = build(corpus_dir, seed=77).spec  # a fingerprint no other test submits
+    fp = spec.fingerprint[:16]
+    graph = window_graph(spec, 1, 0, fuse)
+    whole = graph.to_dict(spec)
+    runner = DistributedRunner(spec, client=cluster)
+    handle = runner.submit(graph, priority=7)
+    assert handle.result().digest() == dask.get(whole, graph.key).digest()
+    seen = cluster.run_on_scheduler(_scheduler_tasks, fp)
+    assert {k: deps for k, (deps, *_) in seen.items()} == {k: sorted(n.dependencies) for k, n in whole.items()}
+    groups = {"zephon-spec", "zephon-fused-window"} if fuse else {"zephon-spec", "zephon-chunk", "zephon-window"}
+    assert {group for _, group, _, _ in seen.values()} == groups  # what the dashboard shows
+    assert {seen[k][2:] for k in graph.task_keys} == {(7, ())}
+    handle.release()
+
+    # a silent worker: the spec by value, every task kept off the other workers; a stalled window's copy
+    worker = sorted(cluster.scheduler_info()["workers"])[0]
+    copy = graph.fused_copy(1)
+    runner._live_only = [worker]
+    handles = [runner.submit(graph, priority=3)]
+    handles.append(runner.submit_tasks(copy, spec, 3, None, workers=[worker], allow_other_workers=False)[0])
+    for h in handles:
+        h.result()
+    seen = cluster.run_on_scheduler(_scheduler_tasks, fp)
+    expected = {k: (sorted(d for d in n.dependencies if d != graph.spec_key), 3, (worker,))
+                for k, n in {**graph.tasks_for(spec), **copy.tasks_for(spec)}.items()}
+    assert {k: (deps, *rest) for k, (deps, _, *rest) in seen.items() if k != graph.spec_key} == expected
+    assert seen[copy.key][1] == "zephon-again-" + ("fused-window" if fuse else "window")
+    for h in handles:
+        h.release()
+    runner.close()
+    deadline = time.time() + 20
+    while cluster.run_on_scheduler(_scheduler_tasks, fp) and time.time() < deadline:
+        time.sleep(0.1)
+    assert cluster.run_on_scheduler(_scheduler_tasks, fp) == {}  # every future released
+
+
 def test_two_pipelines_share_keys_on_one_cluster(corpus_dir, cluster):
     a = build(corpus_dir, client=cluster, prefetch_windows=64, dp_degree=2, dp_group_id=1)
     b = build(corpus_dir, client=cluster, prefetch_windows=64, dp_degree=2, dp_group_id=1)

@@ -7,11 +7,12 @@ a Hugging Face tokenizer never oversubscribes a core) and closes it on
 and left running. :func:`connect` and :func:`each_completed` do the same for
 jobs other than the pipeline (``prepare_tokens``).
 
-The pipeline spec is submitted once as a task (recomputable, unlike scattered data); each window is submitted as chunk tasks
-plus a window task (or one fused task) under keys derived from the pipeline
-fingerprint, so identical windows submitted by tensor-parallel peers sharing a
-cluster are computed once. A worker lost mid-task is recomputed by the
-scheduler from the same pure inputs.
+The pipeline spec is submitted once as a task (recomputable, unlike scattered
+data); each window is submitted as its :class:`~zephon_dask.graph.WindowGraph`'s
+tasks (one ``Client.get``), which refer to the spec's future, under keys
+derived from the pipeline fingerprint, so identical windows submitted by
+tensor-parallel peers sharing a cluster are computed once. A worker lost
+mid-task is recomputed by the scheduler from the same pure inputs.
 """
 
 from __future__ import annotations
@@ -33,7 +34,6 @@ from ..errors import ClosedError, ClusterError
 from ..graph import WindowGraph
 from ..graph import keys as graph_keys
 from ..core.spec import PipelineSpec
-from ..core.window import compute_chunk, compute_window, finish_window
 from .runners import Runner, WindowHandle
 from .watch import DEFAULT_STALL, DEFAULT_TIMEOUT, PROBE_TIMEOUT, ClusterWatch, probe_address
 
@@ -151,24 +151,21 @@ RESUBMITS = 3
 SILENT_AFTER = 3.0  # seconds without a heartbeat (at least) before a worker counts as frozen
 
 
-def _again_key(graph: WindowGraph, n: int) -> str:
-    return graph.key.replace("zephon-", f"zephon-again{n}-", 1)
-
-
 class DistributedHandle(WindowHandle):
-    """A window's futures, waited on through the runner's :class:`ClusterWatch`.
+    """A window's futures (one per task key of its graph), waited on through the runner's
+    :class:`ClusterWatch`.
 
     A result lost with its worker (a gather that fails or a future the scheduler
     cancels) is resubmitted under the same keys: the window is pure, so the
     recomputation gives the same bytes. A window still computing after the
     runner's ``stall`` seconds is logged with the workers computing it, and (if a
-    worker holds it and others exist) a fused copy is submitted to the other
-    workers, carrying the spec by value; the first of the two to finish is used
+    worker holds it and others exist) its :meth:`~zephon_dask.graph.WindowGraph.fused_copy`
+    is submitted to the other workers, carrying the spec by value; the first of the two to finish is used
     (the same bytes either way)."""
 
-    def __init__(self, graph: WindowGraph, future, chunk_futures, runner, priority):
-        super().__init__(graph, future=future)
-        self._chunks, self._runner, self._priority = chunk_futures, runner, priority
+    def __init__(self, graph: WindowGraph, futures, runner, priority):
+        super().__init__(graph, future=futures[-1])
+        self._chunks, self._runner, self._priority = futures[:-1], runner, priority
         self._copy, self._copy_on, self._copies = None, [], 0
 
     def result(self):
@@ -239,10 +236,8 @@ class DistributedHandle(WindowHandle):
         if copy:
             self._copies += 1
             self._copy_on = others
-            self._copy = runner.client.submit(
-                compute_window, runner.spec, self.graph.lane, self.graph.window,
-                key=_again_key(self.graph, self._copies), workers=others, allow_other_workers=False,
-                pure=False, priority=self._priority)
+            self._copy, = runner.submit_tasks(self.graph.fused_copy(self._copies), runner.spec, self._priority,
+                                              retries=None, workers=others, allow_other_workers=False)
 
     def release(self) -> None:
         fut, chunks, copy = self._future, self._chunks, self._copy
@@ -326,22 +321,22 @@ class DistributedRunner(Runner):
         return self.client.run(os.getpid)
 
     def submit(self, graph: WindowGraph, priority: int) -> WindowHandle:
-        c, spec = self.__dict__.get("client"), self._spec_future
+        if self._live_only:  # while a worker is silent: avoid it, and do not fetch the spec from it
+            futures = self.submit_tasks(graph, self.spec, priority, self.retries,
+                                        workers=self._live_only, allow_other_workers=False)
+        else:
+            futures = self.submit_tasks(graph, self._spec_future, priority, self.retries)
+        return DistributedHandle(graph, futures, self, priority)
+
+    def submit_tasks(self, graph: WindowGraph, spec, priority: int, retries: int | None, **where) -> list:
+        """Submit ``graph.tasks_for(spec)`` as one graph; the futures of ``graph.task_keys``.
+        ``where``: ``workers=`` / ``allow_other_workers=`` for every task."""
+        c = self.__dict__.get("client")
         if c is None:
             raise ClosedError("this distributed runner is closed; build or reopen the pipeline to compute more windows")
-        opts = {"priority": priority, "retries": self.retries, "pure": False}
-        if self._live_only:  # while a worker is silent: avoid it, and do not fetch the spec from it
-            spec = self.spec
-            opts.update(workers=self._live_only, allow_other_workers=False)
-        if graph.fused:
-            fut = c.submit(compute_window, spec, graph.lane, graph.window, key=graph.key, **opts)
-            return DistributedHandle(graph, fut, [], self, priority)
-        chunks = [
-            c.submit(compute_chunk, spec, g, key=k, **opts)
-            for k, g in zip(graph.chunk_keys, graph.chunks, strict=True)
-        ]
-        fut = c.submit(finish_window, spec, graph.lane, graph.window, chunks, key=graph.key, **opts)
-        return DistributedHandle(graph, fut, chunks, self, priority)
+        # fifo_timeout as in Client.submit: among equal priorities, the graph submitted first runs first
+        return c.get(graph.tasks_for(spec), list(graph.task_keys), sync=False, priority=priority,
+                     retries=retries, fifo_timeout="100 ms", **where)
 
     def close(self) -> None:
         client, cluster = self.__dict__.pop("client", None), self._cluster

@@ -2,9 +2,14 @@
 
 Keys are readable strings, identical in every process and on every machine
 for the same data configuration, and they change whenever anything that
-changes a task's value changes (the fingerprint covers all of it). Dask
-groups tasks by the prefix before the trailing numbers, so the dashboard
-shows ``zephon-chunk-<fp>`` and ``zephon-window-<fp>`` task groups.
+changes a task's value changes (the fingerprint covers all of it). Dask's
+dashboard groups tasks by ``dask.utils.key_split``: the words before the first
+one that is not all letters, so the fingerprint and the indices are dropped
+and the groups are ``zephon-spec``, ``zephon-chunk``, ``zephon-window``,
+``zephon-fused-window`` and ``zephon-again-window`` / ``zephon-again-fused-window``
+(copies of stalled windows), shared by every pipeline on the cluster. (A
+fingerprint whose first 16 hex digits are all letters, about one in 6.5
+million, stays in the group name.)
 """
 
 from __future__ import annotations
@@ -27,3 +32,8 @@ def chunk_key(fingerprint: str, lane: int, window: int, i: int) -> str:
 def window_key(fingerprint: str, lane: int, window: int, fused: bool = False) -> str:
     kind = "fused-window" if fused else "window"
     return f"zephon-{kind}-{_fp(fingerprint)}-{lane}-{window}"
+
+
+def again_key(window_key: str, n: int) -> str:
+    """The key of the ``n``-th copy of the window under ``window_key``."""
+    return f"zephon-again-{window_key.removeprefix('zephon-')}-{n}"

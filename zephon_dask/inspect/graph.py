@@ -1,8 +1,8 @@
 """``window_graph(pipeline, lane, window)``: one window's Dask graph, for looking at. Pure.
 
 :class:`WindowGraphView` is the :class:`~zephon_dask.graph.WindowGraph` the
-runners submit (same keys, same tasks) plus the spec, so it can list its tasks
-as a table and draw itself with Dask's graphviz support.
+runners submit plus the spec: its table and drawing are made from
+:meth:`~zephon_dask.graph.WindowGraph.to_dict`, the tasks the runners execute.
 """
 
 from __future__ import annotations
@@ -37,15 +37,13 @@ class WindowGraphView(WindowGraph):
         return self.to_dict(self.spec)
 
     def tasks(self) -> list[dict]:
-        """One dict per key: ``key``, ``kind`` (spec / chunk / window / fused-window), ``chunk``, ``needs``."""
-        out = [{"key": self.spec_key, "kind": "spec", "chunk": None, "needs": ()}]
-        if not self.fused:
-            out += [{"key": k, "kind": "chunk", "chunk": g, "needs": (self.spec_key,)}
-                    for k, g in zip(self.chunk_keys, self.chunks, strict=True)]
-        kind = "fused-window" if self.fused else "window"
-        out.append({"key": self.key, "kind": kind, "chunk": None,
-                    "needs": (self.spec_key, *self.chunk_keys)})
-        return out
+        """One dict per key of :meth:`graph`, in its order: ``key``, ``kind`` (spec / chunk /
+        window / fused-window), ``chunk`` (a chunk task's chunk index) and ``needs`` (the keys
+        it depends on, in the graph's order)."""
+        dsk = self.graph()
+        chunk_of = {} if self.fused else dict(zip(self.chunk_keys, self.chunks, strict=True))
+        return [{"key": key, "kind": self.kind(key), "chunk": chunk_of.get(key),
+                 "needs": tuple(k for k in dsk if k in node.dependencies)} for key, node in dsk.items()]
 
     def visualize(self, filename: str | None = None, format: str | None = None, **kwargs):
         """Draw the graph with Dask's graphviz support.
