@@ -7,7 +7,6 @@ load when a pipeline runs or converts batches to tensors.
 from .consumer import Batch, BatchOptions
 from .curriculum import MixtureWorkSource, Pointer, plan
 from .data import Dataset
-from .data.prepare import prepare_tokens
 from .errors import (
     ConfigError,
     DataFormatError,
@@ -18,7 +17,9 @@ from .errors import (
     StateError,
     ZephonError,
 )
+from .jobs import prepare_tokens
 from .log import set_log_level
+from .operators import Tokenize
 from .pipeline import Pipeline, WindowOutput, compute_window
 from .state import gather_state, load_state, merge_states, save_state, verify_ledgers
 
@@ -38,6 +39,7 @@ __all__ = [
     "Pipeline",
     "Pointer",
     "StateError",
+    "Tokenize",
     "WindowOutput",
     "ZephonError",
     "compute_window",

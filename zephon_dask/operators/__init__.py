@@ -2,6 +2,7 @@
 
 from .base import Accumulator, RecordOp, WindowContext
 from .table import SampleTable
-from .tokenize import ByteTokenizer, HFTokenizer
+from .tokenize import ByteTokenizer, HFTokenizer, Tokenize
 
-__all__ = ["Accumulator", "ByteTokenizer", "HFTokenizer", "RecordOp", "SampleTable", "WindowContext"]
+__all__ = ["Accumulator", "ByteTokenizer", "HFTokenizer", "RecordOp", "SampleTable", "Tokenize",
+           "WindowContext"]
