@@ -20,7 +20,7 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
 lint: $(STAMP)
-	$(BIN)/ruff check zephon_dask tests benchmarks
+	$(BIN)/ruff check zephon_dask zephon_dask_demo tests benchmarks
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/run_all.py

@@ -40,9 +40,15 @@ import time  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-from zephon_dask import Dataset, MixtureWorkSource, Pipeline, compute_window, prepare_tokens  # noqa: E402
-from zephon_dask.data.prepare import store_shard_ids, token_dtype, tokenize_shard  # noqa: E402
-from zephon_dask.operators.tokenize import Tokenize  # noqa: E402
+from zephon_dask import (  # noqa: E402
+    Dataset,
+    MixtureWorkSource,
+    Pipeline,
+    Tokenize,
+    compute_window,
+    prepare_tokens,
+)
+from zephon_dask.jobs.prepare import store_shard_ids, token_dtype, tokenize_shard  # noqa: E402
 
 SEQ_LEN = 2048
 CHUNK_SIZE = 64
@@ -82,11 +88,11 @@ def prepare_with(ds: Dataset, tok_path: str, out: str, workers: int) -> dict:
     t0 = time.perf_counter()
     with connect(n_workers=workers) as client:
         client.wait_for_workers(workers)
-        client.run(importlib.import_module, "zephon_dask.data.prepare")
+        client.run(importlib.import_module, "zephon_dask.jobs.prepare")
         t1 = time.perf_counter()
-        report = prepare_tokens(ds, tok_path, out, client=client, progress=False)
+        report = prepare_tokens(ds, Tokenize(tok_path), out, client=client, progress=False)
         t2 = time.perf_counter()
-        again = prepare_tokens(ds, tok_path, out, client=client, progress=False)
+        again = prepare_tokens(ds, Tokenize(tok_path), out, client=client, progress=False)
         t3 = time.perf_counter()
     assert again.computed == () and len(again.reused) == ds.num_shards
     return {"start": t1 - t0, "wall": t2 - t1, "verify": t3 - t2, "tokens": report.num_tokens,

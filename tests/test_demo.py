@@ -30,3 +30,12 @@ def test_demo_refuses_a_degree_that_does_not_divide_the_lanes(tmp_path, capsys):
     assert main(["demo", "--workdir", str(tmp_path / "w"), "--dp-after", "3"]) == 2
     assert "dp_after=3 must divide" in capsys.readouterr().err
     assert not (tmp_path / "w").exists()
+
+
+def test_demo_is_a_package_beside_the_library(tmp_path):
+    code = "import sys, zephon_dask; print('zephon_dask_demo' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True).stdout.strip() == "False"
+    done = subprocess.run([sys.executable, "-m", "zephon_dask_demo", "--workdir", str(tmp_path / "w"),
+                           "--dp-after", "3"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "dp_after=3 must divide" in done.stderr

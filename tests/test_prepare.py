@@ -24,7 +24,6 @@ from pipelines import child_pids
 import zephon_dask as z
 from zephon_dask.cli import main as cli_main
 from zephon_dask.data import write_token_store
-from zephon_dask.data.prepare import token_dtype, tokenize_shard
 from zephon_dask.errors import (
     ConfigError,
     DataFormatError,
@@ -33,7 +32,8 @@ from zephon_dask.errors import (
     TokenizerMismatchError,
     ZephonError,
 )
-from zephon_dask.operators.tokenize import Tokenize
+from zephon_dask.jobs.prepare import token_dtype, tokenize_shard
+from zephon_dask.operators import Tokenize
 
 WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron".split()
 # Shard files: "sub/" sorts after "part-*", and part-2 is empty (kept as an empty shard).
@@ -95,7 +95,7 @@ def bpe_store(corpus, bpe, cluster, tmp_path_factory):
     """The JSONL corpus prepared with the BPE tokenizer (BOS and EOS) on the 2-worker cluster."""
     ds = z.Dataset.from_jsonl("web", str(corpus[0]), progress=False)
     out = str(tmp_path_factory.mktemp("stores") / "web-bpe")
-    report = z.prepare_tokens(ds, bpe, out, client=cluster, bos=True, eos=True, progress=False)
+    report = z.prepare_tokens(ds, Tokenize(bpe, bos=True, eos=True), out, client=cluster, progress=False)
     return ds, out, report
 
 
@@ -173,7 +173,8 @@ def test_embedded_cluster_parquet_uint32_and_nothing_left_running(tmp_path):
                        row_group_size=7)
     ds = z.Dataset.from_parquet("pq", tmp_path / "pq", text_field="body", progress=False)
     before = child_pids()
-    report = z.prepare_tokens(ds, big, str(tmp_path / "out"), n_workers=2, eos_id=3, progress=False)
+    report = z.prepare_tokens(ds, Tokenize(big, field="body", eos_id=3), str(tmp_path / "out"),
+                              n_workers=2, progress=False)
     time.sleep(0.5)
     assert child_pids() <= before  # the embedded cluster is gone
     got = store_docs(str(tmp_path / "out"))
@@ -195,7 +196,7 @@ def test_store_pipeline_packs_like_the_raw_text_pipeline(corpus, bpe, bpe_store)
                 .options(runner="synchronous", canonical_replicas=4, flush_every_k_chunks=2))
 
     raw = pipe(ds, tokenize=True)
-    stored = pipe(z.Dataset.from_tokens("web", out, tokenizer=bpe), tokenize=False)
+    stored = pipe(z.Dataset.from_tokens("web", out, tokenizer=Tokenize(bpe)), tokenize=False)
     windows = [(lane, w) for lane in range(4) for w in range(raw.spec.num_windows(lane))]
     assert len(windows) > 4
     assert [stored.compute_window(*lw).digest() for lw in windows] == \
@@ -209,8 +210,8 @@ def test_store_pipeline_packs_like_the_raw_text_pipeline(corpus, bpe, bpe_store)
 def test_records_with_truncation_match_the_truncating_pipeline(cluster, tmp_path):
     data = {"a": texts_for("a", 30, 7), "b": texts_for("b", 25, 8)}
     ds = z.Dataset.from_records("mem", data)
-    report = z.prepare_tokens(ds, "bytes", str(tmp_path / "store"), client=cluster, bos=True,
-                              max_length=40, progress=False)
+    report = z.prepare_tokens(ds, Tokenize("bytes", bos=True, max_length=40), str(tmp_path / "store"),
+                              client=cluster, progress=False)
     full = [len(t.encode()) + 2 for shard in data.values() for t in shard]
     assert report.truncated_tokens == sum(n - 40 for n in full if n > 40) > 0
     assert report.num_tokens == sum(min(n, 40) for n in full)
@@ -243,9 +244,10 @@ def test_interrupted_run_is_refused_then_finished_redoing_only_bad_shards(corpus
         return list(text.encode("utf-8"))
 
     out = str(tmp_path / "store")
-    kw = dict(client=cluster, eos=False, name="flaky", version=1, progress=False)
+    op = Tokenize(flaky, eos=False, name="flaky", version=1)
+    kw = dict(client=cluster, progress=False)
     with pytest.raises(RuntimeError, match="on purpose") as ei:
-        z.prepare_tokens(ds, flaky, out, **kw)
+        z.prepare_tokens(ds, op, out, **kw)
     assert any("00001" in n and "rerun prepare_tokens" in n for n in ei.value.__notes__)
     recs = records(out)
     assert recs["00001"] is None and all(recs[s] is not None for s in ("00000", "00002", "00003"))
@@ -257,18 +259,18 @@ def test_interrupted_run_is_refused_then_finished_redoing_only_bad_shards(corpus
     chunk = Path(out) / "shards" / "00000" / "tokens" / "c" / "0"
     chunk.write_bytes(b"garbage" + chunk.read_bytes()[7:])
     sentinel.unlink()
-    again = z.prepare_tokens(ds, flaky, out, **kw)
+    again = z.prepare_tokens(ds, op, out, **kw)
     assert again.computed == ("00000", "00001")
     assert again.reused == ("00002", "00003")
     got = store_docs(out)
     for sid, shard in zip(got, ds.shards):
         assert got[sid] == [list(t.encode()) for t in texts[shard.shard_id]]
-    third = z.prepare_tokens(ds, flaky, out, **kw)
+    third = z.prepare_tokens(ds, op, out, **kw)
     assert third.computed == () and len(third.reused) == 4
     assert z.Dataset.from_tokens("web", out).num_samples == sum(SHARDS.values())
     # a complete store with a damaged shard: only that shard is written again
     (Path(out) / "shards" / "00003" / "offsets" / "c" / "0").unlink()
-    fourth = z.prepare_tokens(ds, flaky, out, **kw)
+    fourth = z.prepare_tokens(ds, op, out, **kw)
     assert fourth.computed == ("00003",) and store_docs(out) == got
 
 
@@ -300,8 +302,8 @@ def test_killed_worker_mid_job_still_gives_a_complete_store(corpus, cluster, tmp
     thread = threading.Thread(target=assassin)
     thread.start()
     try:
-        report = z.prepare_tokens(ds, slow, str(out), client=cluster, eos=False, name="slow",
-                                  version=1, progress=False)
+        report = z.prepare_tokens(ds, Tokenize(slow, eos=False, name="slow", version=1), str(out),
+                                  client=cluster, progress=False)
     finally:
         finished.set()
         thread.join()
@@ -362,48 +364,56 @@ def test_each_completed_forgets_a_task_once_its_result_is_read(cluster):
 
 def test_store_from_another_tokenizer_is_refused(bpe, bpe_store, corpus, tmp_path):
     ds, out, _ = bpe_store
-    assert z.Dataset.from_tokens("web", out, tokenizer=bpe).num_samples == ds.num_samples
+    assert z.Dataset.from_tokens("web", out, tokenizer=Tokenize(bpe)).num_samples == ds.num_samples
+    assert z.Dataset.from_tokens("web", out, tokenizer=Tokenize(bpe).tokenizer).num_samples == ds.num_samples
     with pytest.raises(TokenizerMismatchError, match="huggingface") as ei:
-        z.Dataset.from_tokens("web", out, tokenizer="bytes")
+        z.Dataset.from_tokens("web", out, tokenizer=Tokenize("bytes"))
     assert isinstance(ei.value, ConfigError) and isinstance(ei.value, ValueError)
     assert out in str(ei.value)
     with pytest.raises(TokenizerMismatchError):
-        z.Dataset.from_path("web", out, tokenizer="bytes")
+        z.Dataset.from_path("web", out, tokenizer=Tokenize("bytes"))
+    with pytest.raises(ConfigError, match="pass the Tokenize operator"):
+        z.Dataset.from_tokens("web", out, tokenizer=bpe)  # a bare spec: the data layer cannot resolve it
     write_token_store(str(tmp_path / "plain"), {"a": [np.arange(3)]}, {"sha256": "abc"})
     with pytest.raises(TokenizerMismatchError, match="None"):
-        z.Dataset.from_tokens("p", tmp_path / "plain", tokenizer="bytes")
+        z.Dataset.from_tokens("p", tmp_path / "plain", tokenizer=Tokenize("bytes"))
     # preparing into it with other settings is refused before any work starts
     with pytest.raises(TokenizerMismatchError, match="delete it or give another out path"):
-        z.prepare_tokens(ds, "bytes", out, address="tcp://127.0.0.1:1", progress=False)
+        z.prepare_tokens(ds, Tokenize("bytes"), out, address="tcp://127.0.0.1:1", progress=False)
     with pytest.raises(ConfigError, match="differ"):
         other = z.Dataset.from_jsonl("other", str(corpus[0]), progress=False)
-        z.prepare_tokens(other, bpe, out, bos=True, address="tcp://127.0.0.1:1", progress=False)
+        z.prepare_tokens(other, Tokenize(bpe, bos=True, eos=True), out, address="tcp://127.0.0.1:1",
+                         progress=False)
 
 
 def test_bad_inputs_fail_at_call_time(bpe_store, corpus, tmp_path):
     ds, out, _ = bpe_store
     nowhere = {"address": "tcp://127.0.0.1:1", "progress": False}  # a cluster would never answer
+    op = Tokenize("bytes")
     cases = [
-        (lambda: z.prepare_tokens(z.Dataset.from_tokens("t", out), "bytes", str(tmp_path / "a"), **nowhere),
+        (lambda: z.prepare_tokens(z.Dataset.from_tokens("t", out), op, str(tmp_path / "a"), **nowhere),
          ConfigError, "already a token store"),
-        (lambda: z.prepare_tokens(ds, "bytes", str(tmp_path / "b"), field="body", **nowhere),
+        (lambda: z.prepare_tokens(ds, Tokenize("bytes", field="body"), str(tmp_path / "b"), **nowhere),
          MissingFieldError, "'body'"),
-        (lambda: z.prepare_tokens(ds, "bytes", str(corpus[0]), **nowhere),
+        (lambda: z.prepare_tokens(ds, op, str(corpus[0]), **nowhere),
          ConfigError, "not a token store"),
-        (lambda: z.prepare_tokens(ds, "bytes", str(corpus[0] / "part-0.jsonl"), **nowhere),
+        (lambda: z.prepare_tokens(ds, op, str(corpus[0] / "part-0.jsonl"), **nowhere),
          ConfigError, "is a file"),
-        (lambda: z.prepare_tokens(ds, "bytes", str(tmp_path / "c"), n_workers=0, **nowhere),
+        (lambda: z.prepare_tokens(ds, op, str(tmp_path / "c"), n_workers=0, **nowhere),
          ConfigError, "n_workers"),
-        (lambda: z.prepare_tokens([ds], "bytes", str(tmp_path / "d"), **nowhere),
+        (lambda: z.prepare_tokens([ds], op, str(tmp_path / "d"), **nowhere),
          ConfigError, "needs a zephon_dask.Dataset"),
-        (lambda: z.prepare_tokens(ds, lambda t: [1], str(tmp_path / "e"), **nowhere),
-         ConfigError, "eos_id"),
+        (lambda: z.prepare_tokens(ds, "bytes", str(tmp_path / "e"), **nowhere),
+         ConfigError, r"needs a Tokenize operator, got str; build one with zephon_dask\.Tokenize"),
+        (lambda: z.prepare_tokens(ds, Tokenize("bytes", max_length=8, split_long=True),
+                                  str(tmp_path / "f"), **nowhere),
+         ConfigError, "split_long=True"),
     ]
     for call, error, text in cases:
         with pytest.raises(error, match=text) as ei:
             call()
         assert isinstance(ei.value, ZephonError)
-    assert not (tmp_path / "b").exists() and not (tmp_path / "c").exists()
+    assert not any((tmp_path / d).exists() for d in "bcef")
 
 
 # ------------------------------------------------------------------- memory:// and the CLI
@@ -416,17 +426,18 @@ def test_memory_urls_run_on_an_in_process_cluster(bpe, corpus, cluster):
         texts = write_jsonl_corpus(fs, f"{root}/web")
         ds = z.Dataset.from_jsonl("web", f"memory://{root}/web", progress=False)
         before = child_pids()
-        report = z.prepare_tokens(ds, bpe, f"memory://{root}/store", n_workers=2, progress=False)
+        report = z.prepare_tokens(ds, Tokenize(bpe), f"memory://{root}/store", n_workers=2,
+                                  progress=False)
         assert child_pids() <= before  # workers were threads of this process
         got = store_docs(f"memory://{root}/store")
         for sid, shard in zip(got, ds.shards):
             assert got[sid] == hf_oracle(bpe, texts[shard.shard_id], bos=False, eos=True)
-        store = z.Dataset.from_path("web", f"memory://{root}/store", tokenizer=bpe)
+        store = z.Dataset.from_path("web", f"memory://{root}/store", tokenizer=Tokenize(bpe))
         assert store.shard_sizes == ds.shard_sizes and report.dataset.identity() == store.identity()
         # worker processes have memories of their own: the store is never marked complete
         with pytest.raises(DataFormatError, match="not visible here"):
-            z.prepare_tokens(z.Dataset.from_jsonl("web", str(corpus[0]), progress=False), bpe,
-                             f"memory://{root}/elsewhere", client=cluster, progress=False)
+            z.prepare_tokens(z.Dataset.from_jsonl("web", str(corpus[0]), progress=False),
+                             Tokenize(bpe), f"memory://{root}/elsewhere", client=cluster, progress=False)
         assert zarr.open_group(f"memory://{root}/elsewhere", mode="r").attrs["complete"] is False
     finally:
         fs.rm(root, recursive=True)
@@ -435,7 +446,7 @@ def test_memory_urls_run_on_an_in_process_cluster(bpe, corpus, cluster):
 def test_cli_prepares_every_recipe_dataset(corpus, bpe, cluster, tmp_path, capsys):
     rel_tok = os.path.relpath(bpe, tmp_path)
     (tmp_path / "pq").mkdir()
-    pq.write_table(pa.table({"text": ["alpha beta", "gamma"]}), tmp_path / "pq" / "a.parquet")
+    pq.write_table(pa.table({"body": ["alpha beta", "gamma"]}), tmp_path / "pq" / "a.parquet")
     recipe = tmp_path / "recipe.toml"
     recipe.write_text(f"""
 [[datasets]]
@@ -447,6 +458,7 @@ weight = 3
 name = "small"
 path = "pq"
 format = "parquet"
+text_field = "body"
 weight = 1
 
 [tokenize]
@@ -458,10 +470,31 @@ bos = true
     assert cli_main(argv) == 0
     assert "4 shards tokenized" in capsys.readouterr().out
     for name in ("web", "small"):
-        store = z.Dataset.from_tokens(name, tmp_path / "stores" / name, tokenizer=bpe)
+        store = z.Dataset.from_tokens(name, tmp_path / "stores" / name, tokenizer=Tokenize(bpe))
         assert store.tokenizer_meta["bos_id"] is not None
+    # [tokenize] names no field: each dataset's text field is tokenized
+    assert z.Dataset.from_tokens("small", tmp_path / "stores" / "small").tokenizer_meta["field"] == "body"
     assert cli_main(argv) == 0
     assert "4 verified and kept" in capsys.readouterr().out
     recipe.write_text(recipe.read_text() + "split_long = true\n")
     assert cli_main(argv) == 2
     assert "split_long" in capsys.readouterr().err
+
+
+def test_the_data_layer_imports_no_operators_jobs_or_dask():
+    """Read statically: importing zephon_dask.data runs the package's __init__, which imports more."""
+    import ast
+
+    banned = ("zephon_dask.operators", "zephon_dask.execution", "zephon_dask.jobs", "dask", "distributed")
+    found = []
+    for path in sorted((Path(z.__file__).parent / "data").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = "zephon_dask" if node.level == 2 else "zephon_dask.data" if node.level == 1 else ""
+                names = [".".join(p for p in (base, node.module) if p)]
+            else:
+                continue
+            found += [(path.name, n) for n in names if n.startswith(banned)]
+    assert found == []

@@ -1,4 +1,7 @@
-"""``zephon-dask demo``: the main job on an embedded LocalCluster."""
+"""``zephon-dask demo``: the demo job (package :mod:`zephon_dask_demo`) on an embedded LocalCluster.
+
+The demo lives outside the library; it is imported only when this command runs.
+"""
 
 from . import fail, positive_int
 
@@ -18,7 +21,8 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    from ..demo import run as run_demo
+    from zephon_dask_demo import run as run_demo
+
     from ..errors import ConfigError
 
     try:

@@ -1,7 +1,8 @@
 """``zephon-dask prepare RECIPE --out PATH``: tokenize a recipe's datasets into token stores.
 
 Reads the recipe (see ``docs/recipes.md``) with :func:`zephon_dask.recipe.load_recipe`,
-uses its ``[[datasets]]`` and ``[tokenize]`` tables, and runs ``prepare_tokens`` for each
+uses its ``[[datasets]]`` and ``[tokenize]`` tables, builds the ``Tokenize`` operator
+(``field`` defaults to each dataset's text field) and runs ``prepare_tokens`` for each
 dataset on one Dask cluster, writing ``<out>/<name>``. Datasets that already
 are token stores are skipped. Other recipe tables are ignored here. A dataset name
 that would leave ``--out`` (absolute, ``..``, a backslash) is refused before anything runs.
@@ -57,9 +58,10 @@ def _read_recipe(path: str):
 def run(args) -> int:
     import tomllib
 
-    from ..data.prepare import prepare_tokens
     from ..errors import ZephonError
     from ..execution.cluster import connect
+    from ..jobs import prepare_tokens
+    from ..operators import Tokenize
 
     try:
         datasets, tokenize = _read_recipe(args.recipe)
@@ -69,13 +71,12 @@ def run(args) -> int:
                 print(f"{d.name}: already a token store, skipped")
         if not todo:
             return 0
-        tokenizer = tokenize.pop("tokenizer")
         outs = {d.name: store_path(args.out, d.name) for d in todo}  # every name checked first
+        ops = {d.name: Tokenize(**{"field": d.text_field, **tokenize}) for d in todo}
         with connect(address=args.address, n_workers=args.workers) as client:
             for d in todo:
-                out = outs[d.name]
-                r = prepare_tokens(d, tokenizer, out, client=client, progress=not args.no_progress,
-                                   **tokenize)
+                r = prepare_tokens(d, ops[d.name], outs[d.name], client=client,
+                                   progress=not args.no_progress)
                 print(f"{d.name}: {r.num_docs:,} documents, {r.num_tokens:,} tokens -> {r.path} "
                       f"({len(r.computed)} shards tokenized, {len(r.reused)} verified and kept, "
                       f"{r.seconds:.1f} s)")

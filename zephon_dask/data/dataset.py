@@ -531,15 +531,13 @@ class Dataset:
         ``from_path`` takes the same arguments for every format).
 
         An incomplete store (an interrupted ``prepare_tokens`` job) is refused.
-        ``tokenizer`` (anything ``Pipeline.tokenize`` accepts) is the tokenizer the
-        caller expects: a store written with another one raises TokenizerMismatchError.
+        ``tokenizer`` (a ``Tokenize`` operator, or its ``.tokenizer``) is the tokenizer
+        the caller expects: a store written with another one raises TokenizerMismatchError.
         """
         _check_name(name)
         shards, meta = tokens.open_store(str(path), storage_options)
         if tokenizer is not None:
-            from ..operators.tokenize import resolve_tokenizer
-
-            tokens.check_tokenizer(str(path), meta, resolve_tokenizer(tokenizer).identity())
+            tokens.check_tokenizer(str(path), meta, tokens.tokenizer_identity(tokenizer))
         return cls(
             name,
             "tokens",

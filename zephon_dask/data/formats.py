@@ -1,8 +1,8 @@
 """The format registry: every format a :class:`~zephon_dask.data.Dataset` reads, by name.
 
 A new format is one module defining a :class:`~zephon_dask.data.reader.Reader`
-and one line in :data:`READERS`. ``Dataset.from_path``, ``Dataset.read``,
-recipes and ``prepare_tokens`` look formats up here. Pure.
+and one line in :data:`READERS`. ``Dataset.from_path``, ``Dataset.read`` and
+recipes look formats up here. Pure.
 """
 
 from __future__ import annotations

@@ -297,6 +297,24 @@ def verify_store(path: str, storage_options: dict[str, Any] | None = None) -> in
     return len(shards)
 
 
+def tokenizer_identity(expected: Any) -> dict[str, Any]:
+    """The identity a store records for ``expected``: a Tokenize operator (its tokenizer's) or a
+    tokenizer object with ``identity()`` (``ByteTokenizer``, ``HFTokenizer``). Pure.
+
+    A bare tokenizer spec (``"bytes"``, a path, a ``tokenizers.Tokenizer``, a callable)
+    raises :class:`ConfigError`: resolving one is the operators' job, not this module's.
+    """
+    for candidate in (expected, getattr(expected, "tokenizer", None)):
+        identity = getattr(candidate, "identity", None)
+        if callable(identity):
+            return identity()
+    raise ConfigError(
+        f"tokenizer={expected!r} cannot be compared with a token store's tokenizer; pass the "
+        "Tokenize operator the store was prepared with, e.g. "
+        "tokenizer=zephon_dask.Tokenize('tokenizer.json')"
+    )
+
+
 def check_tokenizer(path: str, meta: dict[str, Any], expected: dict[str, Any]) -> None:
     """Raise TokenizerMismatchError unless the store's tokenizer identity is ``expected``. Pure.
 

@@ -2,9 +2,9 @@
 
 from .base import Accumulator, ChunkContext, RecordOp, Row, WindowContext
 from .table import SampleTable
-from .tokenize import ByteTokenizer, HFTokenizer
+from .tokenize import ByteTokenizer, HFTokenizer, Tokenize
 
 __all__ = [
     "Accumulator", "ByteTokenizer", "ChunkContext", "HFTokenizer", "RecordOp", "Row", "SampleTable",
-    "WindowContext",
+    "Tokenize", "WindowContext",
 ]

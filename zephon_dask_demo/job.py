@@ -12,6 +12,10 @@
    global batch a dp=1 run would show it.
 4. An uninterrupted dp=1 run (data only) writes a reference ledger, and the
    two ledgers are compared step by step.
+
+It uses zephon_dask's public API only. :func:`run` holds every piece of state
+(the work folder's files, the cluster, the model and optimizer); the corpus and
+tokenizer builders are deterministic given the Python installation.
 """
 
 from __future__ import annotations
@@ -19,7 +23,6 @@ from __future__ import annotations
 import ast
 import json
 import shutil
-import sys
 import sysconfig
 import time
 from contextlib import ExitStack
@@ -32,11 +35,16 @@ from tokenizers import Tokenizer
 from torch import nn
 from tqdm import tqdm
 
-from .curriculum import MixtureWorkSource
-from .data import Dataset
-from .errors import ConfigError
-from .pipeline import Pipeline
-from .state import load_state, read_ledger, save_state, verify_ledgers
+from zephon_dask import (
+    ConfigError,
+    Dataset,
+    MixtureWorkSource,
+    Pipeline,
+    load_state,
+    save_state,
+    verify_ledgers,
+)
+from zephon_dask.state import read_ledger
 
 REPLICAS = 4  # lanes: a run may resume on any DP degree dividing it
 MICROBATCH = 2  # rows per batch: a global step is REPLICAS * MICROBATCH rows
@@ -291,6 +299,3 @@ def run(workdir: str = ".zephon-demo", steps: int = 40, resume_at: int | None = 
           f"(or do not cover 0..{steps - 1})")
     return 1
 
-
-if __name__ == "__main__":
-    sys.exit(run())

@@ -4,11 +4,12 @@
 resumes) the store, runs one task per input shard and marks the store complete
 once every shard is written and verified; it holds the client and the progress
 bar. The tasks, :func:`tokenize_shard` and :func:`check_shard`, are functions
-of ``(dataset, tokenize settings, shard)`` that write or read only their own
-``shards/<id>`` group, so no two workers ever touch the same zarr chunk.
-Tokenization is ``Tokenize.encode_documents``, the pipeline's own code, so a
-pipeline over the store packs exactly what one tokenizing the text would.
-See ``docs/prepare.md``.
+of ``(dataset, Tokenize operator, shard)`` that write or read only their own
+``shards/<id>`` group, so no two workers ever touch the same zarr chunk; the
+same inputs write the same bytes. Tokenization is the operator's
+``encode_documents``, the pipeline's own code, so a pipeline over the store
+packs exactly what the same pipeline tokenizing the text with that operator
+would. See ``docs/prepare.md``.
 """
 
 from __future__ import annotations
@@ -22,15 +23,15 @@ from typing import Any
 import numpy as np
 import zarr
 
+from ..data.dataset import Dataset
+from ..data.paths import filesystem, to_url
+from ..data.shard import Shard
+from ..data.tokens import FORMAT, RECORD, VERSION, ShardWriter, verify_shard
 from ..errors import ConfigError, DataFormatError, MissingFieldError, TokenizerMismatchError
 from ..operators.identity import sha256_json
 from ..operators.tokenize import Tokenize
 from ..progress_bar import progress_bar
 from ..validate import is_int_at_least
-from .dataset import Dataset
-from .paths import filesystem, to_url
-from .shard import Shard
-from .tokens import FORMAT, RECORD, VERSION, ShardWriter, verify_shard
 
 DOCS_PER_READ = 8192  # documents read and tokenized at a time inside a shard task
 
@@ -130,8 +131,8 @@ def check_shard(
     return verify_shard(url, source, dtype, storage_options)
 
 
-def _tokenize_op(dataset: Any, tokenizer: Any, field: str | None, **settings: Any) -> Tokenize:
-    """The pipeline's Tokenize operator for these settings, after checking the dataset."""
+def _check_inputs(dataset: Any, tokenize: Any) -> None:
+    """Raise unless ``dataset`` is raw text and ``tokenize`` a Tokenize operator that fits it."""
     if not isinstance(dataset, Dataset):
         raise ConfigError(
             f"prepare_tokens needs a zephon_dask.Dataset, got {type(dataset).__name__}; build one "
@@ -142,11 +143,19 @@ def _tokenize_op(dataset: Any, tokenizer: Any, field: str | None, **settings: An
             f"dataset {dataset.name!r} is already a token store; prepare_tokens reads JSONL, "
             "parquet or in-memory records"
         )
-    op = Tokenize(tokenizer, dataset.text_field if field is None else field, split_long=False,
-                  **settings)
+    if not isinstance(tokenize, Tokenize):
+        raise ConfigError(
+            f"prepare_tokens needs a Tokenize operator, got {type(tokenize).__name__}; build one "
+            "with zephon_dask.Tokenize(tokenizer, field=..., bos=..., eos=..., max_length=...), "
+            "the arguments of Pipeline.tokenize"
+        )
+    if tokenize.split_long:
+        raise ConfigError(
+            "prepare_tokens cannot use a Tokenize with split_long=True: a token store keeps one "
+            "document per record; drop split_long (max_length then truncates)"
+        )
     first = next(i for i, s in enumerate(dataset.shards) if s.num_samples)
-    _texts(dataset, first, 0, dataset.read(first, [0]), op.field)  # a wrong field fails here
-    return op
+    _texts(dataset, first, 0, dataset.read(first, [0]), tokenize.field)  # a wrong field fails here
 
 
 def _existing(fs, fpath: str, out: str, target: dict[str, Any]) -> dict[str, Any] | None:
@@ -262,28 +271,21 @@ def _check_visible(url: str, ids: list[str], records: dict[int, dict], opts: dic
 
 def prepare_tokens(
     dataset: Dataset,
-    tokenizer: Any,
+    tokenize: Tokenize,
     out: str,
     *,
     n_workers: int | None = None,
     address: str | None = None,
     client: Any = None,
-    field: str | None = None,
-    bos: bool = False,
-    eos: bool = True,
-    max_length: int | None = None,
-    bos_id: int | str | None = None,
-    eos_id: int | str | None = None,
-    name: str | None = None,
-    version: Any = None,
     storage_options: dict[str, Any] | None = None,
     progress: bool = True,
 ) -> PrepareReport:
-    """Tokenize every document of ``dataset`` on a Dask cluster into a token store at ``out``.
+    """Tokenize every document of ``dataset`` with ``tokenize``, on a Dask cluster, into a store at ``out``.
 
-    Tokenizes exactly like ``Pipeline.tokenize(tokenizer, field, bos, eos, max_length,
-    bos_id=, eos_id=, name=, version=)`` (``field`` defaults to the dataset's text
-    field; ``split_long`` has no place here: a store keeps one document per record).
+    ``tokenize`` is the pipeline's :class:`~zephon_dask.operators.Tokenize` operator,
+    e.g. ``Tokenize("tokenizer.json", field="text", bos=True, eos=True)``: the store
+    holds what ``Pipeline.tokenize`` with the same arguments would produce
+    (``split_long=True`` is refused: a store keeps one document per record).
     Runs on ``client``, on the scheduler at ``address``, or on an embedded
     ``LocalCluster`` of ``n_workers`` processes (threads of this process when ``out``
     or the data is ``memory://``, which worker processes cannot share). ``out`` is a
@@ -298,14 +300,13 @@ def prepare_tokens(
     t0 = time.perf_counter()
     if n_workers is not None and not is_int_at_least(n_workers, 1):
         raise ConfigError(f"n_workers={n_workers!r} must be a positive int or None (all cores)")
-    op = _tokenize_op(dataset, tokenizer, field, bos=bos, eos=eos, max_length=max_length,
-                      bos_id=bos_id, eos_id=eos_id, name=name, version=version)
+    _check_inputs(dataset, tokenize)
     fs, fpath = filesystem(str(out), storage_options)
     url = to_url(fs, fpath.rstrip("/"))
-    dtype = token_dtype(op).name
+    dtype = token_dtype(tokenize).name
     ids = store_shard_ids(dataset.num_shards)
     target = json.loads(json.dumps({
-        "format": FORMAT, "version": VERSION, "complete": False, "tokenizer": op.spec(),
+        "format": FORMAT, "version": VERSION, "complete": False, "tokenizer": tokenize.spec(),
         "dtype": dtype, "shards": ids, "source": dataset.identity(),
     }))
     existing = _existing(fs, fpath, str(out), target)
@@ -315,7 +316,7 @@ def prepare_tokens(
 
     def run(client, fn, todo: list[int], kind: str, desc: str) -> dict[int, Any]:
         keys = [f"zephon-{kind}-shard-{fp}-{i}" for i in range(len(ids))]
-        return _run_tasks(client, fn, (dataset, op, dtype, storage_options), todo, calls, keys, ids,
+        return _run_tasks(client, fn, (dataset, tokenize, dtype, storage_options), todo, calls, keys, ids,
                           f"zephon-prepare-{fp}", f"{desc} {dataset.name}", progress)
 
     from ..execution.cluster import connect
