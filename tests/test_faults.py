@@ -230,10 +230,10 @@ def test_values_that_make_no_sense_are_refused(tmp_path, kwargs, match):
 
 
 def test_every_recipe_option_is_type_checked(tmp_path):
-    from zephon_dask.pipeline.builder import DATA_OPTIONS, EXECUTION_OPTIONS
+    from zephon_dask.options import OPTIONS
     from zephon_dask.recipe import OPTION_TYPES, load_recipe
 
-    assert set(OPTION_TYPES) == (set(DATA_OPTIONS) | set(EXECUTION_OPTIONS)) - {"client"}
+    assert set(OPTION_TYPES) == {o.name for o in OPTIONS} - {"client"}
     folder = _jsonl(tmp_path, [{"text": "a"}])
     path = tmp_path / "r.toml"
     path.write_text(f'[[datasets]]\nname = "d"\npath = "{folder}"\n[options]\nledger = 5\n')

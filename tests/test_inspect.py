@@ -17,6 +17,7 @@ import zephon_dask as z
 from zephon_dask.cli import main
 from zephon_dask.commands import bench
 from zephon_dask.consumer.batch import make_batch
+from zephon_dask.core import compute_window
 from zephon_dask.curriculum import routing
 from zephon_dask.errors import ConfigError, MissingDependencyError
 from zephon_dask.graph import window_graph as build_window_graph
@@ -29,7 +30,6 @@ from zephon_dask.inspect import (
     window_graph,
 )
 from zephon_dask.operators.tokenize import ByteTokenizer
-from zephon_dask.core import compute_window
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "recipe.toml"

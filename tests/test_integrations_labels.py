@@ -93,7 +93,7 @@ def test_importing_the_package_and_the_guard_imports_no_framework():
     import subprocess
     import sys
 
-    code = ("import sys, zephon_dask, zephon_dask.integrations, zephon_dask.consumer.torch_io; "
+    code = ("import sys, zephon_dask, zephon_dask.integrations, zephon_dask.pipeline.torch_data; "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in "
             "('transformers', 'accelerate', 'pytorch_lightning', 'lightning')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)

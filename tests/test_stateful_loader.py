@@ -18,8 +18,8 @@ from pipelines import build
 
 import zephon_dask as z
 from zephon_dask.consumer import fetcher as fetcher_module
-from zephon_dask.consumer.torch_io import PipelineDataset, PipelineLoader
 from zephon_dask.errors import StateError
+from zephon_dask.pipeline.torch_data import PipelineDataset, PipelineLoader
 
 StatefulDataLoader = pytest.importorskip("torchdata.stateful_dataloader").StatefulDataLoader
 

@@ -14,11 +14,11 @@ from hypothesis import strategies as st
 
 import zephon_dask as z
 from zephon_dask.consumer import BatchOptions, LaneBatcher, make_batch
+from zephon_dask.core import compute_chunk, compute_window
 from zephon_dask.errors import ConfigError, DatasetNotFoundError, MissingFieldError, ZephonError
 from zephon_dask.operators.base import WindowContext
 from zephon_dask.operators.shuffle import Shuffle
 from zephon_dask.operators.table import SampleTable
-from zephon_dask.core import compute_chunk, compute_window
 
 WORDS = "the quick brown fox jumps over a lazy dog while seven wizards quietly hex".split()
 

@@ -22,11 +22,15 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from .curriculum import MixtureWorkSource
+from .data import Dataset
 from .data.formats import READERS
 from .data.formats import get as format_reader
 from .data.paths import has_glob
 from .errors import RecipeError, RecipeKeyError, RecipePathError, RecipeTypeError
-from .pipeline.builder import DATA_OPTIONS, EXECUTION_OPTIONS
+from .options import BY_NAME as OPTIONS
+from .pipeline import Pipeline
+from .views import register
 
 
 def dataset_formats() -> tuple[str, ...]:
@@ -60,17 +64,9 @@ TABLES: dict[str, dict[str, tuple[type, ...]]] = {
     },
 }
 REQUIRED = {"shuffle": ("buffer_size",), "pack": ("max_length",), "batch": ("microbatch_size",)}
-# [options] takes every Pipeline.options key but client (a live object); these are type-checked
-# here, any other is passed to Pipeline.options, which checks it.
-OPTION_TYPES: dict[str, tuple[type, ...]] = {
-    "canonical_replicas": _INT, "flush_every_k_chunks": _INT, "runner": _STR, "n_workers": _INT,
-    "threads_per_worker": _INT, "address": _STR, "session_client": _BOOL, "prefetch_windows": _INT,
-    "fuse": _BOOL,
-    "retries": _INT, "dp_degree": _INT, "dp_group_id": _INT, "mapping_strategy": _STR,
-    "deterministic": _BOOL, "batches_per_step": _INT, "global_batches_per_step": _INT, "ledger": _STR,
-    "cluster_timeout": _NUMBER,
-    "stall_timeout": _NUMBER, "dashboard_address": _STR,
-}
+# [options] takes every option a recipe can set (all but client, a live object), typed as its
+# definition says (zephon_dask.options); the values are then checked by Pipeline.options.
+OPTION_TYPES: dict[str, tuple[type, ...]] = {o.name: o.toml for o in OPTIONS.values() if o.toml is not None}
 TOP_LEVEL = ("datasets", *TABLES, "options")
 
 _TYPE_NAMES = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
@@ -89,8 +85,6 @@ class DatasetEntry:
 
     def open(self):
         """The :class:`~zephon_dask.data.Dataset` (does the I/O of indexing its files)."""
-        from .data import Dataset
-
         kwargs = {} if self.text_field is None else {"text_field": self.text_field}
         if self.format is None:
             return Dataset.from_path(self.name, self.path, **kwargs)
@@ -123,25 +117,19 @@ class Recipe:
 
     def pipeline(self):
         """Open the datasets and build the pipeline: tokenize, then shuffle, then pack, then batch."""
-        from .curriculum import MixtureWorkSource
-        from .pipeline import Pipeline
-
         datasets = []
         for i, entry in enumerate(self.datasets):
             with _context(self.path, f"[[datasets]] #{i + 1} (name {entry.name!r})"):
                 datasets.append(entry.open())
         with _context(self.path, "[source] and the datasets' weights"):
             pipeline = Pipeline(MixtureWorkSource(datasets, self.weights, **self.source))
-        steps = (("tokenize", pipeline.tokenize), ("shuffle", pipeline.shuffle),
-                 ("pack", pipeline.pack), ("batch", pipeline.batch))
-        for name, method in steps:
+        for name in ("tokenize", "shuffle", "pack", "batch"):
             kwargs = getattr(self, name)
             if kwargs is not None:
                 with _context(self.path, f"[{name}]"):
-                    method(**kwargs)
+                    pipeline = getattr(pipeline, name)(**kwargs)
         with _context(self.path, "[options]"):
-            pipeline.options(**self.options)
-        return pipeline
+            return pipeline.options(**self.options)
 
 
 @contextmanager
@@ -297,9 +285,14 @@ def _options(file: str, table: dict) -> dict[str, Any]:
             f"{file}: [options] client cannot be set in a recipe (it is a live dask Client); "
             'use address = "tcp://scheduler:8786", or pass client= to Pipeline.options in Python'
         )
-    known = sorted((set(DATA_OPTIONS) | set(EXECUTION_OPTIONS)) - {"client"})
-    _check_known(file, "[options]", table, known)
+    _check_known(file, "[options]", table, sorted(OPTION_TYPES))
     for key in sorted(table):
         if key in OPTION_TYPES:
             _check_type(file, "[options]", key, table[key], OPTION_TYPES[key])
     return table
+
+
+@register("pipeline_from_config")
+def pipeline_from_config(path: str | os.PathLike) -> Pipeline:
+    """``Pipeline.from_config(path)``: the pipeline the recipe at ``path`` describes."""
+    return load_recipe(path).pipeline()

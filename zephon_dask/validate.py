@@ -45,6 +45,20 @@ def check_choice(value: object, choices: Sequence, name: str, *, call: str = "")
     raise ConfigError(f"{_label(name, value, call)} is unknown; choose one of {', '.join(map(repr, choices))}")
 
 
+def check_bool(value: object, name: str) -> bool:
+    """``value`` if it is ``True`` or ``False`` (not merely truthy), else a :class:`ConfigError`."""
+    if isinstance(value, bool):
+        return value
+    raise ConfigError(f"{name}={value!r} must be True or False")
+
+
+def check_seconds(value: object, name: str, hint: str = "e.g. 45") -> float:
+    """``value`` as a float number of seconds in (0, 86400), else a :class:`ConfigError`."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 < value < 86_400:
+        raise ConfigError(f"{name}={value!r} must be a number of seconds in (0, 86400), {hint}")
+    return float(value)
+
+
 def is_int_at_least(value: object, minimum: int) -> bool:
     """True for a Python ``int`` (not ``bool``, not numpy) that is ``>= minimum``: the test for a
     caller that keeps the raw value; a caller that keeps the returned value uses :func:`check_int`."""

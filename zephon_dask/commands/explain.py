@@ -20,7 +20,7 @@ def run(args) -> int:
     try:
         pipeline = load_recipe(args.recipe).pipeline()
         identity = {"dp_degree": args.dp_degree, "dp_group_id": args.dp_group_id}
-        pipeline.options(**{k: v for k, v in identity.items() if v is not None})
+        pipeline = pipeline.options(**{k: v for k, v in identity.items() if v is not None})
         print(pipeline.explain())
     except ZephonError as exc:
         return fail("explain", exc)

@@ -5,10 +5,11 @@ Only the recipe's ``[options]`` matter here, so no dataset is opened.
 
 import argparse
 
+from ..options import BY_NAME as OPTIONS
 from . import fail
 
 HELP = "print the lane-to-group table of a recipe for several data-parallel degrees"
-MAPPINGS = ("contiguous", "interleaved")
+MAPPINGS = OPTIONS["mapping_strategy"].choices
 
 
 def degrees(text: str) -> tuple[int, ...]:
@@ -33,12 +34,11 @@ def add_arguments(parser) -> None:
 def run(args) -> int:
     from ..errors import ZephonError
     from ..inspect import lane_plans
-    from ..pipeline.builder import DATA_OPTIONS
     from ..recipe import load_recipe
 
     try:
         options = load_recipe(args.recipe).options
-        replicas = options.get("canonical_replicas", DATA_OPTIONS["canonical_replicas"])
+        replicas = options.get("canonical_replicas", OPTIONS["canonical_replicas"].default)
         mappings = MAPPINGS if args.mapping is None else (args.mapping,)
         print(lane_plans(replicas, args.dp, mappings, options.get("batches_per_step"),
                          options.get("global_batches_per_step")))

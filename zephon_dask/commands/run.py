@@ -6,6 +6,7 @@ from the checkpoint: the recipe's per-rank ``batches_per_step`` was written
 for one DP degree, so it gives way to the checkpoint's count.
 """
 
+from ..options import BY_NAME as OPTIONS
 from . import count, fail, positive_int, writable_dir, writable_file
 
 HELP = "stream a recipe's batches for N global steps (progress, throughput, ledger, checkpoint)"
@@ -17,7 +18,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--resume", help="a checkpoint written by --checkpoint (or save_state) to start from")
     parser.add_argument("--checkpoint", help="write the state here after the last step")
     parser.add_argument("--ledger", help="append a ledger line per batch to DIR/rank-<n>.jsonl")
-    parser.add_argument("--runner", choices=["synchronous", "threads", "distributed"],
+    parser.add_argument("--runner", choices=OPTIONS["runner"].choices,
                         help="override the recipe's runner")
     parser.add_argument("--address", help="an existing Dask scheduler to run on")
     parser.add_argument("--dp-degree", type=positive_int, help="DP groups (default: the recipe's, else 1)")
@@ -62,13 +63,13 @@ def run(args) -> int:
         pipeline = load_recipe(args.recipe).pipeline()
         overrides = {"dp_degree": args.dp_degree, "dp_group_id": args.dp_group_id, "runner": args.runner,
                      "address": args.address, "ledger": args.ledger}
-        pipeline.options(**{k: v for k, v in overrides.items() if v is not None})
+        pipeline = pipeline.options(**{k: v for k, v in overrides.items() if v is not None})
         if args.global_batches_per_step is not None:
-            pipeline.options(batches_per_step=None, global_batches_per_step=args.global_batches_per_step)
+            pipeline = pipeline.options(batches_per_step=None, global_batches_per_step=args.global_batches_per_step)
         if args.resume:
             state = load_state(args.resume)
             if args.global_batches_per_step is None:
-                pipeline.options(batches_per_step=None)  # per rank, for the degree the recipe was written for
+                pipeline = pipeline.options(batches_per_step=None)  # per rank, for the recipe's degree
             pipeline.load_state_dict(state)
         shape = pipeline.step_shape()
         print(f"global step: {shape.global_batches} batches, {shape.per_rank} per rank "

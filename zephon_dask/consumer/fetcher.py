@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from ..errors import ClosedError
-from ..graph import window_graph
 from ..core.spec import PipelineSpec
 from ..core.window import WindowOutput
+from ..errors import ClosedError
+from ..graph import window_graph
 
 
 class WindowFetcher:

@@ -18,8 +18,8 @@ nothing, or their last window).
 
 from __future__ import annotations
 
-from ..errors import EmptyDatasetError, StateError
 from ..core.spec import PipelineSpec
+from ..errors import EmptyDatasetError, StateError
 from .batch import Batch, BatchOptions
 from .batcher import LaneBatcher
 from .fetcher import WindowFetcher

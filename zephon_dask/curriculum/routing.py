@@ -14,12 +14,12 @@ import warnings
 from dataclasses import dataclass
 
 from ..errors import ConfigError, ElasticityWarning
+from ..options import MAPPING_STRATEGIES
 from ..validate import check_choice, check_int
 from .permutation import permute
 from .seeding import stream_keys
 
 LANE_ASSIGNMENTS = ("permute", "modulo")
-MAPPING_STRATEGIES = ("contiguous", "interleaved")
 
 
 def check_replicas(canonical_replicas: object) -> int:

@@ -30,10 +30,10 @@ import dask
 from distributed import CancelledError, Client, LocalCluster
 from distributed.comm import CommClosedError
 
+from ..core.spec import PipelineSpec
 from ..errors import ClosedError, ClusterError
 from ..graph import WindowGraph
 from ..graph import keys as graph_keys
-from ..core.spec import PipelineSpec
 from .runners import Runner, WindowHandle
 from .watch import DEFAULT_STALL, DEFAULT_TIMEOUT, PROBE_TIMEOUT, ClusterWatch, probe_address
 

@@ -14,11 +14,11 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import dask
 
+from ..core.spec import PipelineSpec
+from ..core.window import WindowOutput
 from ..errors import ClosedError, ConfigError
 from ..graph import WindowGraph
 from ..log import logger
-from ..core.spec import PipelineSpec
-from ..core.window import WindowOutput
 
 RUNNERS = ("distributed", "threads", "synchronous")
 

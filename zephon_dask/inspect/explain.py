@@ -227,7 +227,7 @@ def _dashboard(link: str | None) -> str:
 
 
 def _execution(pipeline, options: dict, fingerprint: str) -> Section:
-    runner = getattr(pipeline, "_runner", None)  # only a runner already started; never start one
+    runner = pipeline.session.started_runner  # only a runner already started; never start one
     if runner is None:
         remote = options["client"] is not None or options["address"] is not None
         name = "distributed" if remote else options["runner"]
@@ -253,7 +253,7 @@ def _execution(pipeline, options: dict, fingerprint: str) -> Section:
 def explain(pipeline) -> Explanation:
     """The plan of ``pipeline`` (see the module docstring for what it touches)."""
     spec = pipeline.spec
-    options = pipeline._options
+    options = pipeline.settings
     fingerprint = spec.fingerprint
     lanes, lane_notes = _lanes(spec)
     group, group_notes = _group(pipeline, spec.canonical_replicas, options)

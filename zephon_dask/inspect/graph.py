@@ -11,10 +11,10 @@ import importlib.util
 import shutil
 from dataclasses import dataclass, field, fields
 
+from ..core.spec import PipelineSpec
 from ..errors import MissingDependencyError
 from ..graph import WindowGraph
 from ..graph import window_graph as build_window_graph
-from ..core.spec import PipelineSpec
 from .render import html_block, html_table, text_table
 
 TASK_HEADERS = ("key", "kind", "chunk", "needs")
@@ -81,6 +81,6 @@ def window_graph(pipeline, lane: int, window: int, fused: bool | None = None) ->
     """Lane ``lane``'s window ``window`` as a graph; ``fused=None`` follows the ``fuse`` option."""
     spec = pipeline.spec
     if fused is None:
-        fused = bool(pipeline._options["fuse"])
+        fused = bool(pipeline.settings["fuse"])
     graph = build_window_graph(spec, lane, window, fused)
     return WindowGraphView(**{f.name: getattr(graph, f.name) for f in fields(graph)}, spec=spec)

@@ -115,6 +115,6 @@ def lane_plans(canonical_replicas: int, dp_degrees: Iterable[int],
 def plan_table(pipeline, dp_degrees: Iterable[int] = (1, 2, 4, 8),
                mappings: Sequence[str] = routing.MAPPING_STRATEGIES) -> PlanTable:
     """:func:`lane_plans` for a pipeline's ``canonical_replicas`` and ``batches_per_step``."""
-    options = pipeline._options
+    options = pipeline.settings
     return lane_plans(options["canonical_replicas"], dp_degrees, mappings, options.get("batches_per_step"),
                       options.get("global_batches_per_step"))

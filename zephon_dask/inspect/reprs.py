@@ -60,10 +60,10 @@ def _identity(pipeline) -> str:
 
 
 def _runner(pipeline) -> str:
-    runner = getattr(pipeline, "_runner", None)  # only a runner already started; never start one
+    runner = pipeline.session.started_runner  # only a runner already started; never start one
     if runner is not None:
         return runner.describe()
-    options = pipeline._options
+    options = pipeline.settings
     remote = options.get("client") is not None or options.get("address") is not None
     return f"{'distributed' if remote else options['runner']} (starts on the first iteration)"
 

@@ -80,8 +80,8 @@ class PipelineStats:
 
 def stats(pipeline) -> PipelineStats:
     """Snapshot the pipeline's current (or last) iteration; zeros before the first."""
-    progress = pipeline._current_progress()
-    stream = pipeline._stream
+    progress = pipeline.session.current_progress()
+    stream = pipeline.session.stream
     source = pipeline.work_source
     pack = stream.stats if stream is not None else {}
     fetcher = stream.fetcher if stream is not None else None

@@ -7,10 +7,10 @@
 - :mod:`zephon_dask.integrations.accelerate`: ``prepare_pipeline`` for
   accelerate (``pip install 'zephon_dask[accelerate]'``).
 
-Importing this package imports no framework; :mod:`.guard` refuses the wrappers
+Importing this package imports no framework; :mod:`zephon_dask.pipeline.guard` refuses the wrappers
 that would split a pipeline's already rank-split stream a second time.
 """
 
-from .guard import refuse_resharding
+from ..pipeline.guard import refuse_resharding
 
 __all__ = ["refuse_resharding"]

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from ..consumer.torch_io import PipelineLoader
+from ..pipeline.torch_data import PipelineLoader
 from .ranks import collective_state
 
 

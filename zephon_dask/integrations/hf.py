@@ -41,8 +41,8 @@ MODEL_FIELDS = ("input_ids", "labels", "attention_mask", "position_ids")
 
 def pipeline_of(obj):
     """The :class:`~zephon_dask.Pipeline` behind ``obj`` (a pipeline or ``pipeline.to_torch_dataset()``)."""
-    from ..consumer.torch_io import PipelineDataset
     from ..pipeline import Pipeline
+    from ..pipeline.torch_data import PipelineDataset
 
     if isinstance(obj, Pipeline):
         return obj

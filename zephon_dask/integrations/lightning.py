@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import pytorch_lightning as pl
 
-from ..consumer.torch_io import PipelineLoader
+from ..pipeline.torch_data import PipelineLoader
 from .ranks import collective_state
 
 

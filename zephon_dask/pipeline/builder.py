@@ -1,70 +1,53 @@
-"""``Pipeline``: the chainable builder users write. Holds configuration only.
+"""``Pipeline``: the immutable description users build, and the facade over its session.
 
-Data-defining calls (operators, ``.batch``, ``canonical_replicas``,
-``flush_every_k_chunks``) build a :class:`PipelineSpec`; execution options are
-kept apart and never reach the spec or the fingerprint. Each builder method
-validates its arguments at once and returns the pipeline.
+Each builder method (``map``, ``filter``, ``decode_text``, ``tokenize``,
+``pack``, ``shuffle``, ``stateful``, ``batch``, ``options``) validates its
+arguments at once and returns a **new** pipeline; the one it was called on is
+unchanged, so variants can be tried side by side. Data-defining calls build
+the :class:`~zephon_dask.core.PipelineSpec`; execution options are kept apart
+and never reach the spec or the fingerprint (the settings are defined once in
+:mod:`zephon_dask.options`).
+
+Running is the :class:`~zephon_dask.pipeline.session.Session`'s job: each
+pipeline owns one, and ``iter()``, ``state_dict()``, ``load_state_dict()``
+and ``close()`` act on it. A pipeline derived from one with a loaded state
+carries that state on (checked again when the data changed).
 """
 
 from __future__ import annotations
 
-import copy
-import difflib
+import inspect
 import sys
 import warnings
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any
 
+from .. import options as option_defs
+from .. import views
 from ..consumer.batch import BatchOptions
 from ..consumer.stream import BatchStream
+from ..core.spec import PipelineSpec
+from ..core.window import WindowOutput, compute_window
 from ..curriculum import MixtureWorkSource
-from ..curriculum.routing import (
-    MAPPING_STRATEGIES,
-    check_choice,
-    check_replicas,
-    group_lanes,
-)
-from ..errors import ClosedError, ConfigError, StateError, ZephonWarning
+from ..curriculum.routing import group_lanes
+from ..errors import ConfigError, StateError, ZephonWarning
 from ..log import logger
-from ..operators.base import Accumulator
+from ..operators.base import Accumulator, RecordOp
+from ..operators.pack import Pack
 from ..operators.records import DecodeText, Filter, Map
 from ..operators.shuffle import Shuffle
 from ..operators.stateful import Stateful
 from ..operators.tokenize import Tokenize
-from ..state.ledger import LedgerWriter
-from ..state.progress import Progress, StepShape, resume_point
+from ..state.progress import StepShape
 from ..state.schema import check_state, config_diff, describe_diff
-from ..validate import is_int_at_least
 from . import steps
-from ..core.spec import PipelineSpec
-from ..core.window import WindowOutput, compute_window
-
-_END = object()  # the end of an iterator (next()'s default)
-DATA_OPTIONS = {"canonical_replicas": 8, "flush_every_k_chunks": 8}
-EXECUTION_OPTIONS = {
-    "runner": "distributed",
-    "n_workers": None,
-    "threads_per_worker": 1,
-    "client": None,
-    "address": None,
-    "session_client": True,
-    "prefetch_windows": None,  # None: the runner's default_prefetch()
-    "fuse": True,
-    "retries": 2,
-    "dp_degree": None,
-    "dp_group_id": None,
-    "mapping_strategy": "contiguous",
-    "deterministic": True,
-    "batches_per_step": None,  # per rank; with global_batches_per_step, the step contract
-    "global_batches_per_step": None,  # (pipeline/steps.py): data settings kept out of the spec
-    "ledger": None,
-    "cluster_timeout": 45.0,  # seconds without scheduler or worker before a wait fails (execution/watch.py)
-    "stall_timeout": 30.0,  # seconds a window may compute before it is reported and recomputed elsewhere
-    "dashboard_address": "127.0.0.1:0",  # the embedded cluster's dashboard; None: none
-}
+from .session import Session, check_covers
 
 
 class Pipeline:
-    """``Pipeline(work_source).tokenize(...).pack(...).batch(...).options(...)``."""
+    """``Pipeline(work_source).tokenize(...).pack(...).batch(...).options(...)``: an immutable
+    description; iterating it runs its session (see the module docstring)."""
 
     def __init__(self, work_source: MixtureWorkSource):
         if not isinstance(work_source, MixtureWorkSource):
@@ -72,29 +55,40 @@ class Pipeline:
                 f"Pipeline needs a MixtureWorkSource, got {type(work_source).__name__}; "
                 "wrap datasets as MixtureWorkSource([dataset, ...])"
             )
-        self.work_source = work_source
-        self._record_ops: list = []
-        self._accumulators: list[Accumulator] = []
+        self._source = work_source
+        self._record_ops: tuple[RecordOp, ...] = ()
+        self._accumulators: tuple[Accumulator, ...] = ()
         self._batch = BatchOptions()
-        self._options: dict[str, Any] = {**DATA_OPTIONS, **EXECUTION_OPTIONS}
-        self._runner = None
-        self._runner_fp: str | None = None
-        self._stream: BatchStream | None = None
-        self._resume: dict | None = None  # the state given to load_state_dict
-        self._progress: Progress | None = None  # what the current iteration delivered
-        self._generation = 0  # bumped by each iteration and load: older iterators are superseded
-        self._handed_out = False  # to_torch_dataset() was called: deliveries happen out of sight
+        self._settings: Mapping[str, Any] = MappingProxyType(dict(option_defs.DEFAULTS))
+        self._session = Session(self, work_source)
+
+    def _derive(self, **changes) -> Pipeline:
+        """A new pipeline: this description with ``changes`` (``record_ops``, ``accumulators``,
+        ``batch``, ``settings``), a fresh session, and this one's loaded state carried on."""
+        new = object.__new__(Pipeline)
+        new._source = self._source
+        new._record_ops = changes.get("record_ops", self._record_ops)
+        new._accumulators = changes.get("accumulators", self._accumulators)
+        new._batch = changes.get("batch", self._batch)
+        new._settings = MappingProxyType(dict(changes.get("settings", self._settings)))
+        new._session = Session(new, self._session.source)
+        resume = self._session.resume
+        if resume is not None:
+            if new.spec.fingerprint == self.spec.fingerprint:
+                new._session.load(resume, self._session.source)
+            else:  # the data changed: the state must still describe it
+                new.load_state_dict(resume)
+        return new
 
     # -- stateless ------------------------------------------------------------------
 
-    def _add_record_op(self, op) -> Pipeline:
+    def _add_record_op(self, op: RecordOp) -> Pipeline:
         if self._accumulators:
             raise ConfigError(
                 f".{op.name}() comes after .{self._accumulators[-1].name}(): stateless operators "
                 "run per chunk, before the accumulators; move it earlier in the chain"
             )
-        self._record_ops.append(op)
-        return self
+        return self._derive(record_ops=(*self._record_ops, op))
 
     def map(self, fn, name: str | None = None, version=None) -> Pipeline:
         """Apply ``fn(record) -> record`` to every record, in its chunk task (stateless).
@@ -109,7 +103,7 @@ class Pipeline:
                 it when the function's behaviour changes.
 
         Returns:
-            The pipeline (the chain continues).
+            A new pipeline (this one is unchanged).
 
         Raises:
             ConfigError: ``fn`` is not callable, or an accumulator (``pack``,
@@ -128,7 +122,7 @@ class Pipeline:
             name, version: ``fn``'s identity in the fingerprint, as for :meth:`map`.
 
         Returns:
-            The pipeline. ``stats()`` counts the records dropped (``filter.dropped``).
+            A new pipeline. ``stats()`` counts the records dropped (``filter.dropped``).
 
         Raises:
             ConfigError: ``fn`` is not callable, or an accumulator comes earlier.
@@ -148,7 +142,7 @@ class Pipeline:
                 record), ``"replace"`` or ``"ignore"``.
 
         Returns:
-            The pipeline.
+            A new pipeline.
 
         Raises:
             ConfigError: an empty field name or an unknown codec.
@@ -178,7 +172,7 @@ class Pipeline:
             name, version: a callable tokenizer's identity in the fingerprint.
 
         Returns:
-            The pipeline.
+            A new pipeline.
 
         Raises:
             ConfigError: a second ``tokenize``, an unsupported tokenizer, a missing
@@ -196,9 +190,8 @@ class Pipeline:
 
     # -- accumulators ---------------------------------------------------------------
 
-    def _add_accumulator(self, op: Accumulator) -> Pipeline:
-        self._accumulators.append(op)
-        return self
+    def _add_accumulator(self, op: Accumulator, batch: BatchOptions | None = None) -> Pipeline:
+        return self._derive(accumulators=(*self._accumulators, op), batch=batch or self._batch)
 
     def pack(self, max_length: int, algorithm: str = "wrap", pad_id: int = 0,
              num_bins: int | None = None) -> Pipeline:
@@ -216,7 +209,7 @@ class Pipeline:
             num_bins: open bins of ``first_fit``/``best_fit`` (default 64).
 
         Returns:
-            The pipeline.
+            A new pipeline.
 
         Raises:
             ConfigError: a second ``pack``, no tokens yet (call ``tokenize``
@@ -225,16 +218,13 @@ class Pipeline:
         Example:
             >>> pipeline.pack(2048, algorithm="best_fit")  # doctest: +SKIP
         """
-        from ..operators.pack import Pack
-
         if any(isinstance(op, Pack) for op in self._accumulators):
             raise ConfigError("the pipeline already packs; call .pack() once")
         self._check_tokens("pack")
         op = Pack(max_length, algorithm, pad_id, num_bins)
         for tok in (o for o in self._record_ops if isinstance(o, Tokenize)):
             tok.check_id(pad_id, "pad_id")  # a pad id outside the vocabulary breaks the embedding
-        self._batch = BatchOptions(**{**self._batch.config(), "pad_id": pad_id})
-        return self._add_accumulator(op)
+        return self._add_accumulator(op, BatchOptions(**{**self._batch.config(), "pad_id": pad_id}))
 
     def shuffle(self, buffer_size: int, seed: int | None = None) -> Pipeline:
         """Shuffle each window's samples through a reservoir of ``buffer_size`` (an accumulator).
@@ -247,7 +237,7 @@ class Pipeline:
             seed: this shuffle's seed (default: the work source's seed).
 
         Returns:
-            The pipeline.
+            A new pipeline.
 
         Raises:
             ConfigError: a bad ``buffer_size`` or no tokens yet.
@@ -272,7 +262,7 @@ class Pipeline:
             version: pin the functions' identity in the fingerprint (see :meth:`map`).
 
         Returns:
-            The pipeline.
+            A new pipeline.
 
         Raises:
             ConfigError: the name is taken, or no tokens yet.
@@ -314,7 +304,7 @@ class Pipeline:
             cu_seqlens: also build ``cu_seqlens`` for variable-length attention.
 
         Returns:
-            The pipeline.
+            A new pipeline.
 
         Raises:
             ConfigError: ``microbatch_size`` is not a positive int, or
@@ -323,23 +313,24 @@ class Pipeline:
         Example:
             >>> pipeline.batch(8, labels=True)  # doctest: +SKIP
         """
-        self._batch = BatchOptions(microbatch_size, bool(drop_last), labels, ignore_index,
-                                   bool(mask_document_boundaries), bool(cu_seqlens), self._batch.pad_id)
-        return self
+        return self._derive(batch=BatchOptions(microbatch_size, bool(drop_last), labels, ignore_index,
+                                               bool(mask_document_boundaries), bool(cu_seqlens),
+                                               self._batch.pad_id))
 
-    def options(self, **kwargs) -> Pipeline:
-        """Set data options (``canonical_replicas``, ``flush_every_k_chunks``) and execution options.
+    def options(self, **settings: Any) -> Pipeline:
+        """A new pipeline with these settings; the others are kept.
 
-        Execution options never change a byte of the data: ``runner``
-        (``"distributed"``, ``"threads"``, ``"synchronous"``), ``n_workers``,
-        ``threads_per_worker``, ``client``, ``address``, ``session_client``
-        (use the Dask client this process made current, default True),
-        ``prefetch_windows``, ``fuse``, ``retries``, ``dp_degree``,
-        ``dp_group_id``, ``mapping_strategy``, ``deterministic``, ``ledger``.
-        ``batches_per_step`` fixes the global step (see docs/checkpointing.md).
+        Data settings (``canonical_replicas``, ``flush_every_k_chunks``) enter
+        the fingerprint; step settings (``batches_per_step``,
+        ``global_batches_per_step``) fix the global step a checkpoint records;
+        execution settings (``runner``, ``n_workers``, ``client``,
+        ``address``, ``prefetch_windows``, ``fuse``, ``retries``,
+        ``dp_degree``, ``mapping_strategy``, ...) never change a byte of the
+        data. The full list, with defaults, is ``zephon_dask.options.OPTIONS``
+        and the table in ``docs/execution.md``; the signature lists them too.
 
         Returns:
-            The pipeline.
+            A new pipeline.
 
         Raises:
             ConfigError: an unknown option (with the closest known name) or a bad value.
@@ -347,61 +338,45 @@ class Pipeline:
         Example:
             >>> pipeline.options(canonical_replicas=8, prefetch_windows=6)  # doctest: +SKIP
         """
-        for key in sorted(kwargs):
-            if key not in self._options:
-                close = difflib.get_close_matches(key, list(self._options), n=1)
-                hint = f"did you mean {close[0]!r}? " if close else ""
-                raise ConfigError(f"unknown option {key!r}; {hint}known: {', '.join(sorted(self._options))}")
-        for name in ("fuse", "deterministic", "session_client"):
-            if name in kwargs and not isinstance(kwargs[name], bool):
-                raise ConfigError(f"{name}={kwargs[name]!r} must be True or False")
-        if "canonical_replicas" in kwargs:
-            check_replicas(kwargs["canonical_replicas"])
-        if "runner" in kwargs:
-            from ..execution import RUNNERS
+        checked = option_defs.check(settings)
+        merged = {**self._settings, **checked}
+        if checked.get("global_batches_per_step") is not None:
+            steps.check_global(checked["global_batches_per_step"], merged["canonical_replicas"])
+        return self._derive(settings=merged)
 
-            check_choice(kwargs["runner"], RUNNERS, "runner")
-        if "mapping_strategy" in kwargs:
-            check_choice(kwargs["mapping_strategy"], MAPPING_STRATEGIES, "mapping_strategy")
-        for name in ("prefetch_windows", "n_workers", "threads_per_worker", "dp_degree", "batches_per_step",
-                     "global_batches_per_step"):
-            v = kwargs.get(name)
-            if v is not None and not is_int_at_least(v, 1):
-                raise ConfigError(f"{name}={v!r} must be a positive int")
-        for name in ("retries", "dp_group_id"):
-            v = kwargs.get(name)
-            if v is not None and not is_int_at_least(v, 0):
-                raise ConfigError(f"{name}={v!r} must be a non-negative int")
-        for name in ("cluster_timeout", "stall_timeout"):
-            if name in kwargs:
-                from ..execution.watch import check_timeout
-
-                check_timeout(kwargs[name], name)
-        if kwargs.get("global_batches_per_step") is not None:
-            steps.check_global(kwargs["global_batches_per_step"],
-                               kwargs.get("canonical_replicas", self._options["canonical_replicas"]))
-        if "flush_every_k_chunks" in kwargs:
-            k = kwargs["flush_every_k_chunks"]
-            if not is_int_at_least(k, 1):
-                raise ConfigError(f"flush_every_k_chunks={k!r} must be a positive int, e.g. 8")
-        self._options.update(kwargs)
-        return self
+    @property
+    def settings(self) -> Mapping[str, Any]:
+        """Every option's value (read-only): data, step and execution settings."""
+        return self._settings
 
     @property
     def batch_options(self) -> BatchOptions:
         return self._batch
 
+    @property
+    def work_source(self) -> MixtureWorkSource:
+        """The work source: this pipeline's, or after ``load_state_dict`` one with the state's seed."""
+        return self._session.source
+
+    @property
+    def record_ops(self) -> tuple[RecordOp, ...]:
+        return self._record_ops
+
+    @property
+    def accumulators(self) -> tuple[Accumulator, ...]:
+        return self._accumulators
+
+    @property
+    def session(self) -> Session:
+        """The runtime: runner, iteration, resume point (see :mod:`.session`)."""
+        return self._session
+
     # -- the data definition ---------------------------------------------------------
 
     @property
     def spec(self) -> PipelineSpec:
-        return PipelineSpec(
-            self.work_source,
-            tuple(self._record_ops),
-            tuple(self._accumulators),
-            self._options["canonical_replicas"],
-            self._options["flush_every_k_chunks"],
-        )
+        return PipelineSpec(self.work_source, self._record_ops, self._accumulators,
+                            self._settings["canonical_replicas"], self._settings["flush_every_k_chunks"])
 
     def fingerprint(self) -> str:
         """SHA-256 of every data-defining setting (execution options never change it)."""
@@ -415,7 +390,7 @@ class Pipeline:
 
     def identity(self) -> tuple[int, int]:
         """``(dp_degree, dp_group_id)``: from options, else ``torch.distributed``, else ``(1, 0)``."""
-        degree, group = self._options["dp_degree"], self._options["dp_group_id"]
+        degree, group = self._settings["dp_degree"], self._settings["dp_group_id"]
         dist = sys.modules.get("torch.distributed")  # initialised only if the user imported torch
         if (degree is None or group is None) and dist is not None and dist.is_available() and dist.is_initialized():
             degree = dist.get_world_size() if degree is None else degree
@@ -429,76 +404,24 @@ class Pipeline:
     def owned_lanes(self) -> list[int]:
         """The lanes this DP group owns."""
         degree, group = self.identity()
-        return group_lanes(self._options["canonical_replicas"], degree, self._options["mapping_strategy"])[group]
+        return group_lanes(self._settings["canonical_replicas"], degree, self._settings["mapping_strategy"])[group]
+
+    def rank(self) -> int:
+        """This process's rank: ``torch.distributed``'s when initialised, else the DP group."""
+        dist = sys.modules.get("torch.distributed")
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            return dist.get_rank()
+        return self.identity()[1]
 
     # -- execution ------------------------------------------------------------------------
 
     def runner(self):
-        """The started runner for the current spec (started on first use, reused after)."""
-        if self.__dict__.get("_closed"):
-            raise ClosedError("this pipeline is closed; build a new one (or use it in a `with` block "
-                              "only once) instead of iterating it again from its start")
-        spec = self.spec
-        if self._runner is not None and self._runner_fp != spec.fingerprint:
-            self._runner.close()
-            self._runner = None
-        if self._runner is None:
-            from ..execution import make_runner
-
-            self._runner = make_runner(spec, self._options)
-            self._runner_fp = spec.fingerprint
-        return self._runner
-
-    def _tracked_stream(self, progress: Progress) -> BatchStream:
-        if self._stream is not None:
-            self._stream.close()
-        self._stream = self.open_stream(progress.lanes, self._resume, progress.first_lane)
-        self._stream.on_finish = progress.lane_finished
-        return self._stream
+        """The started runner (started on first use, reused after; closed by :meth:`close`)."""
+        return self._session.runner()
 
     def open_stream(self, lanes: list[int], resume: dict | None, first_lane: int | None = None) -> BatchStream:
         """A new stream over ``lanes`` starting at ``resume`` (a state; ``None``: the beginning)."""
-        start, _ = resume_point(resume, lanes)
-        runner = self.runner()
-        return BatchStream(
-            self.spec, self._batch, lanes, runner, self._options["prefetch_windows"] or runner.default_prefetch(),
-            deterministic=self._options["deterministic"], fused=self._options["fuse"],
-            start={lane: p.as_dict() for lane, p in start.items()}, first_lane=first_lane,
-        )
-
-    def _begin(self) -> tuple[Progress, int]:
-        """Start tracking a new iteration over this group's lanes (from the loaded state).
-
-        The new iteration supersedes any older one: the older iterator raises
-        if used again, and its ledger file is closed. Returns the progress and
-        the iteration's generation.
-        """
-        if self._resume is not None:
-            self._check_covers(self._resume, self.owned_lanes())
-        shape = self.step_shape()
-        self._end_iteration()
-        ledger = self._options["ledger"]
-        self._progress = self._new_progress(LedgerWriter(ledger, self._rank()) if ledger is not None else None,
-                                            shape)
-        self._handed_out = False
-        return self._progress, self._generation
-
-    def _end_iteration(self) -> None:
-        """Supersede the current iteration (its iterator raises if used again)."""
-        self._generation += 1
-        if self._stream is not None:
-            self._stream.close()
-            self._stream = None
-        if self._progress is not None:
-            self._progress.close()
-
-    def _new_progress(self, ledger: LedgerWriter | None = None, shape: StepShape | None = None) -> Progress:
-        """Progress of an iteration starting at the loaded state (or the beginning)."""
-        return Progress(self.spec, self.owned_lanes(), self._resume, shape or self.step_shape(), ledger)
-
-    def _current_progress(self) -> Progress:
-        """The current (or last) iteration's progress; before the first, where one would start."""
-        return self._progress if self._progress is not None else self._new_progress()
+        return self._session.open_stream(lanes, resume, first_lane)
 
     def __iter__(self):
         """Batches of this group's lanes, in strict round-robin (from the loaded state, if any).
@@ -506,38 +429,23 @@ class Pipeline:
         A newer ``iter()`` (or :meth:`load_state_dict`) supersedes this
         iterator: using it afterwards raises :class:`StateError`.
         """
-        progress, generation = self._begin()
-        return self._serve(self._tracked_stream(progress), generation, progress.observe_batch)
+        session = self._session
+        progress, generation = session.begin()
+        return session.serve(session.tracked_stream(progress), generation, progress.observe_batch)
 
     def to_torch(self, device=None, pin_memory: bool | None = None, prefetch: int = 2):
         """Yield dicts of torch tensors; on CUDA pinned and copied ahead on a side stream."""
+        # torch loads only when tensors are asked for
         from ..consumer.torch_io import to_device_iter
 
-        progress, generation = self._begin()
-        return self._serve(to_device_iter(self._tracked_stream(progress), device=device, pin_memory=pin_memory,
-                                          depth=prefetch, on_deliver=progress.observe_batch), generation)
+        session = self._session
+        progress, generation = session.begin()
+        return session.serve(to_device_iter(session.tracked_stream(progress), device=device, pin_memory=pin_memory,
+                                            depth=prefetch, on_deliver=progress.observe_batch), generation)
 
     def check_live(self, generation: int) -> None:
         """Raise :class:`StateError` if the iteration ``generation`` was superseded."""
-        if generation != self._generation:
-            raise StateError(
-                "this iterator was superseded: a newer iter() over the same pipeline, or a "
-                "load_state_dict(), started another iteration, and the pipeline's state and ledger "
-                "follow that one. Use the newest iterator, or a separate Pipeline per concurrent stream"
-            )
-
-    def _serve(self, items, generation: int, deliver=None):
-        """Yield ``items`` (recording each with ``deliver`` as the caller receives it) while the
-        iteration is live, keeping this pipeline, and so its runner, alive while in use."""
-        items = iter(items)
-        while True:
-            self.check_live(generation)
-            item = next(items, _END)
-            if item is _END:
-                return
-            if deliver is not None:
-                deliver(item)
-            yield item
+        self._session.check_live(generation)
 
     def to_torch_dataset(self):
         """An ``IterableDataset`` for ``DataLoader(num_workers=n)`` (lanes split across workers).
@@ -549,15 +457,15 @@ class Pipeline:
         :meth:`state_dict` raises until it iterates again; take the state
         from the loader, or use :meth:`to_torch_loader`.
         """
-        from ..consumer.torch_io import PipelineDataset
+        from .torch_data import PipelineDataset
 
-        self._handed_out = True
+        self._session.handed_out = True
         return PipelineDataset(self)
 
     def to_torch_loader(self, num_workers: int = 0, **dataloader_kwargs):
         """A ``DataLoader`` (subclass) over this pipeline whose deliveries feed :meth:`state_dict`
         and the ledger; its own ``state_dict``/``load_state_dict`` are this pipeline's."""
-        from ..consumer.torch_io import PipelineLoader
+        from .torch_data import PipelineLoader
 
         return PipelineLoader(self, num_workers=num_workers, **dataloader_kwargs)
 
@@ -567,29 +475,14 @@ class Pipeline:
         """The global step at this group's degree (``per_rank`` batches here, ``global_batches``
         over all ranks), from the options and a loaded state (see :mod:`.steps`)."""
         degree, _ = self.identity()
-        return self._shape_for(self._resume, degree)
+        return self.shape_for(self._session.resume, degree)
 
-    def _shape_for(self, state: dict | None, degree: int) -> StepShape:
+    def shape_for(self, state: dict | None, degree: int) -> StepShape:
+        """The global step at ``degree`` for a resume from ``state`` (``None``: a fresh start)."""
         saved = state["step"] if state is not None else {"global_batches": None, "microbatch_size": 0}
-        return steps.step_shape(self._options["canonical_replicas"], degree, len(self.owned_lanes()),
-                                self._options["batches_per_step"], self._options["global_batches_per_step"],
+        return steps.step_shape(self._settings["canonical_replicas"], degree, len(self.owned_lanes()),
+                                self._settings["batches_per_step"], self._settings["global_batches_per_step"],
                                 saved["global_batches"], self._batch.microbatch_size, saved["microbatch_size"])
-
-    def _rank(self) -> int:
-        dist = sys.modules.get("torch.distributed")
-        if dist is not None and dist.is_available() and dist.is_initialized():
-            return dist.get_rank()
-        return self.identity()[1]
-
-    @staticmethod
-    def _check_covers(state: dict, lanes: list[int]) -> None:
-        missing = [lane for lane in lanes if str(lane) not in state["lanes"]]
-        if missing:
-            raise StateError(
-                f"the state has no progress for lanes {missing}, which this group owns: a rank's "
-                "state holds only its own lanes. Resume from the merged state of all ranks "
-                "(zephon_dask.gather_state(pipeline), or zephon_dask.merge_states(states))"
-            )
 
     def state_dict(self, *, ahead: int | None = None, at_step: int | None = None) -> dict:
         """Progress of what this group's iteration delivered to the caller: a plain ``dict``.
@@ -600,21 +493,12 @@ class Pipeline:
         ``at_step=N`` is the state at the end of global step ``N``. Both reach
         back at most :data:`~zephon_dask.state.progress.CONSUMED_RING` batches.
         """
-        if self._handed_out:
-            raise StateError(
-                "this pipeline was handed to a DataLoader by to_torch_dataset(), so it cannot see what "
-                "the loader delivered. Take the state from the loader (torchdata's StatefulDataLoader"
-                ".state_dict()), or iterate pipeline.to_torch_loader(), whose deliveries this pipeline "
-                "records"
-            )
-        return self._current_progress().state(ahead, at_step)
+        return self._session.state_dict(ahead, at_step)
 
     def mark_consumed(self, upto) -> None:
         """The training step consumed deliveries up to ``upto`` (a batch, or a count of this
         iteration's deliveries); :meth:`state_dict` then leaves out those fetched after it."""
-        if self._progress is None:
-            raise StateError("mark_consumed() needs an iteration in progress; iterate the pipeline first")
-        self._progress.mark_consumed(upto)
+        self._session.mark_consumed(upto)
 
     def load_state_dict(self, state: dict) -> Pipeline:
         """Resume from ``state`` at the next iteration; refuses a state of other data.
@@ -623,18 +507,14 @@ class Pipeline:
         otherwise). A different ``canonical_replicas`` or any other
         data-defining difference raises :class:`StateError`; execution
         options, DP degree and mapping, DataLoader workers and the microbatch
-        size may change.
+        size may change. Returns this pipeline (its session now resumes there).
         """
         state, source = self.check_resumable(state, self.owned_lanes())
-        self._shape_for(state, self.identity()[0])  # refuses a step the checkpoint's would not match
+        self.shape_for(state, self.identity()[0])  # refuses a step the checkpoint's would not match
         if source is not self.work_source:
             warnings.warn(f"resuming with the checkpoint's seed {source.seed}, not this pipeline's seed "
                           f"{self.work_source.seed}", ZephonWarning, stacklevel=2)
-            self.work_source = source
-        self._end_iteration()
-        self._resume = copy.deepcopy(state)
-        self._progress = None
-        self._handed_out = False
+        self._session.load(state, source)
         lanes = {int(k): v for k, v in state["lanes"].items()}
         logger.info("resuming at global step %d: lane frontiers (window, offset) %s",
                     state["step"]["global_step"],
@@ -647,18 +527,18 @@ class Pipeline:
         state = check_state(state)
         saved = state["config"]
         replicas = saved.get("canonical_replicas")
-        if replicas != self._options["canonical_replicas"]:
+        if replicas != self._settings["canonical_replicas"]:
             raise StateError(
                 f"the checkpoint was written with canonical_replicas={replicas} but this pipeline has "
-                f"canonical_replicas={self._options['canonical_replicas']}; lanes are fixed for a run's "
+                f"canonical_replicas={self._settings['canonical_replicas']}; lanes are fixed for a run's "
                 f"lifetime: set .options(canonical_replicas={replicas})"
             )
         source = self.work_source
         seed = saved.get("source", {}).get("seed")
         if isinstance(seed, int) and seed != source.seed:
             source = source.with_seed(seed)
-        spec = PipelineSpec(source, tuple(self._record_ops), tuple(self._accumulators),
-                            self._options["canonical_replicas"], self._options["flush_every_k_chunks"])
+        spec = PipelineSpec(source, self._record_ops, self._accumulators,
+                            self._settings["canonical_replicas"], self._settings["flush_every_k_chunks"])
         diff = config_diff(saved, spec.config())
         if diff:
             raise StateError("the checkpoint was written by a different data configuration:\n"
@@ -666,7 +546,7 @@ class Pipeline:
         if spec.fingerprint != state["fingerprint"]:
             raise StateError(f"the checkpoint's fingerprint {state['fingerprint'][:16]} does not match its "
                              f"own config ({spec.fingerprint[:16]}): the file was edited or corrupted")
-        self._check_covers(state, lanes)
+        check_covers(state, lanes)
         self._check_positions(spec, state)
         return state, source
 
@@ -693,15 +573,7 @@ class Pipeline:
     def close(self) -> None:
         """Stop the iteration, and the cluster or threads this pipeline started. Iterating or
         computing on the cluster afterwards raises :class:`ClosedError`."""
-        self._closed = True
-        if self._stream is not None:
-            self._stream.close()
-            self._stream = None
-        if self._runner is not None:
-            self._runner.close()
-            self._runner = None
-        if self._progress is not None:
-            self._progress.close()
+        self._session.close()
 
     def __enter__(self) -> Pipeline:
         return self
@@ -711,73 +583,55 @@ class Pipeline:
 
     def __del__(self):
         try:
-            self.close()
-        except Exception:  # interpreter shutdown: best effort
+            self._session.close()
+        except Exception:  # interpreter shutdown, or a half-built object: best effort
             pass
 
-    def __getstate__(self):
-        state = dict(self.__dict__)
-        state["_runner"] = state["_stream"] = state["_runner_fp"] = state["_progress"] = None
-        return state
-
-    # -- inspection (zephon_dask.inspect) --
+    # -- inspection: views the inspect package provides (zephon_dask.views) --
 
     @classmethod
     def from_config(cls, path) -> Pipeline:
         """The pipeline a TOML recipe describes (see ``docs/recipes.md``)."""
-        from ..recipe import load_recipe
-
-        return load_recipe(path).pipeline()
+        return views.show("pipeline_from_config", path)
 
     def explain(self):
         """A readable plan: datasets, mixture, lanes, operators, runner, warnings."""
-        from ..inspect import explain
-
-        return explain(self)
+        return views.show("explain", self)
 
     def preview(self, n: int = 3, lane: int = 0):
         """The first ``n`` rows of ``lane`` decoded to text, with each document's lineage."""
-        from ..inspect import preview
-
-        return preview(self, n, lane)
+        return views.show("preview", self, n, lane)
 
     def plan(self, dp_degrees=(1, 2, 4, 8)):
         """The lane-to-group table for each DP degree and mapping, with load imbalance."""
-        from ..inspect import plan_table
-
-        return plan_table(self, dp_degrees)
+        return views.show("plan_table", self, dp_degrees)
 
     def window_graph(self, lane: int, window: int, fused: bool | None = None):
         """The Dask graph of one window (``.visualize()`` draws it when graphviz is installed)."""
-        from ..inspect import window_graph
-
-        return window_graph(self, lane, window, fused)
+        return views.show("window_graph", self, lane, window, fused)
 
     def stats(self):
         """Progress of the current iteration: lanes, windows, tokens/s, efficiency, mixture."""
-        from ..inspect import stats
-
-        return stats(self)
+        return views.show("stats", self)
 
     def plot_mixture(self, ax=None):
         """Realized mixture per global step against the target (matplotlib)."""
-        from ..inspect import plot_mixture
-
-        return plot_mixture(self.stats(), ax)
+        return views.show("plot_mixture", self.stats(), ax)
 
     def plot_packing(self, ax=None):
         """Padding efficiency per global step (matplotlib)."""
-        from ..inspect import plot_packing
-
-        return plot_packing(self.stats(), ax)
+        return views.show("plot_packing", self.stats(), ax)
 
     def __repr__(self) -> str:
-        from ..inspect import pipeline_text
-
-        return pipeline_text(self)
+        return views.show("pipeline_text", self)
 
     def _repr_html_(self) -> str:
-        from ..inspect import pipeline_html
+        return views.show("pipeline_html", self)
 
-        return pipeline_html(self)
 
+Pipeline.options.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+    [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+    + [inspect.Parameter(o.name, inspect.Parameter.KEYWORD_ONLY, default=o.default)
+       for o in option_defs.OPTIONS],
+    return_annotation="Pipeline",
+)

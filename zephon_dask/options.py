@@ -1,0 +1,185 @@
+"""Every ``Pipeline.options`` setting, defined once. Pure; light to import (no numpy, dask, torch).
+
+Each :class:`Option` says its default, whether it is a *data* setting (part
+of the fingerprint: it decides which samples exist and where), a *step*
+setting (the global step, recorded in checkpoints and kept on resume) or an
+*execution* setting (never changes a byte), the TOML types a recipe may give
+it, its choices and a one-line doc. ``Pipeline.options`` validates with
+:func:`check`, the recipe loader types ``[options]`` with
+:attr:`Option.toml`, the CLI takes its choices from :data:`OPTIONS`, and the
+table in ``docs/execution.md`` is :func:`markdown_table` (a test compares
+them).
+
+Checks here concern one value at a time; checks across settings (a global
+step against ``canonical_replicas``, a DP group against its degree) belong to
+the layers that own those rules and run when the pipeline uses them.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import ConfigError
+from .validate import check_bool, check_choice, check_int, check_seconds
+
+RUNNER_NAMES = ("distributed", "threads", "synchronous")  # the execution registry's keys (tested)
+MAPPING_STRATEGIES = ("contiguous", "interleaved")
+ADDRESS = re.compile(r"^(?:[a-z+]+://)?[^\s/:]+(?::\d+)?$")
+
+
+def _positive(name: str, hint: str = "") -> Callable[[Any], Any]:
+    return lambda v: check_int(v, name, 1, hint=hint)
+
+
+def _optional_positive(name: str, hint: str = "") -> Callable[[Any], Any]:
+    return lambda v: check_int(v, name, 1, optional=True, hint=hint)
+
+
+def _optional_count(name: str) -> Callable[[Any], Any]:
+    return lambda v: check_int(v, name, 0, optional=True)
+
+
+def _optional_str(name: str, example: str) -> Callable[[Any], Any]:
+    def check(value: Any) -> Any:
+        if value is None or (isinstance(value, str) and value):
+            return value
+        raise ConfigError(f"{name}={value!r} must be a non-empty string or None, e.g. {example}")
+    return check
+
+
+def _optional_path(name: str) -> Callable[[Any], Any]:
+    def check(value: Any) -> Any:
+        if value is None or (isinstance(value, str) and value) or isinstance(value, os.PathLike):
+            return value
+        raise ConfigError(f"{name}={value!r} must be a folder path or None")
+    return check
+
+
+def _client(value: Any) -> Any:
+    if value is None or hasattr(value, "submit") and hasattr(value, "scheduler"):
+        return value
+    raise ConfigError(f"client={value!r} must be a dask.distributed Client or None; to reach a "
+                      "scheduler by address, use address='tcp://host:8786'")
+
+
+@dataclass(frozen=True)
+class Option:
+    """One setting: ``name``, ``default``, ``kind`` (``"data"`` or ``"execution"``), the TOML
+    types a recipe may use (``None``: not settable in a recipe), ``choices`` and ``doc``."""
+
+    name: str
+    default: Any
+    kind: str
+    toml: tuple[type, ...] | None
+    doc: str
+    validate: Callable[[Any], Any]
+    choices: tuple[str, ...] = ()
+
+    def check(self, value: Any) -> Any:
+        """``value`` validated (ints normalised to ``int``), or a :class:`ConfigError`."""
+        return self.validate(value)
+
+
+_INT, _BOOL, _STR, _NUMBER = (int,), (bool,), (str,), (int, float)
+
+OPTIONS: tuple[Option, ...] = (
+    Option("canonical_replicas", 8, "data", _INT,
+           "R, the fixed number of logical lanes; fixed for a run's lifetime",
+           _positive("canonical_replicas", "size it for the largest data-parallel degree you expect, e.g. 8")),
+    Option("flush_every_k_chunks", 8, "data", _INT,
+           "chunks per lane window; accumulators start empty and flush at each window's end",
+           _positive("flush_every_k_chunks", "e.g. 8")),
+    Option("batches_per_step", None, "step", _INT,
+           "batches per rank in one global step (G = n x dp_degree); see docs/checkpointing.md",
+           _optional_positive("batches_per_step")),
+    Option("global_batches_per_step", None, "step", _INT,
+           "G, batches in one global step over all ranks, a multiple of canonical_replicas (default R)",
+           _optional_positive("global_batches_per_step")),
+    Option("runner", "distributed", "execution", _STR,
+           "where windows compute: a Dask cluster, a thread pool, or on demand in this thread",
+           lambda v: check_choice(v, RUNNER_NAMES, "runner"), RUNNER_NAMES),
+    Option("n_workers", None, "execution", _INT,
+           "workers of the embedded LocalCluster or threads of the threads runner (default: one per core)",
+           _optional_positive("n_workers")),
+    Option("threads_per_worker", 1, "execution", _INT,
+           "threads per embedded Dask worker",
+           _positive("threads_per_worker")),
+    Option("client", None, "execution", None,
+           "an existing dask.distributed Client to run on (left running; not in recipes)",
+           _client),
+    Option("address", None, "execution", _STR,
+           "the address of a running Dask scheduler to connect to (left running)",
+           _optional_str("address", "'tcp://10.0.0.5:8786'")),
+    Option("session_client", True, "execution", _BOOL,
+           "use the Dask client this process made current, when there is one",
+           lambda v: check_bool(v, "session_client")),
+    Option("prefetch_windows", None, "execution", _INT,
+           "windows kept in flight (default: 2 per worker thread + 4)",
+           _optional_positive("prefetch_windows")),
+    Option("fuse", True, "execution", _BOOL,
+           "one task per window (True) or a task per chunk plus one per window (False)",
+           lambda v: check_bool(v, "fuse")),
+    Option("retries", 2, "execution", _INT,
+           "times Dask reruns a failed task before the error reaches the iterator",
+           lambda v: check_int(v, "retries", 0)),
+    Option("dp_degree", None, "execution", _INT,
+           "data-parallel degree (default: torch.distributed's world size, else 1)",
+           _optional_positive("dp_degree")),
+    Option("dp_group_id", None, "execution", _INT,
+           "this DP group (default: torch.distributed's rank, else 0)",
+           _optional_count("dp_group_id")),
+    Option("mapping_strategy", "contiguous", "execution", _STR,
+           "how lanes are grouped onto DP groups",
+           lambda v: check_choice(v, MAPPING_STRATEGIES, "mapping_strategy"), MAPPING_STRATEGIES),
+    Option("deterministic", True, "execution", _BOOL,
+           "strict round-robin over lanes (False: whichever lane is ready first; changes the order)",
+           lambda v: check_bool(v, "deterministic")),
+    Option("ledger", None, "execution", _STR,
+           "a folder for one JSON line per delivered batch (rank-<n>.jsonl)",
+           _optional_path("ledger")),
+    Option("cluster_timeout", 45.0, "execution", _NUMBER,
+           "seconds without scheduler or worker before a wait fails with ClusterStallError",
+           lambda v: check_seconds(v, "cluster_timeout", "e.g. 45")),
+    Option("stall_timeout", 30.0, "execution", _NUMBER,
+           "seconds a window may compute before it is reported and computed again elsewhere",
+           lambda v: check_seconds(v, "stall_timeout", "e.g. 30")),
+    Option("dashboard_address", "127.0.0.1:0", "execution", _STR,
+           "where the embedded cluster serves its dashboard (None: no dashboard)",
+           _optional_str("dashboard_address", "'127.0.0.1:8787'")),
+)
+
+BY_NAME: Mapping[str, Option] = {o.name: o for o in OPTIONS}
+DEFAULTS: Mapping[str, Any] = {o.name: o.default for o in OPTIONS}
+DATA_OPTIONS = tuple(o.name for o in OPTIONS if o.kind == "data")
+
+
+def unknown(name: str) -> ConfigError:
+    """The error for an option that does not exist, with the closest known name."""
+    close = difflib.get_close_matches(name, list(BY_NAME), n=1)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    return ConfigError(f"unknown option {name!r}; {hint}known: {', '.join(sorted(BY_NAME))}")
+
+
+def check(values: Mapping[str, Any]) -> dict[str, Any]:
+    """``values`` validated one by one, in name order (the first bad one raises)."""
+    out = {}
+    for name in sorted(values):
+        if name not in BY_NAME:
+            raise unknown(name)
+        out[name] = BY_NAME[name].check(values[name])
+    return out
+
+
+def markdown_table() -> str:
+    """The options as the Markdown table of ``docs/execution.md``."""
+    rows = ["| option | kind | default | what it sets |", "|---|---|---|---|"]
+    for o in OPTIONS:
+        default = "—" if o.default is None else repr(o.default)
+        choices = f" (one of {', '.join(map(repr, o.choices))})" if o.choices else ""
+        rows.append(f"| `{o.name}` | {o.kind} | `{default}` | {o.doc}{choices} |")
+    return "\n".join(rows)

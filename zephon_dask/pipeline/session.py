@@ -1,0 +1,200 @@
+"""``Session``: a pipeline's runtime. Holds state: the runner, the iteration, the resume point.
+
+A :class:`~zephon_dask.pipeline.Pipeline` is an immutable description; the
+session it owns is everything that happens when it runs:
+
+* the **runner** (started on first use, closed by :meth:`Session.close`);
+* the **resume point**: the state given to ``load_state_dict`` (validated),
+  and the work source carrying that state's seed;
+* the **iteration**: its :class:`~zephon_dask.consumer.BatchStream` and the
+  :class:`~zephon_dask.state.progress.Progress` of what the caller received.
+  Each new iteration (``iter()``, ``to_torch()``, a loader's ``iter()``, or a
+  ``load_state_dict``) bumps :attr:`generation`, and iterators of an older
+  generation raise when used again.
+
+The public attributes and methods here are what the torch adapters, the
+inspectors and the CLI read; nothing outside this module touches the rest.
+"""
+
+from __future__ import annotations
+
+import copy
+
+from ..consumer.stream import BatchStream
+from ..errors import ClosedError, StateError
+from ..execution import make_runner
+from ..state.ledger import LedgerWriter
+from ..state.progress import Progress, StepShape, resume_point
+
+_END = object()  # the end of an iterator (next()'s default)
+
+SUPERSEDED = ("this iterator was superseded: a newer iter() over the same pipeline, or a "
+              "load_state_dict(), started another iteration, and the pipeline's state and ledger "
+              "follow that one. Use the newest iterator, or a separate Pipeline per concurrent stream")
+HANDED_OUT = ("this pipeline was handed to a DataLoader by to_torch_dataset(), so it cannot see what "
+              "the loader delivered. Take the state from the loader (torchdata's StatefulDataLoader"
+              ".state_dict()), or iterate pipeline.to_torch_loader(), whose deliveries this pipeline "
+              "records")
+
+
+class Session:
+    """The runtime of one :class:`Pipeline` (see the module docstring). Holds state."""
+
+    def __init__(self, pipeline, source):
+        self.pipeline = pipeline  # the description (immutable) this session runs
+        self.source = source  # the work source: the pipeline's, or one with a checkpoint's seed (settable)
+        self.resume: dict | None = None  # the validated state given to load_state_dict
+        self.progress: Progress | None = None  # what the current iteration delivered
+        self.stream: BatchStream | None = None
+        self.generation = 0
+        self.handed_out = False  # to_torch_dataset() was called: deliveries happen out of sight
+        self.closed = False
+        self._runner = None
+        self._runner_fp: str | None = None
+
+    # -- the runner ---------------------------------------------------------------------
+
+    @property
+    def started_runner(self):
+        """The runner if one is running, else ``None`` (never starts one)."""
+        return self._runner
+
+    def runner(self):
+        """The started runner for the pipeline's spec (started on first use, reused after)."""
+        if self.closed:
+            raise ClosedError("this pipeline is closed; build a new one (or use it in a `with` block "
+                              "only once) instead of iterating it again from its start")
+        spec = self.pipeline.spec
+        if self._runner is not None and self._runner_fp != spec.fingerprint:  # a checkpoint's seed
+            self._runner.close()
+            self._runner = None
+        if self._runner is None:
+            self._runner = make_runner(spec, dict(self.pipeline.settings))
+            self._runner_fp = spec.fingerprint
+        return self._runner
+
+    # -- iterations -----------------------------------------------------------------------
+
+    def open_stream(self, lanes: list[int], resume: dict | None, first_lane: int | None = None) -> BatchStream:
+        """A new stream over ``lanes`` starting at ``resume`` (a state; ``None``: the beginning)."""
+        start, _ = resume_point(resume, lanes)
+        runner = self.runner()
+        settings = self.pipeline.settings
+        return BatchStream(
+            self.pipeline.spec, self.pipeline.batch_options, lanes, runner,
+            settings["prefetch_windows"] or runner.default_prefetch(),
+            deterministic=settings["deterministic"], fused=settings["fuse"],
+            start={lane: p.as_dict() for lane, p in start.items()}, first_lane=first_lane,
+        )
+
+    def begin(self) -> tuple[Progress, int]:
+        """Start a new iteration over the group's lanes (from the resume point); it supersedes
+        any older one, whose ledger file is closed. Returns its progress and generation."""
+        pipeline = self.pipeline
+        lanes = pipeline.owned_lanes()
+        if self.resume is not None:
+            check_covers(self.resume, lanes)
+        shape = pipeline.step_shape()
+        self.end_iteration()
+        ledger = pipeline.settings["ledger"]
+        writer = LedgerWriter(ledger, pipeline.rank()) if ledger is not None else None
+        self.progress = Progress(pipeline.spec, lanes, self.resume, shape, writer)
+        self.handed_out = False
+        return self.progress, self.generation
+
+    def tracked_stream(self, progress: Progress) -> BatchStream:
+        """The stream of the iteration ``progress`` tracks; lanes that end report to it."""
+        if self.stream is not None:
+            self.stream.close()
+        self.stream = self.open_stream(progress.lanes, self.resume, progress.first_lane)
+        self.stream.on_finish = progress.lane_finished
+        return self.stream
+
+    def end_iteration(self) -> None:
+        """Supersede the current iteration (its iterator raises if used again)."""
+        self.generation += 1
+        if self.stream is not None:
+            self.stream.close()
+            self.stream = None
+        if self.progress is not None:
+            self.progress.close()
+
+    def check_live(self, generation: int) -> None:
+        """Raise :class:`StateError` if the iteration ``generation`` was superseded."""
+        if generation != self.generation:
+            raise StateError(SUPERSEDED)
+
+    def serve(self, items, generation: int, deliver=None):
+        """Yield ``items`` while the iteration is live, recording each with ``deliver`` as the
+        caller receives it."""
+        items = iter(items)
+        while True:
+            self.check_live(generation)
+            item = next(items, _END)
+            if item is _END:
+                return
+            if deliver is not None:
+                deliver(item)
+            yield item
+
+    def current_progress(self) -> Progress:
+        """The current (or last) iteration's progress; before the first, where one would start."""
+        if self.progress is not None:
+            return self.progress
+        return Progress(self.pipeline.spec, self.pipeline.owned_lanes(), self.resume, self.pipeline.step_shape())
+
+    # -- checkpoints ------------------------------------------------------------------------
+
+    def state_dict(self, ahead: int | None = None, at_step: int | None = None) -> dict:
+        """What the iteration delivered (see ``Pipeline.state_dict``)."""
+        if self.handed_out:
+            raise StateError(HANDED_OUT)
+        return self.current_progress().state(ahead, at_step)
+
+    def mark_consumed(self, upto) -> None:
+        if self.progress is None:
+            raise StateError("mark_consumed() needs an iteration in progress; iterate the pipeline first")
+        self.progress.mark_consumed(upto)
+
+    def load(self, state: dict, source) -> None:
+        """Make ``state`` (validated) the resume point, with ``source`` (the state's seed)."""
+        self.end_iteration()
+        self.source = source
+        self.resume = copy.deepcopy(state)
+        self.progress = None
+        self.handed_out = False
+
+    def close(self) -> None:
+        """Stop the iteration and the runner this session started."""
+        self.closed = True
+        if self.stream is not None:
+            self.stream.close()
+            self.stream = None
+        if self._runner is not None:
+            self._runner.close()
+            self._runner = None
+        if self.progress is not None:
+            self.progress.close()
+
+    def __getstate__(self) -> dict:
+        """A copy for another process (a DataLoader worker): the description and the resume
+        point, without the runner, the stream or the progress of this process."""
+        state = dict(self.__dict__)
+        state.update(_runner=None, _runner_fp=None, stream=None, progress=None)
+        return state
+
+
+def check_covers(state: dict, lanes: list[int]) -> None:
+    """Refuse a state without progress for every lane in ``lanes`` (a single rank's state)."""
+    missing = [lane for lane in lanes if str(lane) not in state["lanes"]]
+    if missing:
+        raise StateError(
+            f"the state has no progress for lanes {missing}, which this group owns: a rank's "
+            "state holds only its own lanes. Resume from the merged state of all ranks "
+            "(zephon_dask.gather_state(pipeline), or zephon_dask.merge_states(states))"
+        )
+
+
+def loader_shape(lanes: list[int]) -> StepShape:
+    """The step shape of a DataLoader worker's own iteration (steps are counted by its user)."""
+    return StepShape(len(lanes), len(lanes), 1, False)

@@ -1,0 +1,196 @@
+"""torch ``DataLoader`` adapters over a pipeline. Hold state: what each process served.
+
+:class:`PipelineDataset` is an ``IterableDataset`` implementing torchdata's
+``Stateful`` protocol in the process that iterates it (a DataLoader worker or
+the main process); :class:`PipelineLoader` is a ``DataLoader`` whose state is
+the pipeline's own. Both use only the pipeline's and its session's public
+methods.
+"""
+
+from __future__ import annotations
+
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+
+from ..consumer.torch_io import batch_item
+from ..curriculum.routing import worker_lanes
+from ..errors import ConfigError, StateError
+from ..state.progress import Progress, resume_point
+from ..state.schema import VERSION, check_state
+from .guard import refuse_resharding
+from .session import loader_shape
+
+DATASET_FORMAT = "zephon_dask.dataset_state"
+
+
+class PipelineDataset(IterableDataset):
+    """A pipeline as a torch ``IterableDataset``, ``Stateful`` for torchdata's ``StatefulDataLoader``.
+
+    The group's round-robin is rotated to start at its resume lane, and
+    inside ``DataLoader(num_workers=n)`` worker ``i`` serves
+    ``worker_lanes(rotated, n)[i]`` (see ``docs/distributed.md``), so the DataLoader's
+    in-order polling of its workers (which always starts at worker 0)
+    replays the pipeline's strict round-robin, also after a resume with
+    another worker count. With the distributed runner the cluster is started
+    here, in the parent, and the workers connect to it by address.
+
+    Holds state per process: the lanes it serves and their progress.
+    :meth:`state_dict` (called by torchdata in the worker after each batch)
+    is that progress, a pipeline state of the served lanes, wrapped with the
+    worker's identity; :meth:`load_state_dict` (called in the worker before
+    iterating) makes the next iteration start there, recomputing one window
+    per lane (O(1) in the position).
+    """
+
+    def __init__(self, pipeline):
+        self.pipeline = pipeline
+        runner = pipeline.runner()
+        client = getattr(runner, "client", None)
+        self._address = client.scheduler.address if client is not None else None
+        self._identity = pipeline.identity()
+        self._worker_pipe = None  # in a worker: a copy of the pipeline without the parent's runner
+        self._loaded: dict | None = None  # the state given to load_state_dict, for the next iteration
+        self._progress: Progress | None = None  # this process's current iteration
+
+    def _pipe(self):
+        """The pipeline to stream from in this process."""
+        if get_worker_info() is None:
+            return self.pipeline
+        if self._worker_pipe is None:
+            remote = {} if self._address is None else {"client": None, "address": self._address}
+            # a new pipeline (its own session, no runner of the parent's), the parent's resume point
+            self._worker_pipe = self.pipeline.options(dp_degree=self._identity[0],
+                                                      dp_group_id=self._identity[1], **remote)
+        return self._worker_pipe
+
+    @staticmethod
+    def _worker() -> tuple[int, int]:
+        info = get_worker_info()
+        return (0, 0) if info is None else (info.id, info.num_workers)
+
+    def _serving(self) -> tuple[list[int], dict | None, int | None]:
+        """The lanes served here in round-robin order, the state they start at, the first lane."""
+        if self._loaded is not None:
+            return list(self._loaded["lanes"]), self._loaded["state"], None
+        pipe = self._pipe()
+        owned = pipe.owned_lanes()
+        _, first = resume_point(pipe.session.resume, owned)
+        lanes = owned[owned.index(first):] + owned[:owned.index(first)]
+        worker, workers = self._worker()
+        if workers:
+            lanes = worker_lanes(lanes, workers)[worker]
+        return lanes, pipe.session.resume, lanes[0] if lanes else None
+
+    def _start(self) -> tuple[Progress | None, dict | None]:
+        """This process's progress (``None`` for a worker serving no lane) and its start state."""
+        lanes, resume, first = self._serving()
+        if not lanes:
+            return None, None
+        return Progress(self._pipe().spec, lanes, resume, loader_shape(lanes), first_lane=first), resume
+
+    def __iter__(self):
+        refuse_resharding()  # a framework wrapper splitting these rank-split lanes again
+        self._progress, resume = self._start()
+        return self._generate(self._pipe(), self._progress, resume)
+
+    @staticmethod
+    def _generate(pipe, progress: Progress | None, resume: dict | None):
+        if progress is None:
+            return
+        stream = pipe.open_stream(progress.lanes, resume, progress.first_lane)
+        stream.on_finish = progress.lane_finished
+        try:
+            for batch in stream:
+                progress.observe_batch(batch)  # before the yield: torchdata snapshots right after it
+                yield batch_item(batch)
+        finally:
+            stream.close()
+
+    def state_dict(self) -> dict:
+        """Where this process's iteration stands: plain builtins (torchdata's ``Stateful``)."""
+        progress = self._progress if self._progress is not None else self._start()[0]
+        worker, workers = self._worker()
+        return {"format": DATASET_FORMAT, "version": VERSION, "worker": worker, "num_workers": workers,
+                "lanes": list(progress.lanes) if progress else [], "state": progress.state() if progress else None}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Start the next iteration in this process where ``state`` (from :meth:`state_dict`) stands."""
+        if not isinstance(state, dict) or state.get("format") != DATASET_FORMAT:
+            raise StateError(f"PipelineDataset.load_state_dict needs a state from PipelineDataset."
+                             f"state_dict(), got {type(state).__name__}")
+        worker, workers = self._worker()
+        if (state.get("worker"), state.get("num_workers")) != (worker, workers):
+            raise StateError(
+                f"the loader state was taken with num_workers={state.get('num_workers')} (this is worker "
+                f"{state.get('worker')}), but it is loaded with num_workers={workers}: StatefulDataLoader "
+                "resumes with the same num_workers. To change it, resume through "
+                "pipeline.to_torch_loader(), whose state is the pipeline's"
+            )
+        lanes = state.get("lanes")
+        if lanes == [] and state.get("state") is None:  # a worker that serves no lane
+            self._loaded, self._progress = {"lanes": [], "state": None}, None
+            return
+        inner = check_state(state.get("state"), where="the dataset state")
+        pipe = self._pipe()
+        owned = set(pipe.owned_lanes())
+        if (not isinstance(lanes, list) or not set(lanes) <= owned
+                or sorted(str(lane) for lane in lanes) != sorted(inner["lanes"])):
+            raise StateError(f"the dataset state serves lanes {lanes!r}, not lanes of this DP group "
+                             f"({sorted(owned)}) matching its progress: it is from another topology")
+        inner, source = pipe.check_resumable(inner, lanes)  # other data, positions past the end
+        pipe.session.source = source  # the state's seed wins, as in Pipeline.load_state_dict
+        self._loaded = {"lanes": lanes, "state": inner}
+        self._progress = None
+
+
+class _Delivering:
+    """The iterator of a :class:`PipelineLoader`: records each batch as the loop receives it."""
+
+    def __init__(self, pipeline, base, progress: Progress, generation: int):
+        self.pipeline, self.base, self.progress, self.generation = pipeline, base, progress, generation
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> dict:
+        self.pipeline.check_live(self.generation)
+        out = next(self.base)
+        window, offset = (int(v) for v in out["position"])
+        self.progress.observe(int(out["lane"]), int(out["index_in_lane"]), window, offset,
+                              bool(out["last"]), out["tokens"].numpy(), out["dataset_tokens"].numpy())
+        return out
+
+
+class PipelineLoader(DataLoader):
+    """``DataLoader(PipelineDataset(pipeline), batch_size=None, ...)`` that reports deliveries.
+
+    A real ``DataLoader`` subclass (``.dataset`` is the :class:`PipelineDataset`).
+    Each batch the loop receives is recorded in the pipeline's progress (and
+    ledger), so ``state_dict()`` (the pipeline's, a plain dict) is exact however
+    far the workers have prefetched, and resumes under any worker count.
+    """
+
+    def __init__(self, pipeline, num_workers: int = 0, **dataloader_kwargs):
+        fixed = sorted(set(dataloader_kwargs) & {"batch_size", "shuffle", "sampler", "batch_sampler",
+                                                  "drop_last", "persistent_workers"})
+        if fixed:
+            raise ConfigError(f"to_torch_loader() does not take {fixed}: batches are cut by "
+                              ".batch(microbatch_size, drop_last=...) and lanes are not sampled")
+        super().__init__(PipelineDataset(pipeline), batch_size=None, num_workers=num_workers,
+                         **dataloader_kwargs)
+        self.pipeline = pipeline
+
+    def __iter__(self) -> _Delivering:
+        progress, generation = self.pipeline.session.begin()
+        return _Delivering(self.pipeline, super().__iter__(), progress, generation)
+
+    def state_dict(self, *, ahead: int | None = None, at_step: int | None = None) -> dict:
+        """The pipeline's state (see :meth:`Pipeline.state_dict`)."""
+        return self.pipeline.state_dict(ahead=ahead, at_step=at_step)
+
+    def load_state_dict(self, state: dict) -> None:
+        """Resume the next iteration from ``state`` (any worker count)."""
+        self.pipeline.load_state_dict(state)
+
+    def mark_consumed(self, upto) -> None:
+        """See :meth:`Pipeline.mark_consumed`."""
+        self.pipeline.mark_consumed(upto)
