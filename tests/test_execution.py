@@ -94,11 +94,12 @@ def test_prefetch_defaults_to_two_windows_per_slot_plus_four(corpus_dir):
     assert "auto: 2 per worker thread + 4" in str(p.explain())
     it = iter(p)
     next(it)
-    assert p._stream.fetcher.prefetch == 10
+    assert p.session.stream.fetcher.prefetch == 10
     assert "auto: 10" in str(p.explain())
-    p.options(prefetch_windows=1)
+    p.close()
+    p = p.options(prefetch_windows=1)
     next(iter(p))
-    assert p._stream.fetcher.prefetch == 1
+    assert p.session.stream.fetcher.prefetch == 1
     p.close()
 
 

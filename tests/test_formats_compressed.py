@@ -101,12 +101,12 @@ def test_chunk_read_decodes_one_segment_not_the_shard(tmp_path, monkeypatch):
     data = jsonl_bytes(records(3000))
     (tmp_path / "big.jsonl.gz").write_bytes(gzip.compress(data))
     ds = Dataset.from_jsonl("b", tmp_path, progress=False)
-    (cp,) = {id(v.checkpoints): v.checkpoints for v, _ in jsonl_mod.SPANS._items.values()}.values()
+    (cp,) = {id(v.checkpoints): v.checkpoints for v in jsonl_mod.SPANS.values()}.values()
     assert len(cp.states) > 20
     compressed_mod.SEGMENTS.clear()
     assert ds.read(0, np.arange(2500, 2510)) == [json.loads(x) for x in
                                                  data.decode().split("\n") if x][2500:2510]
-    assert 0 < compressed_mod.SEGMENTS._total < len(data) / 10
+    assert 0 < compressed_mod.SEGMENTS.total < len(data) / 10
 
 
 def test_gzip_file_named_jsonl_is_sniffed(tmp_path):

@@ -109,7 +109,7 @@ def test_explain_names_the_plan_and_starts_nothing(corpus):
     lanes = dict(e.section("lanes and windows").pairs)
     chunks = [len(p.work_source.lane_chunks(lane, 4)) for lane in range(4)]
     assert lanes["chunks per lane"] in {str(min(chunks)), f"{min(chunks)}-{max(chunks)}"}
-    assert p._runner is None and e.warnings == ()
+    assert p.session.started_runner is None and e.warnings == ()
     html = Tables(e._repr_html_())
     assert html.tables and "script" not in html.tags
     assert Tables(p._repr_html_()).tables  # the pipeline's own view: its one-screen summary

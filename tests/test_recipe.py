@@ -99,7 +99,7 @@ def test_recipe_and_hand_built_pipeline_agree(corpus):
     q = hand_built(corpus)
     assert p.fingerprint() == q.fingerprint()
     assert p.batch_options == q.batch_options
-    assert p._options == q._options
+    assert p.settings == q.settings
     assert p.compute_window(1, 0).digest() == q.compute_window(1, 0).digest()
 
 

@@ -48,14 +48,14 @@ def dataset_states(state):
 def windows_log(tmp_path, monkeypatch):
     """A file that gets ``lane window`` for every window submitted, in this process or a forked worker."""
     log = tmp_path / "windows.log"
-    submit = fetcher_module.WindowFetcher._submit
+    submit = fetcher_module.WindowFetcher.submit
 
     def logged(self, lane, w):
         with open(log, "a") as f:
             f.write(f"{lane} {w}\n")
         return submit(self, lane, w)
 
-    monkeypatch.setattr(fetcher_module.WindowFetcher, "_submit", logged)
+    monkeypatch.setattr(fetcher_module.WindowFetcher, "submit", logged)
 
     def read_and_clear():
         pairs = [tuple(map(int, line.split())) for line in log.read_text().splitlines()] if log.exists() else []

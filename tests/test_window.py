@@ -34,14 +34,16 @@ def corpus(n_shards=3, per_shard=40, seed=0, prefix="doc"):
     }
 
 
-def make_pipeline(seed=3, chunk_size=16, R=4, k=2, algorithm="wrap", shuffle=True):
+def make_pipeline(seed=3, chunk_size=16, R=4, k=2, algorithm="wrap", shuffle=True, pack=True):
     web = z.Dataset.from_records("web", corpus(3, 40, 1, "web"))
     code = z.Dataset.from_records("code", corpus(2, 30, 2, "code"))
     ws = z.MixtureWorkSource([web, code], {"web": 2, "code": 1}, chunk_size=chunk_size, seed=seed)
     p = z.Pipeline(ws).tokenize("bytes", bos=True, eos=True)
     if shuffle:
         p = p.shuffle(8)
-    return p.pack(64, algorithm=algorithm).options(canonical_replicas=R, flush_every_k_chunks=k)
+    if pack:
+        p = p.pack(64, algorithm=algorithm)
+    return p.options(canonical_replicas=R, flush_every_k_chunks=k)
 
 
 def test_window_equals_its_chunks_and_lineage_stays_inside():
@@ -221,8 +223,7 @@ def test_stateful_accumulator_state_never_leaks_between_windows():
     def flush(state):
         return []
 
-    p = make_pipeline(shuffle=False)
-    p._accumulators.clear()
+    p = make_pipeline(shuffle=False, pack=False)
     p = p.stateful("odd", init, push, flush, version=1)
     spec = p.spec
     a = compute_window(spec, 0, 1).digest()

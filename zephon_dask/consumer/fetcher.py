@@ -38,7 +38,8 @@ class WindowFetcher:
         n = self.num_windows[lane]
         return n is None or w < n
 
-    def _submit(self, lane: int, w: int) -> None:
+    def submit(self, lane: int, w: int) -> None:
+        """Submit lane ``lane``'s window ``w`` to the runner, after those already submitted."""
         graph = window_graph(self.spec, lane, w, self.fused)
         self.inflight[(lane, w)] = self.runner.submit(graph, priority=-self._seq)
         self._seq += 1
@@ -51,7 +52,7 @@ class WindowFetcher:
             if not candidates:
                 return
             w, _, lane = min(candidates)
-            self._submit(lane, w)
+            self.submit(lane, w)
 
     def get(self, lane: int) -> WindowOutput | None:
         """The lane's next window (blocking: the runner's handle bounds the wait), or ``None`` past
@@ -61,7 +62,7 @@ class WindowFetcher:
         if not self._exists(lane, w):
             return None
         if (lane, w) not in self.inflight:
-            self._submit(lane, w)
+            self.submit(lane, w)
         handle = self.inflight.pop((lane, w))
         try:
             out = handle.result()

@@ -127,8 +127,8 @@ class Dataset:
     shards: tuple[Shard, ...]
     columns: tuple[str, ...] | None = None
     storage_options: dict[str, Any] = field(default_factory=dict)
-    _records: tuple[tuple[str, ...], ...] = ()
-    _record_sha256: tuple[str, ...] = ()
+    memory_records: tuple[tuple[str, ...], ...] = ()
+    memory_sha256: tuple[str, ...] = ()
     _tokenizer_json: str | None = None
     source: str | None = None
     data_files: tuple[str, ...] | None = None
@@ -512,7 +512,7 @@ class Dataset:
         _check_text_field(text_field)
         ids, lines, sha = records.freeze(records_or_mapping, text_field, name)
         shards = tuple(Shard(i, None, len(ls)) for i, ls in zip(ids, lines, strict=True))
-        return cls(name, "records", text_field, shards, _records=lines, _record_sha256=sha)
+        return cls(name, "records", text_field, shards, memory_records=lines, memory_sha256=sha)
 
     @classmethod
     def from_tokens(

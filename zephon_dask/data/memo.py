@@ -42,6 +42,16 @@ class ByteLRU:
                 _, (_, dropped) = self._items.popitem(last=False)
                 self._total -= dropped
 
+    @property
+    def total(self) -> int:
+        """The bytes the cached values weigh."""
+        return self._total
+
+    def values(self) -> list[Any]:
+        """The cached values, oldest first."""
+        with self._lock:
+            return [value for value, _ in self._items.values()]
+
     def clear(self) -> None:
         """Forget everything."""
         with self._lock:

@@ -88,6 +88,6 @@ def read(lines: tuple[str, ...], offsets: np.ndarray) -> list[dict[str, Any]]:
 READER = Reader(
     "records",
     "from_records",
-    lambda dataset, index, offsets: read(dataset._records[index], offsets),
-    shard_identity=lambda dataset, index: {"sha256": dataset._record_sha256[index]},
+    lambda dataset, index, offsets: read(dataset.memory_records[index], offsets),
+    shard_identity=lambda dataset, index: {"sha256": dataset.memory_sha256[index]},
 )

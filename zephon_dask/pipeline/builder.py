@@ -23,8 +23,6 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
 
-from .. import options as option_defs
-from .. import views
 from ..consumer.batch import BatchOptions
 from ..consumer.stream import BatchStream
 from ..core.spec import PipelineSpec
@@ -39,8 +37,11 @@ from ..operators.records import DecodeText, Filter, Map
 from ..operators.shuffle import Shuffle
 from ..operators.stateful import Stateful
 from ..operators.tokenize import Tokenize
+from ..options import DEFAULTS, OPTIONS
+from ..options import check as check_options
 from ..state.progress import StepShape
 from ..state.schema import check_state, config_diff, describe_diff
+from ..views import show
 from . import steps
 from .session import Session, check_covers
 
@@ -59,7 +60,7 @@ class Pipeline:
         self._record_ops: tuple[RecordOp, ...] = ()
         self._accumulators: tuple[Accumulator, ...] = ()
         self._batch = BatchOptions()
-        self._settings: Mapping[str, Any] = MappingProxyType(dict(option_defs.DEFAULTS))
+        self._settings: Mapping[str, Any] = MappingProxyType(dict(DEFAULTS))
         self._session = Session(self, work_source)
 
     def _derive(self, **changes) -> Pipeline:
@@ -338,7 +339,7 @@ class Pipeline:
         Example:
             >>> pipeline.options(canonical_replicas=8, prefetch_windows=6)  # doctest: +SKIP
         """
-        checked = option_defs.check(settings)
+        checked = check_options(settings)
         merged = {**self._settings, **checked}
         if checked.get("global_batches_per_step") is not None:
             steps.check_global(checked["global_batches_per_step"], merged["canonical_replicas"])
@@ -592,46 +593,46 @@ class Pipeline:
     @classmethod
     def from_config(cls, path) -> Pipeline:
         """The pipeline a TOML recipe describes (see ``docs/recipes.md``)."""
-        return views.show("pipeline_from_config", path)
+        return show("pipeline_from_config", path)
 
     def explain(self):
         """A readable plan: datasets, mixture, lanes, operators, runner, warnings."""
-        return views.show("explain", self)
+        return show("explain", self)
 
     def preview(self, n: int = 3, lane: int = 0):
         """The first ``n`` rows of ``lane`` decoded to text, with each document's lineage."""
-        return views.show("preview", self, n, lane)
+        return show("preview", self, n, lane)
 
     def plan(self, dp_degrees=(1, 2, 4, 8)):
         """The lane-to-group table for each DP degree and mapping, with load imbalance."""
-        return views.show("plan_table", self, dp_degrees)
+        return show("plan_table", self, dp_degrees)
 
     def window_graph(self, lane: int, window: int, fused: bool | None = None):
         """The Dask graph of one window (``.visualize()`` draws it when graphviz is installed)."""
-        return views.show("window_graph", self, lane, window, fused)
+        return show("window_graph", self, lane, window, fused)
 
     def stats(self):
         """Progress of the current iteration: lanes, windows, tokens/s, efficiency, mixture."""
-        return views.show("stats", self)
+        return show("stats", self)
 
     def plot_mixture(self, ax=None):
         """Realized mixture per global step against the target (matplotlib)."""
-        return views.show("plot_mixture", self.stats(), ax)
+        return show("plot_mixture", self.stats(), ax)
 
     def plot_packing(self, ax=None):
         """Padding efficiency per global step (matplotlib)."""
-        return views.show("plot_packing", self.stats(), ax)
+        return show("plot_packing", self.stats(), ax)
 
     def __repr__(self) -> str:
-        return views.show("pipeline_text", self)
+        return show("pipeline_text", self)
 
     def _repr_html_(self) -> str:
-        return views.show("pipeline_html", self)
+        return show("pipeline_html", self)
 
 
 Pipeline.options.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
     [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
     + [inspect.Parameter(o.name, inspect.Parameter.KEYWORD_ONLY, default=o.default)
-       for o in option_defs.OPTIONS],
+       for o in OPTIONS],
     return_annotation="Pipeline",
 )
