@@ -17,7 +17,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--resume", help="a checkpoint written by --checkpoint (or save_state) to start from")
     parser.add_argument("--checkpoint", help="write the state here after the last step")
     parser.add_argument("--ledger", help="append a ledger line per batch to DIR/rank-<n>.jsonl")
-    parser.add_argument("--runner", choices=["synchronous", "threads", "distributed"],
+    parser.add_argument("--runner", choices=["distributed", "threads", "synchronous"],
                         help="override the recipe's runner")
     parser.add_argument("--address", help="an existing Dask scheduler to run on")
     parser.add_argument("--dp-degree", type=positive_int, help="DP groups (default: the recipe's, else 1)")
