@@ -372,7 +372,7 @@ def test_use_after_close_is_a_typed_error_never_a_restart(tmp_path, runner):
 
 
 def test_closed_runner_refuses_work(tmp_path):
-    from zephon_dask.execution.runners import ThreadRunner
+    from zephon_dask.execution.local import ThreadRunner
     from zephon_dask.graph import window_graph
 
     p = _pipeline(tmp_path, [{"text": "a"}])

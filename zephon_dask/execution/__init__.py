@@ -1,5 +1,11 @@
-"""Runners: where window graphs execute. None of them can change a byte of the data."""
+"""Runners: where window graphs execute. None of them can change a byte of the data.
 
-from .runners import RUNNERS, Runner, WindowHandle, make_runner
+:mod:`.base` is the contract, :mod:`.local` and :mod:`.cluster` the runners,
+:mod:`.watch` the bounded waits on a cluster, :mod:`.registry` the names and the
+choice between them.
+"""
 
-__all__ = ["RUNNERS", "Runner", "WindowHandle", "make_runner"]
+from .base import Runner, WindowHandle
+from .registry import RUNNERS, choose_runner, make_runner
+
+__all__ = ["RUNNERS", "Runner", "WindowHandle", "choose_runner", "make_runner"]

@@ -34,7 +34,7 @@ from ..core.spec import PipelineSpec
 from ..errors import ClosedError, ClusterError
 from ..graph import WindowGraph
 from ..graph import keys as graph_keys
-from .runners import Runner, WindowHandle
+from .base import Runner, WindowHandle
 from .watch import DEFAULT_STALL, DEFAULT_TIMEOUT, PROBE_TIMEOUT, ClusterWatch, probe_address
 
 logger = logging.getLogger(__name__)
@@ -274,6 +274,23 @@ class DistributedRunner(Runner):
         # scheduler recomputes it from the task definition.
         self._spec_future = self.client.submit(_spec_value, spec, key=graph_keys.spec_key(spec.fingerprint),
                                                pure=False, priority=1_000_000)
+
+    @classmethod
+    def from_options(cls, spec: PipelineSpec, options: dict) -> DistributedRunner:
+        """Started from ``n_workers``, ``threads_per_worker``, ``client``, ``address``, ``retries``,
+        ``cluster_timeout``, ``stall_timeout`` and ``dashboard_address`` (a missing or ``None``
+        option takes the default, except ``dashboard_address``: ``None`` means no dashboard)."""
+        return cls(
+            spec,
+            n_workers=options.get("n_workers"),
+            threads_per_worker=options.get("threads_per_worker") or 1,
+            client=options.get("client"),
+            address=options.get("address"),
+            retries=options.get("retries") or 0,
+            timeout=options.get("cluster_timeout") or DEFAULT_TIMEOUT,
+            stall=options.get("stall_timeout") or DEFAULT_STALL,
+            dashboard_address=options.get("dashboard_address", f"{LOCAL_HOST}:0"),
+        )
 
     @property
     def dashboard_link(self) -> str | None:

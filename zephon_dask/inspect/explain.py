@@ -229,8 +229,9 @@ def _dashboard(link: str | None) -> str:
 def _execution(pipeline, options: dict, fingerprint: str) -> Section:
     runner = pipeline.session.started_runner  # only a runner already started; never start one
     if runner is None:
-        remote = options["client"] is not None or options["address"] is not None
-        name = "distributed" if remote else options["runner"]
+        from ..execution import choose_runner
+
+        name = choose_runner(options)
         state = f"{name} (not started; it starts on the first iteration)"
         dashboard = ("shown here once the runner has started" if name == "distributed"
                      else f"none (the {name} runner has no Dask dashboard)")

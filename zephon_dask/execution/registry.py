@@ -1,0 +1,64 @@
+"""Which runner a pipeline uses, and starting it. Holds no state.
+
+:data:`RUNNERS` names every runner; :func:`choose_runner` is the one place that
+decides which of them a pipeline's options select, and :func:`make_runner`
+starts it through the class's ``from_options``. Importing this module imports
+``distributed`` (through :mod:`.cluster`). Adding a runner means writing
+its :class:`~zephon_dask.execution.base.Runner` subclass and one line here.
+"""
+
+from __future__ import annotations
+
+from distributed import default_client
+
+from ..core.spec import PipelineSpec
+from ..errors import ConfigError
+from ..log import logger
+from .base import Runner
+from .cluster import DistributedRunner
+from .local import SynchronousRunner, ThreadRunner
+
+RUNNERS: dict[str, type[Runner]] = {
+    "distributed": DistributedRunner,
+    "threads": ThreadRunner,
+    "synchronous": SynchronousRunner,
+}
+RUNNER_NAMES: tuple[str, ...] = tuple(RUNNERS)
+
+
+def choose_runner(options: dict) -> str:
+    """The name of the runner ``options`` select: ``client=`` or ``address=`` force
+    ``"distributed"``; otherwise ``options['runner']``. Starts nothing."""
+    if options.get("client") is not None or options.get("address") is not None:
+        return "distributed"
+    return options["runner"]
+
+
+def session_client():
+    """The Dask client this process made current (``Client(...)`` does, unless told
+    ``set_as_default=False``), or ``None``."""
+    try:
+        client = default_client()
+    except ValueError:  # no default client
+        return None
+    return client if client.status == "running" else None
+
+
+def make_runner(spec: PipelineSpec, options: dict) -> Runner:
+    """The runner :func:`choose_runner` names, started.
+
+    The ``distributed`` runner uses, in this order: ``client=``, ``address=``, the
+    session's current Dask client (unless ``session_client=False``), or a new
+    embedded ``LocalCluster``.
+    """
+    name = choose_runner(options)
+    if (name == "distributed" and options.get("client") is None and options.get("address") is None
+            and options.get("session_client", True)):
+        client = session_client()
+        if client is not None:
+            logger.info("using the session's Dask client (scheduler %s); .options(session_client=False) "
+                        "starts an embedded cluster instead", client.scheduler.address)
+            options = {**options, "client": client}
+    if name not in RUNNERS:
+        raise ConfigError(f"runner={name!r} is unknown; choose one of {', '.join(map(repr, RUNNER_NAMES))}")
+    return RUNNERS[name].from_options(spec, options)
