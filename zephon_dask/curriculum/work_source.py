@@ -14,6 +14,7 @@ from typing import NamedTuple, Protocol
 
 import numpy as np
 
+from .. import views
 from ..errors import (
     ChunkOutOfRangeError,
     ConfigError,
@@ -367,9 +368,7 @@ class MixtureWorkSource:
         return f"MixtureWorkSource({mix}; chunk_size={self.chunk_size}, seed={self.seed}, {size})"
 
     def _repr_html_(self) -> str:
-        from ..inspect import source_html
-
-        return source_html(self)
+        return views.show("source_html", self)
 
 
 def _first_true(pred) -> int:

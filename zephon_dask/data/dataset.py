@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import views
 from ..errors import (
     ConfigError,
     DatasetNotFoundError,
@@ -565,9 +566,7 @@ class Dataset:
         return getattr(cls, reader.constructor)(name, path, **kwargs)
 
     def _repr_html_(self) -> str:
-        from ..inspect import dataset_html
-
-        return dataset_html(self)
+        return views.show("dataset_html", self)
 
 
 def _detect(
