@@ -196,3 +196,24 @@ def test_cli_checks_output_paths_before_streaming(tmp_path, capsys):
         assert "global step" not in out.out  # refused before the recipe's pipeline was built
         assert len(out.err.strip().splitlines()) == 1 and argv[0] in out.err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]  # nothing left behind
+
+
+def test_output_path_errors_are_typed(tmp_path):
+    from zephon_dask.commands import writable_dir, writable_file
+    from zephon_dask.errors import (
+        OutputIsADirectoryError,
+        OutputNotADirectoryError,
+        OutputPathError,
+        ZephonError,
+    )
+
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    for call, cls, builtin in ((lambda: writable_file(str(tmp_path), "--checkpoint"),
+                                OutputIsADirectoryError, IsADirectoryError),
+                               (lambda: writable_dir(str(blocker), "--ledger"),
+                                OutputNotADirectoryError, NotADirectoryError)):
+        with pytest.raises(cls) as info:
+            call()
+        assert isinstance(info.value, builtin) and isinstance(info.value, OutputPathError)
+        assert isinstance(info.value, ZephonError) and str(info.value).startswith("--")
