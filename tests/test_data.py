@@ -26,12 +26,14 @@ from zephon_dask.data import jsonl as jsonl_mod
 from zephon_dask.data import tokens as tokens_mod
 from zephon_dask.data.paths import list_files
 from zephon_dask.errors import (
+    ArgumentTypeError,
     ConfigError,
     DataFormatError,
     DatasetNotFoundError,
     DuplicateNameError,
     EmptyDatasetError,
     MissingFieldError,
+    RecordIndexError,
     ZephonError,
     ZephonWarning,
 )
@@ -585,14 +587,13 @@ def test_name_and_argument_validation(tmp_path):
             Dataset.from_records(bad, ["a"])
         assert_typed(ei, ConfigError, ValueError, repr(bad))
     ds = Dataset.from_records("r", {"a": ["x", "y"]})
-    with pytest.raises(IndexError, match="shard index 1"):
-        ds.read(1, [0])
-    with pytest.raises(IndexError, match="offset 2"):
-        ds.read(0, [0, 2])
-    with pytest.raises(IndexError, match="offset -1"):
-        ds.read(0, [-1])
-    with pytest.raises(TypeError):
+    for shard, offsets, fragment in ((1, [0], "shard index 1"), (0, [0, 2], "offset 2"), (0, [-1], "offset -1")):
+        with pytest.raises(RecordIndexError) as ei:
+            ds.read(shard, offsets)
+        assert_typed(ei, RecordIndexError, IndexError, fragment)
+    with pytest.raises(ArgumentTypeError) as ei:
         ds.read(0, [0.5])
+    assert_typed(ei, ArgumentTypeError, TypeError, "offsets must be a 1-D sequence of ints")
 
 
 def test_check_unique_names():

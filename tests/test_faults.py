@@ -5,6 +5,8 @@ Each test is one row of docs/reliability.md; the cluster rows are in test_faults
 
 from __future__ import annotations
 
+import ast
+import builtins
 import json
 import os
 import pickle
@@ -403,3 +405,41 @@ def test_cli_prepare_writes_nothing_outside_out(tmp_path, capsys):
     assert main(["prepare", str(recipe), "--out", str(tmp_path / "out")]) == 2
     assert "would leave" in capsys.readouterr().err
     assert not (tmp_path / "escape").exists()
+
+
+# -- every deliberate error is typed ----------------------------------------------------------
+
+PACKAGE = Path(__file__).resolve().parents[1] / "zephon_dask"
+BUILTIN_ERRORS = {name for name, value in vars(builtins).items()
+                  if isinstance(value, type) and issubclass(value, BaseException)}
+# (path relative to zephon_dask/, exception name): why a built-in is right there
+ALLOWED_BUILTIN_RAISES = {
+    ("__init__.py", "AttributeError"): "module __getattr__: the protocol asks for AttributeError",
+    ("cli.py", "SystemExit"): "the console entry point exits with main()'s status",
+    ("consumer/stream.py", "StopIteration"): "__next__ at the end of the stream: the iterator protocol",
+    ("execution/runners.py", "NotImplementedError"): "an abstract method of the runner base class",
+    ("operators/base.py", "NotImplementedError"): "abstract methods of the operator base classes",
+    ("graph/window_graph.py", "KeyError"): "WindowGraph.kind(key) of a key not in the graph: a "
+    "lookup miss like a dict's, internal to graph building (graph/ is owned by another change; "
+    "a NotFoundError there would be nicer)",
+}
+
+
+def builtin_raises():
+    """``(path, line, name)`` of each ``raise Name(...)`` / ``raise Name`` of a built-in exception."""
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+            if isinstance(node, ast.Raise) and node.exc is not None:
+                target = node.exc.func if isinstance(node.exc, ast.Call) else node.exc
+                if isinstance(target, ast.Name) and target.id in BUILTIN_ERRORS:
+                    yield path.relative_to(PACKAGE).as_posix(), node.lineno, target.id
+
+
+def test_deliberate_errors_are_typed():
+    """errors.py: every error raised on purpose subclasses ZephonError (and the matching built-in)."""
+    found = list(builtin_raises())
+    bare = [f"zephon_dask/{path}:{line}: raise {name}" for path, line, name in found
+            if (path, name) not in ALLOWED_BUILTIN_RAISES]
+    assert not bare, "raise a class from zephon_dask/errors.py instead:\n" + "\n".join(bare)
+    stale = set(ALLOWED_BUILTIN_RAISES) - {(path, name) for path, _, name in found}
+    assert not stale, f"allowed raises no longer in the source (drop them from the list): {stale}"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import warnings
@@ -170,6 +171,59 @@ def test_batch_html_lists_rows_and_sources(corpus):
     d, s, o, t, n = batch.sources(0)[0]
     assert rows[0][5].startswith(f"{d}/{s}/{o}[{t}:{t + n}]")
     assert int(rows[0][2]) + int(rows[0][3]) == int(rows[0][1]) == 96
+
+
+FRESH_REPRS = """
+import sys
+import zephon_dask as z
+from zephon_dask.consumer.batch import make_batch
+
+web = z.Dataset.from_records("web", ["river lamp", "harvest bridge ferry", "orchard"])
+code = z.Dataset.from_records("code", ["def f(): pass", "x = 1"])
+source = z.MixtureWorkSource([web, code], {"web": 3, "code": 2}, chunk_size=2, seed=1)
+p = (z.Pipeline(source).tokenize("bytes").pack(32).batch(2, labels=True)
+     .options(canonical_replicas=1, runner="synchronous"))
+out = p.compute_window(0, 0)
+batch = make_batch(out.table.slice(0, 2), 0, 0, p.batch_options, source.names)
+assert "zephon_dask.inspect" not in sys.modules, "imported before any view was asked for"
+for obj in (web, source, batch):
+    html = obj._repr_html_()
+    assert "<table" in html, (type(obj).__name__, html[:200])
+assert "zephon_dask.inspect" in sys.modules  # the views module imported it on demand
+print("ok")
+"""
+
+
+def test_html_reprs_work_in_a_fresh_process_that_never_imported_inspect():
+    """Lower layers ask :mod:`zephon_dask.views` for their HTML by name; the inspect
+    package registers the views when the first one is asked for, never imported upward."""
+    done = subprocess.run([sys.executable, "-c", FRESH_REPRS], capture_output=True, text=True,
+                          timeout=120, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "ok"
+
+
+def test_views_registry_names_and_errors(monkeypatch):
+    from zephon_dask import views
+    from zephon_dask.errors import NotFoundError, ZephonError
+
+    for name in ("batch_html", "source_html", "dataset_html", "state_html", "explain", "preview",
+                 "plan_table", "lane_plans", "window_graph", "stats", "plot_mixture", "plot_packing",
+                 "pipeline_text", "pipeline_html", "pipeline_summary"):
+        assert name in views.names(), name
+    assert views.show("state_html", {"lanes": {}}) == state_html({"lanes": {}})
+    monkeypatch.setattr(views, "_views", dict(views._views))  # leave the real registry untouched
+    assert views.register("test_double", lambda x, k=1: 2 * x * k) is views.lookup("test_double")
+    assert views.show("test_double", 3, k=2) == 12
+
+    @views.register("test_decorated")
+    def decorated():
+        return "drawn"
+
+    assert decorated() == views.show("test_decorated") == "drawn"
+    with pytest.raises(NotFoundError, match="no view is registered as 'nope'.*dataset_html") as info:
+        views.show("nope")
+    assert isinstance(info.value, ZephonError) and isinstance(info.value, KeyError)
 
 
 def test_state_html_is_a_lane_table_and_tolerates_extra_keys():

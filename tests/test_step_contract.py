@@ -1,7 +1,8 @@
 """The global-step contract: G batches per global step is a data setting kept across resumes.
 
 The truth is an uninterrupted run's ledger; ``zephon-dask verify`` compares
-it step by step with runs resumed on other degrees (DESIGN 7).
+it step by step with runs resumed on other degrees (``docs/checkpointing.md``,
+the global-step contract).
 """
 
 from __future__ import annotations

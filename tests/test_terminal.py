@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -82,6 +85,44 @@ def test_import_emits_no_warning():
     out = subprocess.run([sys.executable, "-W", "error", "-c", code], capture_output=True, text=True,
                          timeout=120)
     assert out.returncode == 0 and out.stderr == "", out.stderr
+
+
+HEAVY = ("dask", "distributed", "torch", "numpy")
+HELP_SECONDS = 0.3
+# ``-X importtime`` misses modules loaded by importlib.import_module (how cli.py loads the
+# command modules), so the child also lists sys.modules at exit, after ``--help`` exited.
+HELP_MODULES = """
+import atexit, runpy, sys
+atexit.register(lambda: print(*("module: " + m for m in sorted(sys.modules)), sep="\\n", file=sys.stderr))
+sys.argv = ["zephon-dask", "--help"]
+runpy.run_module("zephon_dask.cli", run_name="__main__", alter_sys=True)
+"""
+
+
+def test_cli_help_is_fast_and_imports_nothing_heavy():
+    """``zephon-dask --help`` (the console script runs ``zephon_dask.cli:main``) imports only the
+    standard library and the light command modules: heavy imports wait for a command's ``run``."""
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    done = subprocess.run([sys.executable, "-X", "importtime", "-c", HELP_MODULES], capture_output=True,
+                          text=True, timeout=60, cwd=root, env=env)
+    assert done.returncode == 0 and "usage: zephon-dask" in done.stdout, done.stderr
+    imported = {line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines()
+                if line.startswith("import time:")}
+    imported |= {line.removeprefix("module: ") for line in done.stderr.splitlines()
+                 if line.startswith("module: ")}
+    assert "zephon_dask.commands.run" in imported  # the parser really loaded the command modules
+    heavy = sorted({m.split(".")[0] for m in imported} & set(HEAVY))
+    assert not heavy, f"--help imported {heavy}"
+
+    times = []
+    for _ in range(3):  # the best of 3 tolerates a busy machine
+        start = time.perf_counter()
+        done = subprocess.run([sys.executable, "-m", "zephon_dask.cli", "--help"], capture_output=True,
+                              text=True, timeout=60, cwd=root, env=env)
+        times.append(time.perf_counter() - start)
+        assert done.returncode == 0 and "usage: zephon-dask" in done.stdout, done.stderr
+    assert min(times) < HELP_SECONDS, f"--help took {min(times):.3f} s at best (runs: {times})"
 
 
 def test_cli_version(capsys):
@@ -196,3 +237,24 @@ def test_cli_checks_output_paths_before_streaming(tmp_path, capsys):
         assert "global step" not in out.out  # refused before the recipe's pipeline was built
         assert len(out.err.strip().splitlines()) == 1 and argv[0] in out.err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]  # nothing left behind
+
+
+def test_output_path_errors_are_typed(tmp_path):
+    from zephon_dask.commands import writable_dir, writable_file
+    from zephon_dask.errors import (
+        OutputIsADirectoryError,
+        OutputNotADirectoryError,
+        OutputPathError,
+        ZephonError,
+    )
+
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    for call, cls, builtin in ((lambda: writable_file(str(tmp_path), "--checkpoint"),
+                                OutputIsADirectoryError, IsADirectoryError),
+                               (lambda: writable_dir(str(blocker), "--ledger"),
+                                OutputNotADirectoryError, NotADirectoryError)):
+        with pytest.raises(cls) as info:
+            call()
+        assert isinstance(info.value, builtin) and isinstance(info.value, OutputPathError)
+        assert isinstance(info.value, ZephonError) and str(info.value).startswith("--")

@@ -65,6 +65,14 @@ class ChunkOutOfRangeError(ZephonError, IndexError):
     """A chunk, lane position or window index lies past the end of the stream."""
 
 
+class RecordIndexError(ZephonError, IndexError):
+    """A shard index or a record offset lies outside a dataset (``Dataset.read``)."""
+
+
+class ArgumentTypeError(ZephonError, TypeError):
+    """An argument has the wrong type (``Dataset.read`` offsets that are not a 1-D sequence of ints, ...)."""
+
+
 class ZephonWarning(UserWarning):
     """Base class of zephon_dask's warnings."""
 
@@ -106,6 +114,23 @@ class ClusterError(ZephonError, ConnectionError):
 
 class ClusterStallError(ClusterError, TimeoutError):
     """The cluster stayed without a live worker (or without its scheduler) past the configured timeout."""
+
+
+class OutputPathError(ZephonError, OSError):
+    """A path a command will write (a checkpoint file, a ledger folder) cannot be used: checked
+    before the command works for minutes, not after."""
+
+
+class OutputIsADirectoryError(OutputPathError, IsADirectoryError):
+    """A file path to be written names an existing folder."""
+
+
+class OutputNotADirectoryError(OutputPathError, NotADirectoryError):
+    """A folder path to be written names an existing file."""
+
+
+class OutputPermissionError(OutputPathError, PermissionError):
+    """Nothing can be written at an output path (no permission, a read-only file system, ...)."""
 
 
 class ClosedError(ZephonError, RuntimeError):

@@ -32,33 +32,38 @@ def count(text: str) -> int:
 
 
 def writable_file(path: str, option: str) -> None:
-    """Raise ``OSError`` (a one-line message) unless a file can be written at ``path``: checked
-    before a run streams for minutes, not after. Creates the missing folders (as the write
-    would) and opens an unnamed temporary file there, so nothing is left behind."""
+    """Raise an ``OSError`` (an :class:`~zephon_dask.errors.OutputPathError`, a one-line
+    message) unless a file can be written at ``path``: checked before a run streams for
+    minutes, not after. Creates the missing folders (as the write would) and opens an
+    unnamed temporary file there, so nothing is left behind."""
     import os
+
+    from ..errors import OutputIsADirectoryError
 
     target = os.path.abspath(path)
     if os.path.isdir(target):
-        raise IsADirectoryError(f"{option} {path!r} is a directory; give a file path")
+        raise OutputIsADirectoryError(f"{option} {path!r} is a directory; give a file path")
     writable_dir(os.path.dirname(target), option, shown=path)
 
 
 def writable_dir(path: str, option: str, shown: str | None = None) -> None:
-    """Raise ``OSError`` unless files can be written in the folder ``path`` (created if missing);
-    the message names ``shown`` (default: ``path``)."""
+    """Raise an ``OSError`` (an ``OutputPathError``) unless files can be written in the
+    folder ``path`` (created if missing); the message names ``shown`` (default: ``path``)."""
     import os
     import tempfile
 
+    from ..errors import OutputNotADirectoryError, OutputPermissionError
+
     target = os.path.abspath(path)
     if os.path.exists(target) and not os.path.isdir(target):
-        raise NotADirectoryError(f"{option} {path!r} is a file; give a folder")
+        raise OutputNotADirectoryError(f"{option} {path!r} is a file; give a folder")
     try:
         os.makedirs(target, exist_ok=True)
         with tempfile.TemporaryFile(dir=target):
             pass
     except OSError as exc:
-        raise PermissionError(f"{option} {(shown or path)!r} cannot be written: {exc.strerror or exc}; "
-                              "choose a path in a writable folder") from None
+        raise OutputPermissionError(f"{option} {(shown or path)!r} cannot be written: "
+                                    f"{exc.strerror or exc}; choose a path in a writable folder") from None
 
 
 def fail(command: str, exc: BaseException) -> int:

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .. import views
 from ..errors import ConfigError
 from ..operators.table import SampleTable, segment_arange
 from ..validate import is_int_at_least
@@ -124,9 +125,7 @@ class Batch(Mapping):
         return f"Batch(lane={self.lane}, index_in_lane={self.index_in_lane}, {shapes})"
 
     def _repr_html_(self) -> str:
-        from ..inspect import batch_html
-
-        return batch_html(self)
+        return views.show("batch_html", self)
 
 
 def next_token_labels(tokens: np.ndarray, doc_ids: np.ndarray, ignore_index: int,

@@ -106,5 +106,3 @@ def batch_item(batch) -> dict:
     out["last"] = torch.tensor(batch.last)
     out["dataset_tokens"] = torch.from_numpy(batch.dataset_tokens())
     return out
-
-

@@ -84,7 +84,7 @@ def group_lanes(replicas: int, dp_degree: int, mapping: str = "contiguous") -> l
 
 
 def worker_lanes(lanes: list[int], num_workers: int) -> list[list[int]]:
-    """Split a group's lanes over DataLoader workers (DESIGN 4.7).
+    """Split a group's lanes over DataLoader workers (``docs/distributed.md``, DataLoader workers).
 
     The active count ``a`` is the largest divisor of ``len(lanes)`` not above
     ``num_workers``; worker ``i < a`` owns ``lanes[i::a]``, the rest own none.

@@ -14,6 +14,7 @@ from typing import NamedTuple, Protocol
 
 import numpy as np
 
+from .. import views
 from ..errors import (
     ChunkOutOfRangeError,
     ConfigError,
@@ -110,7 +111,10 @@ class LaneChunks(Sequence):
 class MixtureWorkSource:
     """A weighted mixture of datasets cut into chunks and routed to lanes (immutable).
 
-    See DESIGN.md section 4. ``weights=None`` weighs datasets by sample count;
+    Chunk ``g`` holds ``floor((g+1) * chunk_size * w) - floor(g * chunk_size * w)``
+    samples of a dataset of weight ``w`` (exact fractions; the largest weight takes the
+    remainder), in a seed-keyed order; block ``g // R`` gives each of the ``R`` lanes
+    one chunk (see ``docs/concepts.md``). ``weights=None`` weighs datasets by sample count;
     otherwise pass ``{dataset name: weight}``. ``stop_after_passes=P`` ends the
     stream after the first chunk at which every dataset completed ``P``
     passes; ``exhausted_policy="stop"`` ends it before the first chunk that
@@ -367,9 +371,7 @@ class MixtureWorkSource:
         return f"MixtureWorkSource({mix}; chunk_size={self.chunk_size}, seed={self.seed}, {size})"
 
     def _repr_html_(self) -> str:
-        from ..inspect import source_html
-
-        return source_html(self)
+        return views.show("source_html", self)
 
 
 def _first_true(pred) -> int:

@@ -23,12 +23,15 @@ from typing import Any
 
 import numpy as np
 
+from .. import views
 from ..errors import (
+    ArgumentTypeError,
     ConfigError,
     DatasetNotFoundError,
     DuplicateNameError,
     EmptyDatasetError,
     MissingFieldError,
+    RecordIndexError,
     ZephonWarning,
 )
 from . import formats, hf, mds, records, tokens
@@ -228,11 +231,12 @@ class Dataset:
         """The records at ``offsets`` of shard index ``shard``, in the order given.
 
         Offsets may be unsorted and may repeat; each returned record is a fresh
-        object. Raises IndexError for an out-of-range shard or offset.
+        object. Raises :class:`~zephon_dask.errors.RecordIndexError` (an ``IndexError``) for an
+        out-of-range shard or offset.
         """
         idx = operator.index(shard)
         if not 0 <= idx < self.num_shards:
-            raise IndexError(
+            raise RecordIndexError(
                 f"dataset {self.name!r} has {self.num_shards} shards; shard index {idx} is out of range"
             )
         sh = self.shards[idx]
@@ -240,11 +244,11 @@ class Dataset:
         if off.size == 0:
             return []
         if off.dtype.kind not in "iu" or off.ndim != 1:
-            raise TypeError(f"offsets must be a 1-D sequence of ints, got {off.dtype} {off.shape}")
+            raise ArgumentTypeError(f"offsets must be a 1-D sequence of ints, got {off.dtype} {off.shape}")
         off = off.astype(np.int64)
         bad = off[(off < 0) | (off >= sh.num_samples)]
         if bad.size:
-            raise IndexError(
+            raise RecordIndexError(
                 f"dataset {self.name!r} shard {sh.shard_id!r} has {sh.num_samples} samples; "
                 f"offset {int(bad[0])} is out of range"
             )
@@ -565,9 +569,7 @@ class Dataset:
         return getattr(cls, reader.constructor)(name, path, **kwargs)
 
     def _repr_html_(self) -> str:
-        from ..inspect import dataset_html
-
-        return dataset_html(self)
+        return views.show("dataset_html", self)
 
 
 def _detect(

@@ -149,7 +149,7 @@ def _decompress(data: bytes, algo: str, url: str) -> bytes:
             dec = zstandard().ZstdDecompressor().decompressobj()
             out = dec.decompress(data)
             if not dec.eof:
-                raise ValueError("the zstd frame ends early (truncated)")
+                raise DataFormatError("the zstd frame ends early (truncated)")
             return out
         return gzip.decompress(data) if algo == "gz" else bz2.decompress(data)
     except ConfigError:
@@ -216,7 +216,7 @@ def _decode(data: bytes, schema: dict[str, Any], where: str) -> dict[str, Any]:
         var_sizes = iter(np.frombuffer(data, np.uint32, sum(variable)).tolist())
         lengths = [next(var_sizes) if v else s for v, s in zip(variable, sizes, strict=True)]
         if head + sum(lengths) != len(data):
-            raise ValueError(f"column sizes {lengths} do not add up to the {len(data)} bytes")
+            raise DataFormatError(f"column sizes {lengths} do not add up to the {len(data)} bytes")
         out, at = {}, head
         for name, enc, n in zip(names, encs, lengths, strict=True):
             out[name] = _decoder(enc, where)(data[at : at + n])

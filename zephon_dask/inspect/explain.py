@@ -13,6 +13,7 @@ import json
 import warnings
 from dataclasses import dataclass
 
+from .. import views
 from ..curriculum import routing
 from ..errors import ConfigError, ElasticityWarning, NotFoundError, ZephonError
 from ..graph.keys import FP_CHARS
@@ -251,6 +252,7 @@ def _execution(pipeline, options: dict, fingerprint: str) -> Section:
     ))
 
 
+@views.register("explain")
 def explain(pipeline) -> Explanation:
     """The plan of ``pipeline`` (see the module docstring for what it touches)."""
     spec = pipeline.spec

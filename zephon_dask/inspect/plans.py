@@ -14,6 +14,7 @@ import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from .. import views
 from ..curriculum import routing
 from ..errors import ConfigError, ElasticityWarning
 from ..pipeline import steps
@@ -94,6 +95,7 @@ def _entry(replicas: int, degree: int, mapping: str, batches_per_step: int | Non
     return PlanEntry(degree, mapping, plan, tuple(notes))
 
 
+@views.register("lane_plans")
 def lane_plans(canonical_replicas: int, dp_degrees: Iterable[int],
                mappings: Sequence[str] = routing.MAPPING_STRATEGIES,
                batches_per_step: int | None = None, global_batches: int | None = None) -> PlanTable:
@@ -112,6 +114,7 @@ def lane_plans(canonical_replicas: int, dp_degrees: Iterable[int],
     return PlanTable(canonical_replicas, batches_per_step, entries, global_batches)
 
 
+@views.register("plan_table")
 def plan_table(pipeline, dp_degrees: Iterable[int] = (1, 2, 4, 8),
                mappings: Sequence[str] = routing.MAPPING_STRATEGIES) -> PlanTable:
     """:func:`lane_plans` for a pipeline's ``canonical_replicas`` and ``batches_per_step``."""

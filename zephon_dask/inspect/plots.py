@@ -6,6 +6,7 @@ matplotlib is imported when a plot is drawn; without it the functions raise
 
 from __future__ import annotations
 
+from .. import views
 from ..errors import MissingDependencyError
 
 
@@ -22,6 +23,7 @@ def _axes(ax):
     return plt.subplots(figsize=(7, 3))[1]
 
 
+@views.register("plot_mixture")
 def plot_mixture(stats, ax=None):
     """Stacked share of real tokens per dataset at each global step, with the target as dashes."""
     ax = _axes(ax)
@@ -40,6 +42,7 @@ def plot_mixture(stats, ax=None):
     return ax
 
 
+@views.register("plot_packing")
 def plot_packing(stats, ax=None):
     """Real tokens over batch slots per global step (1.0 = no padding)."""
     ax = _axes(ax)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .. import views
 from ..errors import ConfigError
 from ..operators.tokenize import Tokenize
 from ..validate import is_int_at_least
@@ -132,6 +133,7 @@ def _document(ids: np.ndarray, lineage, datasets, op, decode) -> PreviewDocument
     return PreviewDocument(ds.name, s, shard_id, o, t, c, tuple(int(i) for i in ids), text, bos, eos)
 
 
+@views.register("preview")
 def preview(pipeline, n: int = 3, lane: int = 0, max_windows: int = 16) -> Preview:
     """The first ``n`` rows of ``lane``, from at most ``max_windows`` windows computed here."""
     if not is_int_at_least(n, 1):

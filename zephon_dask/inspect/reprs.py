@@ -8,6 +8,7 @@ description (:func:`pipeline_summary`).
 
 from __future__ import annotations
 
+from .. import views
 from ..errors import ConfigError
 from .explain import Section, _span
 from .render import html_block, html_pairs, html_table, html_title
@@ -16,6 +17,7 @@ SHARDS_SHOWN = 20
 SOURCES_SHOWN = 3
 
 
+@views.register("dataset_html")
 def dataset_html(dataset) -> str:
     """A dataset: its summary and its first shards."""
     pairs = [("format", dataset.format), ("text field", dataset.text_field),
@@ -33,6 +35,7 @@ def dataset_html(dataset) -> str:
                       html_table(("#", "shard id", "samples", "bytes"), rows, caption=caption))
 
 
+@views.register("source_html")
 def source_html(source) -> str:
     """A work source: mixture, stream length and the datasets with their exact weights."""
     chunks = "endless" if source.num_chunks is None else f"{source.num_chunks:,}"
@@ -81,6 +84,7 @@ def _short(op) -> str:
     return f"{op.name}({', '.join(parts)})"
 
 
+@views.register("pipeline_summary")
 def pipeline_summary(pipeline) -> Section:
     """One screen about ``pipeline``: fingerprint, datasets with sizes, stream, lanes and
     windows, operators, batch shape, DP identity and runner (reads only; starts nothing)."""
@@ -112,11 +116,13 @@ def pipeline_summary(pipeline) -> Section:
     return Section("zephon_dask Pipeline", pairs=pairs)
 
 
+@views.register("pipeline_text")
 def pipeline_text(pipeline) -> str:
     """:func:`pipeline_summary` as text (``repr(pipeline)``)."""
     return pipeline_summary(pipeline).text()
 
 
+@views.register("pipeline_html")
 def pipeline_html(pipeline) -> str:
     """:func:`pipeline_summary` as HTML (a pipeline in a notebook cell); ``explain()`` has the rest."""
     return html_block(pipeline_summary(pipeline).html())
@@ -128,6 +134,7 @@ def _sources(rows: list[tuple]) -> str:
     return ", ".join(shown) + more
 
 
+@views.register("batch_html")
 def batch_html(batch) -> str:
     """A batch: its fields and, per row, length, padding and where the tokens came from."""
     pairs = [("lane", str(batch.lane)), ("index_in_lane", str(batch.index_in_lane)),
@@ -164,6 +171,7 @@ def _lane_order(key: str) -> tuple:
     return (0, int(key), "") if key.isdigit() else (1, 0, key)
 
 
+@views.register("state_html")
 def state_html(state) -> str:
     """A checkpoint state dict: summary, per-lane progress and round-robin pointers (tolerant).
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from .. import views
 from .render import html_block, html_pairs, html_table, html_title, text_pairs, text_table
 
 
@@ -78,6 +79,7 @@ class PipelineStats:
         )
 
 
+@views.register("stats")
 def stats(pipeline) -> PipelineStats:
     """Snapshot the pipeline's current (or last) iteration; zeros before the first."""
     progress = pipeline.session.current_progress()

@@ -27,7 +27,7 @@ class PipelineDataset(IterableDataset):
 
     The group's round-robin is rotated to start at its resume lane, and
     inside ``DataLoader(num_workers=n)`` worker ``i`` serves
-    ``worker_lanes(rotated, n)[i]`` (see ``docs/distributed.md``), so the DataLoader's
+    ``worker_lanes(rotated, n)[i]`` (see ``docs/distributed.md``, DataLoader workers), so the DataLoader's
     in-order polling of its workers (which always starts at worker 0)
     replays the pipeline's strict round-robin, also after a resume with
     another worker count. With the distributed runner the cluster is started
