@@ -189,7 +189,7 @@ def test_hiding_the_script_restores_it_when_clusters_start_from_two_threads(monk
     import threading
     import types
 
-    from zephon_dask.execution.cluster import _script_not_reimported
+    from zephon_dask.execution.cluster import script_not_reimported
 
     main = types.ModuleType("__main__")
     main.__file__, main.__spec__ = "/jobs/train.py", types.SimpleNamespace(name="jobs.train")
@@ -199,14 +199,14 @@ def test_hiding_the_script_restores_it_when_clusters_start_from_two_threads(monk
     seen = []
 
     def first():
-        with _script_not_reimported():
+        with script_not_reimported():
             seen.append((getattr(main, "__file__", None), main.__spec__))
             inside.set()
             time.sleep(0.2)
 
     def second():
         inside.wait()
-        with _script_not_reimported():
+        with script_not_reimported():
             seen.append((getattr(main, "__file__", None), main.__spec__))
             time.sleep(0.4)  # leaves after the first thread: restores last
 

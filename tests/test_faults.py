@@ -417,11 +417,8 @@ ALLOWED_BUILTIN_RAISES = {
     ("__init__.py", "AttributeError"): "module __getattr__: the protocol asks for AttributeError",
     ("cli.py", "SystemExit"): "the console entry point exits with main()'s status",
     ("consumer/stream.py", "StopIteration"): "__next__ at the end of the stream: the iterator protocol",
-    ("execution/runners.py", "NotImplementedError"): "an abstract method of the runner base class",
+    ("execution/base.py", "NotImplementedError"): "an abstract method of the runner base class",
     ("operators/base.py", "NotImplementedError"): "abstract methods of the operator base classes",
-    ("graph/window_graph.py", "KeyError"): "WindowGraph.kind(key) of a key not in the graph: a "
-    "lookup miss like a dict's, internal to graph building (graph/ is owned by another change; "
-    "a NotFoundError there would be nicer)",
 }
 
 

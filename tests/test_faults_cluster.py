@@ -98,11 +98,11 @@ def test_closed_port_fails_within_seconds_naming_the_address(corpus_dir):
 
 
 def test_timeout_options_are_checked():
-    from zephon_dask.execution.watch import check_timeout
+    from zephon_dask.validate import check_seconds
 
     for bad in (0, -1, "5", True, float("nan"), 10**9):
         with pytest.raises(ConfigError, match="cluster_timeout"):
-            check_timeout(bad, "cluster_timeout")
+            check_seconds(bad, "cluster_timeout")
 
 
 def test_scheduler_killed_mid_stream_raises_instead_of_hanging(corpus_dir, tmp_path):

@@ -28,11 +28,12 @@ from .errors import NotFoundError
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-# The package that provides the views: it registers them when it is imported.
-# It is named here as a string, and imported on the first ``show`` of a name not
+# The modules that provide views: each registers its own when it is imported
+# (inspect: reprs, plans, stats; recipe: ``Pipeline.from_config``). They are
+# named here as strings, and imported on the first ``show`` of a name not
 # registered yet, because a static import would point upward (this module lies
 # at the bottom of the layers).
-PROVIDER = "zephon_dask.inspect"
+PROVIDERS = ("zephon_dask.inspect", "zephon_dask.recipe")
 
 _views: dict[str, Callable[..., Any]] = {}
 _lock = threading.Lock()
@@ -59,8 +60,10 @@ def lookup(name: str) -> Callable[..., Any]:
     name is still missing; the message lists the registered names.
     """
     fn = _views.get(name)
-    if fn is None:
-        importlib.import_module(PROVIDER)
+    for provider in PROVIDERS:
+        if fn is not None:
+            break
+        importlib.import_module(provider)
         fn = _views.get(name)
     if fn is None:
         known = ", ".join(sorted(_views)) or "none"

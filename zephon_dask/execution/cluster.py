@@ -77,7 +77,7 @@ _MAIN_HIDDEN = threading.Lock()
 
 
 @contextmanager
-def _script_not_reimported() -> Iterator[None]:
+def script_not_reimported() -> Iterator[None]:
     """While worker processes are spawned, hide the training script from ``multiprocessing``.
 
     A spawned process re-imports the parent's ``__main__`` (as ``__mp_main__``): every
@@ -110,7 +110,7 @@ def local_cluster(n_workers: int | None, threads_per_worker: int = 1, processes:
     the dashboard (``dashboard_address``; ``None``: no dashboard) listen on 127.0.0.1 only,
     unless ``dashboard_address`` names another interface."""
     extra = {"env": WORKER_ENV, "host": LOCAL_HOST} if processes else {}  # threads talk in-process
-    with dask.config.set(embedded_config()), _script_not_reimported():
+    with dask.config.set(embedded_config()), script_not_reimported():
         return LocalCluster(n_workers=n_workers or os.cpu_count() or 1, threads_per_worker=threads_per_worker,
                             processes=processes, dashboard_address=dashboard_address,
                             silence_logs=logging.ERROR, **extra)

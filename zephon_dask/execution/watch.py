@@ -17,20 +17,13 @@ import threading
 import time
 from collections.abc import Sequence
 
-from ..errors import ClusterError, ClusterStallError, ConfigError
+from ..errors import ClusterError, ClusterStallError
 
 DEFAULT_TIMEOUT = 45.0  # seconds without scheduler or worker before a wait fails
 DEFAULT_STALL = 30.0  # seconds one window may compute before it is reported and recomputed elsewhere
 CONNECT_TIMEOUT = 5.0  # seconds to open a connection to a scheduler address
 POLL = 1.0  # the longest slice of a wait between two liveness checks
 PROBE_TIMEOUT = 5.0  # seconds one liveness RPC may take
-
-
-def check_timeout(value, name: str) -> float:
-    """``value`` as positive seconds, or a :class:`ConfigError` naming the option. Pure."""
-    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < 86_400:
-        raise ConfigError(f"{name}={value!r} must be a number of seconds in (0, 86400), e.g. 45")
-    return float(value)
 
 
 def probe_address(address: str, timeout: float = CONNECT_TIMEOUT) -> None:

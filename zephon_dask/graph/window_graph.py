@@ -21,6 +21,7 @@ from dask._task_spec import DataNode, List, Task, TaskRef
 
 from ..core.spec import PipelineSpec
 from ..core.window import compute_chunk, compute_window, finish_window
+from ..errors import NotFoundError
 from .keys import again_key, chunk_key, spec_key, window_key
 
 
@@ -63,7 +64,7 @@ class WindowGraph:
             return "spec"
         if key in self.chunk_keys:
             return "chunk"
-        raise KeyError(key)
+        raise NotFoundError(f"{key!r} is not a task of lane {self.lane}, window {self.window}'s graph")
 
     def fused_copy(self, n: int) -> WindowGraph:
         """The same window as one fused task under a key of its own (its ``n``-th copy), for

@@ -24,6 +24,7 @@ from .render import (
     html_table,
     html_title,
     html_warnings,
+    span,
     text_pairs,
     text_table,
 )
@@ -96,11 +97,6 @@ def _fraction(w) -> str:
     return f"{w.numerator}/{w.denominator} ({float(w):.1%})"
 
 
-def _span(values: list[int]) -> str:
-    lo, hi = min(values), max(values)
-    return str(lo) if lo == hi else f"{lo}-{hi}"
-
-
 def _datasets(source) -> Section:
     rows = []
     for ds, size, weight in zip(source.datasets, source.sizes, source.weights, strict=True):
@@ -149,7 +145,7 @@ def _lanes(spec) -> tuple[Section, list[str]]:
     else:
         per_lane = [len(source.lane_chunks(lane, replicas)) for lane in range(replicas)]
         windows = [-(-n // k) for n in per_lane]
-        pairs += [("chunks per lane", _span(per_lane)), ("windows per lane", _span(windows)),
+        pairs += [("chunks per lane", span(per_lane)), ("windows per lane", span(windows)),
                   ("windows in all", f"{sum(windows):,}")]
         empty = sum(1 for n in per_lane if n == 0)
         if empty:
@@ -181,7 +177,7 @@ def _group(pipeline, replicas: int, options: dict) -> tuple[Section, list[str]]:
     if replicas % degree:
         notes.append(
             f"canonical_replicas={replicas} is not divisible by dp_degree={degree}: groups own "
-            f"{_span([len(g) for g in groups])} lanes, so some do more work per step. Prefer a "
+            f"{span([len(g) for g in groups])} lanes, so some do more work per step. Prefer a "
             f"degree that divides {replicas}"
         )
     try:

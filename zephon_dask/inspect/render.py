@@ -78,3 +78,9 @@ def shorten(text: str, limit: int) -> str:
     if len(text) <= limit:
         return text
     return f"{text[:limit]}... ({len(text) - limit} more chars)"
+
+
+def span(values: Sequence[int]) -> str:
+    """``"3"`` when all values are equal, else ``"lo-hi"``."""
+    lo, hi = min(values), max(values)
+    return str(lo) if lo == hi else f"{lo}-{hi}"

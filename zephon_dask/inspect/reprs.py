@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from .. import views
 from ..errors import ConfigError
-from .explain import Section, _span
-from .render import html_block, html_pairs, html_table, html_title
+from ..execution import choose_runner
+from .explain import Section
+from .render import html_block, html_pairs, html_table, html_title, span
 
 SHARDS_SHOWN = 20
 SOURCES_SHOWN = 3
@@ -66,9 +67,7 @@ def _runner(pipeline) -> str:
     runner = pipeline.session.started_runner  # only a runner already started; never start one
     if runner is not None:
         return runner.describe()
-    options = pipeline.settings
-    remote = options.get("client") is not None or options.get("address") is not None
-    return f"{'distributed' if remote else options['runner']} (starts on the first iteration)"
+    return f"{choose_runner(pipeline.settings)} (starts on the first iteration)"
 
 
 def _short(op) -> str:
@@ -99,7 +98,7 @@ def pipeline_summary(pipeline) -> Section:
     if source.num_chunks is None:
         windows = "endless"
     else:
-        windows = _span([spec.num_windows(lane) for lane in range(replicas)])
+        windows = span([spec.num_windows(lane) for lane in range(replicas)])
     ops = " -> ".join(_short(op) for op in (*spec.record_ops, *spec.accumulators)) or "none"
     batch = pipeline.batch_options
     pairs = (
