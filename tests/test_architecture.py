@@ -74,9 +74,10 @@ def test_the_docs_options_table_is_the_definition():
 
 def test_every_runner_offered_is_registered():
     from zephon_dask.commands import run
-    from zephon_dask.execution import RUNNERS
+    from zephon_dask.execution import RUNNERS, Runner
 
     assert tuple(RUNNERS) == RUNNER_NAMES == BY_NAME["runner"].choices
+    assert all(issubclass(cls, Runner) and cls.name == name for name, cls in RUNNERS.items())
     parser = __import__("argparse").ArgumentParser()
     run.add_arguments(parser)
     runner = next(a for a in parser._actions if a.dest == "runner")

@@ -52,24 +52,6 @@ def test_local_runners_match_reference(corpus_dir, runner, prefetch, fuse):
     assert stream(p) == truth
 
 
-def test_runner_registry_names_what_the_cli_and_docs_offer():
-    import argparse
-    import re
-    from pathlib import Path
-
-    from zephon_dask.commands import run
-    from zephon_dask.execution import RUNNERS, Runner
-
-    parser = argparse.ArgumentParser()
-    run.add_arguments(parser)  # the CLI lists the names by hand: --help must not import dask
-    cli = next(a.choices for a in parser._actions if "--runner" in a.option_strings)
-    assert tuple(cli) == tuple(RUNNERS)
-    recipes = (Path(__file__).parent.parent / "docs" / "recipes.md").read_text()
-    row = next(line for line in recipes.splitlines() if line.startswith("| `runner` |"))
-    assert tuple(re.findall(r'"(\w+)"', row.split("|")[4])) == tuple(RUNNERS)
-    assert all(issubclass(cls, Runner) and cls.name == name for name, cls in RUNNERS.items())
-
-
 def test_choose_runner_and_make_runner_agree(corpus_dir):
     from zephon_dask.errors import ConfigError
     from zephon_dask.execution import choose_runner, make_runner

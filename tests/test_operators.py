@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 import zephon_dask as z
+from zephon_dask.core import compute_chunk, compute_window
 from zephon_dask.errors import ConfigError, OperatorOutputError, ZephonError
 from zephon_dask.operators.base import ChunkContext, RecordOp, Row
-from zephon_dask.pipeline import compute_chunk, compute_window
 from zephon_dask.validate import check_choice, check_int
 
 

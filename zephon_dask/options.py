@@ -177,9 +177,11 @@ def check(values: Mapping[str, Any]) -> dict[str, Any]:
 
 def markdown_table() -> str:
     """The options as the Markdown table of ``docs/execution.md``."""
-    rows = ["| option | kind | default | what it sets |", "|---|---|---|---|"]
+    names = {int: "integer", float: "number", bool: "bool", str: "string"}
+    rows = ["| option | kind | recipe type | default | what it sets |", "| --- | --- | --- | --- | --- |"]
     for o in OPTIONS:
-        default = "—" if o.default is None else repr(o.default)
+        default = "none" if o.default is None else f"`{o.default!r}`"
+        toml = " or ".join(names[t] for t in o.toml) if o.toml else "not in recipes"
         choices = f" (one of {', '.join(map(repr, o.choices))})" if o.choices else ""
-        rows.append(f"| `{o.name}` | {o.kind} | `{default}` | {o.doc}{choices} |")
+        rows.append(f"| `{o.name}` | {o.kind} | {toml} | {default} | {o.doc}{choices} |")
     return "\n".join(rows)
