@@ -11,6 +11,8 @@ from __future__ import annotations
 import logging
 import os
 
+from .errors import ConfigError
+
 logger = logging.getLogger("zephon_dask")
 ENV = "ZEPHON_DASK_LOG"
 _FORMAT = "%(asctime)s zephon_dask %(levelname)s: %(message)s"
@@ -30,8 +32,6 @@ def set_log_level(level: int | str = "INFO") -> None:
     if isinstance(level, str):
         name = level.upper()
         if name not in logging.getLevelNamesMapping():
-            from .errors import ConfigError
-
             known = ", ".join(sorted(n for n in logging.getLevelNamesMapping() if n != "NOTSET"))
             raise ConfigError(f"log level {level!r} is unknown; choose one of {known}")
         level = logging.getLevelNamesMapping()[name]

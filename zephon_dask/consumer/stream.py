@@ -18,6 +18,9 @@ nothing, or their last window).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import NamedTuple
+
 from ..core.spec import PipelineSpec
 from ..errors import EmptyDatasetError, StateError
 from .batch import Batch, BatchOptions
@@ -25,31 +28,42 @@ from .batcher import LaneBatcher
 from .fetcher import WindowFetcher
 from .waiting import FirstBatchWait
 
+
+class LaneStart(NamedTuple):
+    """Where a lane's stream starts: its frontier ``(window, offset)``, the batches it delivered,
+    whether it finished (any object with these attributes will do: a state's lane progress)."""
+
+    window: int = 0
+    offset: int = 0
+    batches_delivered: int = 0
+    finished: bool = False
+
+
+FRESH = LaneStart()
 EMPTY_WINDOWS_LIMIT = 256  # consecutive windows without a sample before a lane gives up
 
 
 class BatchStream:
     def __init__(self, spec: PipelineSpec, batch_options: BatchOptions, lanes: list[int], runner,
                  prefetch: int, deterministic: bool = True, fused: bool = False,
-                 start: dict[int, dict] | None = None, first_lane: int | None = None):
+                 start: Mapping[int, LaneStart] | None = None, first_lane: int | None = None):
         self.lanes = list(lanes)
         self.deterministic = deterministic
-        start = start or {}
-        at = {lane: start.get(lane, {}) for lane in self.lanes}
-        self.finished = {lane: bool(at[lane].get("finished", False)) for lane in self.lanes}
-        self._skip = {lane: at[lane].get("offset", 0) for lane in self.lanes}
+        at = {lane: (start or {}).get(lane, FRESH) for lane in self.lanes}
+        self.finished = {lane: bool(at[lane].finished) for lane in self.lanes}
+        self._skip = {lane: at[lane].offset for lane in self.lanes}
         ends = {lane: spec.num_windows(lane) for lane in self.lanes}
         self._unverified = [lane for lane in self.lanes if self.finished[lane]
-                            and (ends[lane] is None or at[lane].get("window", 0) < ends[lane])]
+                            and (ends[lane] is None or at[lane].window < ends[lane])]
         for lane in self._unverified:
             self.finished[lane] = False
         live = [lane for lane in self.lanes if not self.finished[lane]]
         self.fetcher = WindowFetcher(spec, runner, live, prefetch, fused=fused,
-                                     start_windows={lane: at[lane].get("window", 0) for lane in live})
+                                     start_windows={lane: at[lane].window for lane in live})
         self.batchers = {
             lane: LaneBatcher(lane, batch_options, spec.source.names,
-                              first_index=at[lane].get("batches_delivered", 0),
-                              position=(at[lane].get("window", 0), at[lane].get("offset", 0)))
+                              first_index=at[lane].batches_delivered,
+                              position=(at[lane].window, at[lane].offset))
             for lane in self.lanes
         }
         # index into self.lanes of the lane that emits next

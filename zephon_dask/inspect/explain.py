@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from .. import views
 from ..curriculum import routing
 from ..errors import ConfigError, ElasticityWarning, NotFoundError, ZephonError
+from ..execution import choose_runner
 from ..graph.keys import FP_CHARS
 from ..pipeline import steps
 from .render import (
@@ -226,8 +227,6 @@ def _dashboard(link: str | None) -> str:
 def _execution(pipeline, options: dict, fingerprint: str) -> Section:
     runner = pipeline.session.started_runner  # only a runner already started; never start one
     if runner is None:
-        from ..execution import choose_runner
-
         name = choose_runner(options)
         state = f"{name} (not started; it starts on the first iteration)"
         dashboard = ("shown here once the runner has started" if name == "distributed"

@@ -32,6 +32,8 @@ from transformers import Trainer, TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
 
 from ..errors import ConfigError, StateError
+from ..pipeline import Pipeline
+from ..pipeline.torch_data import PipelineDataset
 from ..state import load_state, save_state
 from .ranks import collective_state
 
@@ -41,9 +43,6 @@ MODEL_FIELDS = ("input_ids", "labels", "attention_mask", "position_ids")
 
 def pipeline_of(obj):
     """The :class:`~zephon_dask.Pipeline` behind ``obj`` (a pipeline or ``pipeline.to_torch_dataset()``)."""
-    from ..pipeline import Pipeline
-    from ..pipeline.torch_data import PipelineDataset
-
     if isinstance(obj, Pipeline):
         return obj
     if isinstance(obj, PipelineDataset):

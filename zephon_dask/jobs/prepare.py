@@ -28,6 +28,7 @@ from ..data.paths import filesystem, to_url
 from ..data.shard import Shard
 from ..data.tokens import FORMAT, RECORD, VERSION, ShardWriter, verify_shard
 from ..errors import ConfigError, DataFormatError, MissingFieldError, TokenizerMismatchError
+from ..execution.cluster import connect, each_completed
 from ..operators.identity import sha256_json
 from ..operators.tokenize import Tokenize
 from ..progress_bar import progress_bar
@@ -212,8 +213,6 @@ def _run_tasks(client, fn, shared: tuple, todo: list[int], calls: list[tuple], k
     Every task runs to its end; then the error of the first failed shard (in shard
     order) is raised, so the shards that did succeed are kept for a rerun.
     """
-    from ..execution.cluster import each_completed
-
     results: dict[int, Any] = {}
     errors: dict[int, BaseException] = {}
     docs = tokens = 0
@@ -318,8 +317,6 @@ def prepare_tokens(
         keys = [f"zephon-{kind}-shard-{fp}-{i}" for i in range(len(ids))]
         return _run_tasks(client, fn, (dataset, tokenize, dtype, storage_options), todo, calls, keys, ids,
                           f"zephon-prepare-{fp}", f"{desc} {dataset.name}", progress)
-
-    from ..execution.cluster import connect
 
     opts = storage_options or None
     first = dataset.shards[0].path

@@ -84,7 +84,7 @@ class Session:
             self.pipeline.spec, self.pipeline.batch_options, lanes, runner,
             settings["prefetch_windows"] or runner.default_prefetch(),
             deterministic=settings["deterministic"], fused=settings["fuse"],
-            start={lane: p.as_dict() for lane, p in start.items()}, first_lane=first_lane,
+            start=start, first_lane=first_lane,
         )
 
     def begin(self) -> tuple[Progress, int]:
