@@ -112,7 +112,7 @@ def test_resume_derives_the_per_rank_count_and_refuses_a_change(corpus_dir):
                   batches_per_step=2)
     with pytest.raises(StateError, match="(?s)step.global_batches: checkpoint 16, pipeline 8.*batches_per_step=4"):
         wrong.load_state_dict(state)
-    assert wrong._resume is None  # a refusal changes nothing
+    assert wrong.session.resume is None  # a refusal changes nothing
     # a smaller microbatch keeps the samples per global step: 16 x 2 = 32 x 1
     small = build(corpus_dir, R=8, k=1, microbatch=1, runner="synchronous", dp_degree=2, dp_group_id=0)
     assert small.load_state_dict(state).step_shape().per_rank == 16

@@ -57,9 +57,3 @@ def check_seconds(value: object, name: str, hint: str = "e.g. 45") -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 < value < 86_400:
         raise ConfigError(f"{name}={value!r} must be a number of seconds in (0, 86400), {hint}")
     return float(value)
-
-
-def is_int_at_least(value: object, minimum: int) -> bool:
-    """True for a Python ``int`` (not ``bool``, not numpy) that is ``>= minimum``: the test for a
-    caller that keeps the raw value; a caller that keeps the returned value uses :func:`check_int`."""
-    return isinstance(value, int) and not isinstance(value, bool) and value >= minimum

@@ -30,7 +30,7 @@ import numpy as np
 from .. import views
 from ..errors import ConfigError
 from ..operators.table import SampleTable, segment_arange
-from ..validate import is_int_at_least
+from ..validate import check_int
 
 LABEL_CONVENTIONS = (False, True, "shifted", "hf")
 
@@ -48,9 +48,8 @@ class BatchOptions:
     pad_id: int = 0
 
     def __post_init__(self):
-        m = self.microbatch_size
-        if not is_int_at_least(m, 1):
-            raise ConfigError(f"batch(microbatch_size={m!r}) must be a positive int, e.g. 8")
+        object.__setattr__(self, "microbatch_size",  # a numpy int becomes an int (JSON in states)
+                           check_int(self.microbatch_size, "microbatch_size", 1, call="batch", hint="e.g. 8"))
         if self.labels not in LABEL_CONVENTIONS or isinstance(self.labels, int) and not isinstance(self.labels, bool):
             raise ConfigError(
                 f"batch(labels={self.labels!r}) must be False, True (= 'shifted': next-token targets) "

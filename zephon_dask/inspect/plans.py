@@ -18,7 +18,7 @@ from .. import views
 from ..curriculum import routing
 from ..errors import ConfigError, ElasticityWarning
 from ..pipeline import steps
-from ..validate import is_int_at_least
+from ..validate import check_int
 from .render import html_block, html_table, text_table
 
 
@@ -101,10 +101,9 @@ def lane_plans(canonical_replicas: int, dp_degrees: Iterable[int],
                batches_per_step: int | None = None, global_batches: int | None = None) -> PlanTable:
     """Plans for every degree in ``dp_degrees`` (in that order) and every mapping."""
     routing.check_replicas(canonical_replicas)
-    degrees = list(dp_degrees)
-    bad = [d for d in degrees if not is_int_at_least(d, 1)]
-    if bad or not degrees:
-        raise ConfigError(f"dp_degrees={degrees!r} must be positive ints, e.g. [1, 2, 4, 8]")
+    degrees = [check_int(d, "dp_degrees entry", 1, hint="e.g. [1, 2, 4, 8]") for d in dp_degrees]
+    if not degrees:
+        raise ConfigError("dp_degrees=[] names no degree; give positive ints, e.g. [1, 2, 4, 8]")
     for m in mappings:
         routing.check_choice(m, routing.MAPPING_STRATEGIES, "mapping_strategy")
     if global_batches is not None:

@@ -15,9 +15,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import views
-from ..errors import ConfigError
 from ..operators.tokenize import Tokenize
-from ..validate import is_int_at_least
+from ..validate import check_int
 from .render import esc, html_block, html_table, html_title, shorten
 
 TEXT_LIMIT = 600  # characters of one document shown by str() and the HTML view
@@ -136,12 +135,10 @@ def _document(ids: np.ndarray, lineage, datasets, op, decode) -> PreviewDocument
 @views.register("preview")
 def preview(pipeline, n: int = 3, lane: int = 0, max_windows: int = 16) -> Preview:
     """The first ``n`` rows of ``lane``, from at most ``max_windows`` windows computed here."""
-    if not is_int_at_least(n, 1):
-        raise ConfigError(f"preview(n={n!r}) must be a positive int, e.g. 3")
+    n = check_int(n, "n", 1, call="preview", hint="e.g. 3")
     spec = pipeline.spec
     replicas = spec.canonical_replicas
-    if not is_int_at_least(lane, 0) or lane >= replicas:
-        raise ConfigError(f"preview(lane={lane!r}) must be a lane id in 0..{replicas - 1}")
+    lane = check_int(lane, "lane", 0, below=replicas, call="preview", hint="a lane id")
     op, decode, description = _decoder(spec)
     datasets = spec.source.datasets
     total = spec.num_windows(lane)

@@ -32,7 +32,7 @@ from ..execution.cluster import connect, each_completed
 from ..operators.identity import sha256_json
 from ..operators.tokenize import Tokenize
 from ..progress_bar import progress_bar
-from ..validate import is_int_at_least
+from ..validate import check_int
 
 DOCS_PER_READ = 8192  # documents read and tokenized at a time inside a shard task
 
@@ -297,8 +297,7 @@ def prepare_tokens(
     incomplete).
     """
     t0 = time.perf_counter()
-    if n_workers is not None and not is_int_at_least(n_workers, 1):
-        raise ConfigError(f"n_workers={n_workers!r} must be a positive int or None (all cores)")
+    n_workers = check_int(n_workers, "n_workers", 1, optional=True, hint="None: one per core")
     _check_inputs(dataset, tokenize)
     fs, fpath = filesystem(str(out), storage_options)
     url = to_url(fs, fpath.rstrip("/"))
