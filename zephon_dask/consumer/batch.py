@@ -15,7 +15,8 @@ Two label conventions (``BatchOptions.labels``):
 
 Both put ``ignore_index`` on every target that must not be trained: padding
 and, with ``mask_document_boundaries``, the first token of a document that
-follows another one in the row. They hold the same targets, one column
+follows another one in the row, and (for samples carrying a ``loss_mask``,
+e.g. from ``tokenize_chat``) every token whose mask is 0. They hold the same targets, one column
 apart: ``hf[:, 1:] == shifted[:, :-1]``, ``hf[:, 0]`` and ``shifted[:, -1]``
 are ``ignore_index``; ``loss_mask`` marks the trained targets in both.
 """
@@ -128,16 +129,20 @@ class Batch(Mapping):
 
 
 def next_token_labels(tokens: np.ndarray, doc_ids: np.ndarray, ignore_index: int,
-                      mask_document_boundaries: bool) -> tuple[np.ndarray, np.ndarray]:
+                      mask_document_boundaries: bool,
+                      token_mask: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """``(labels, trained)``: ``labels[:, t] = tokens[:, t + 1]``, ``ignore_index`` (and
-    ``trained`` False) where ``t`` or ``t + 1`` is padding, in the last column and, if
-    asked, where ``t + 1`` starts another document (pure)."""
+    ``trained`` False) where ``t`` or ``t + 1`` is padding, in the last column, if
+    asked where ``t + 1`` starts another document, and where ``token_mask`` (the
+    samples' ``loss_mask``, per token) is 0 at ``t + 1`` (pure)."""
     labels = np.full_like(tokens, ignore_index)
     labels[:, :-1] = tokens[:, 1:]
     invalid = np.ones_like(tokens, dtype=bool)
     invalid[:, :-1] = doc_ids[:, 1:] < 0
     if mask_document_boundaries:
         invalid[:, :-1] |= doc_ids[:, 1:] != doc_ids[:, :-1]
+    if token_mask is not None:
+        invalid[:, :-1] |= token_mask[:, 1:] == 0
     invalid |= doc_ids < 0
     labels[invalid] = ignore_index
     return labels, ~invalid
@@ -161,7 +166,12 @@ def make_batch(table: SampleTable, lane: int, index_in_lane: int, opts: BatchOpt
     arrays = {"tokens": tokens, "positions": positions, "document_ids": doc_ids,
               "lengths": lengths.astype(np.int64)}
     if opts.label_convention is not None:
-        labels, trained = next_token_labels(tokens, doc_ids, opts.ignore_index, opts.mask_document_boundaries)
+        token_mask = None
+        if table.loss_mask is not None:  # tokenize_chat: only the marked tokens are targets
+            token_mask = np.zeros((b, width), dtype=np.uint8)
+            token_mask[rows, cols] = table.loss_mask
+        labels, trained = next_token_labels(tokens, doc_ids, opts.ignore_index, opts.mask_document_boundaries,
+                                            token_mask)
         if opts.label_convention == "hf":  # the same targets, one column to the right
             labels = np.concatenate((np.full_like(labels[:, :1], opts.ignore_index), labels[:, :-1]), axis=1)
             trained = np.concatenate((np.zeros_like(trained[:, :1]), trained[:, :-1]), axis=1)

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..errors import MissingFieldError
+from ..errors import DataFormatError, MissingFieldError
 from ..operators.base import ChunkContext, Row, WindowContext
 from ..operators.table import SampleTable
 from .spec import PipelineSpec
@@ -98,7 +98,7 @@ def compute_chunk(spec: PipelineSpec, g: int) -> ChunkOutput:
     for op in spec.record_ops:
         rows = op.apply_chunk(rows, ctx)
 
-    arrays = []
+    arrays, masks = [], []
     for row in rows:
         tokens = row.record.get("tokens") if isinstance(row.record, dict) else None
         if tokens is None:
@@ -107,6 +107,7 @@ def compute_chunk(spec: PipelineSpec, g: int) -> ChunkOutput:
                 "add .tokenize() to the pipeline"
             )
         arrays.append(np.asarray(tokens))
+        masks.append(row.record.get("loss_mask"))
     lengths = np.array([len(a) for a in arrays], dtype=np.int64)
     offsets = np.zeros(len(arrays) + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
@@ -116,7 +117,28 @@ def compute_chunk(spec: PipelineSpec, g: int) -> ChunkOutput:
         lineage[:, 3] = [r.token_start for r in rows]
         lineage[:, 4] = lengths
     flat = np.concatenate(arrays) if arrays else np.zeros(0, np.int32)
-    return ChunkOutput(g, SampleTable.from_documents(flat, offsets, lineage), ctx.stats)
+    return ChunkOutput(g, SampleTable.from_documents(flat, offsets, lineage, _loss_mask(masks, arrays, ctx, rows)),
+                       ctx.stats)
+
+
+def _loss_mask(masks: list, arrays: list[np.ndarray], ctx: ChunkContext, rows: list[Row]) -> np.ndarray | None:
+    """The chunk's flat ``loss_mask`` when a record carries one (``tokenize_chat``), else ``None``;
+    a record without one trains all its tokens."""
+    if all(m is None for m in masks):
+        return None
+    parts = []
+    for mask, tokens, row in zip(masks, arrays, rows, strict=True):
+        if mask is None:
+            parts.append(np.ones(len(tokens), np.uint8))
+            continue
+        mask = np.asarray(mask)
+        if mask.shape != tokens.shape:
+            raise DataFormatError(
+                f"record at {ctx.where(row.pointer)}: 'loss_mask' has shape {mask.shape}, its 'tokens' "
+                f"{tokens.shape}; a record operator must keep the two aligned"
+            )
+        parts.append((mask != 0).astype(np.uint8))
+    return np.concatenate(parts)
 
 
 def finish_window(spec: PipelineSpec, lane: int, window: int, chunk_outputs) -> WindowOutput:

@@ -25,6 +25,8 @@ next document id (from 0); padding has position 0 and document id -1. Each
 segment contributes one lineage row ``(dataset, shard, offset, token_start,
 token_count)`` whose ``token_start`` is shifted by the segment's offset inside
 its document. Zero-length documents contribute nothing (no slot, no lineage).
+A table's ``loss_mask`` (``tokenize_chat``) is gathered with its tokens, 0 on
+padding, so every algorithm keeps each token's mask.
 
 Segments are computed as arrays and every output array is built at full size
 from them (repeat, cumsum, one gather), so no Python code runs per token; the
@@ -264,6 +266,7 @@ def _assemble(
     Segments fill each row from slot 0; a padding segment (slope 0) completes a short row, so
     every output array is built at full size in one pass, with no scatter.
     """
+    mask = table.loss_mask  # gathered with the tokens, 0 on padding
     per_row = np.bincount(seg_row, minlength=n_rows)
     row_end = np.cumsum(per_row)
     rank = np.arange(len(seg_len), dtype=np.int64) - (row_end - per_row)[seg_row]
@@ -277,13 +280,21 @@ def _assemble(
         tokens = table.tokens[src]
         document_ids = np.repeat(np.insert(rank, at, -1).astype(table.document_ids.dtype), lengths)
         tokens[document_ids < 0] = pad_id
+        if mask is not None:
+            mask = mask[src]
+            mask[document_ids < 0] = 0
         slope = np.insert(slope, at, 0)
     else:
         lengths = seg_len
         if len(seg_src) and np.array_equal(seg_src[1:], seg_src[:-1] + seg_len[:-1]):
             tokens = table.tokens[seg_src[0] : seg_src[0] + length * n_rows].copy()
+            if mask is not None:
+                mask = mask[seg_src[0] : seg_src[0] + length * n_rows].copy()
         else:
-            tokens = table.tokens[_ramp(seg_src, lengths, slope, np.int64)]
+            src = _ramp(seg_src, lengths, slope, np.int64)
+            tokens = table.tokens[src]
+            if mask is not None:
+                mask = mask[src]
         document_ids = np.repeat(rank.astype(table.document_ids.dtype), lengths)
     positions = _ramp(np.zeros_like(lengths), lengths, slope, table.positions.dtype)
     lineage = table.lineage[table.lineage_offsets[seg_doc]]
@@ -298,4 +309,5 @@ def _assemble(
         document_ids=document_ids,
         lineage=lineage,
         lineage_offsets=lineage_offsets,
+        loss_mask=mask,
     )

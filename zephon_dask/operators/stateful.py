@@ -16,7 +16,7 @@ import numpy as np
 from ..errors import ConfigError
 from .base import Accumulator, WindowContext
 from .identity import function_identity
-from .table import TOKEN_DTYPE, SampleTable
+from .table import MASK_DTYPE, TOKEN_DTYPE, SampleTable
 
 
 class Sample(NamedTuple):
@@ -26,13 +26,15 @@ class Sample(NamedTuple):
     positions: np.ndarray
     document_ids: np.ndarray
     lineage: np.ndarray  # rows of (dataset, shard, offset, token_start, token_count)
+    loss_mask: np.ndarray | None = None  # 0/1 per token (``tokenize_chat``); None: all trained
 
 
 def to_samples(table: SampleTable) -> list[Sample]:
-    o, lo = table.offsets, table.lineage_offsets
+    o, lo, m = table.offsets, table.lineage_offsets, table.loss_mask
     return [
         Sample(table.tokens[o[i]:o[i + 1]], table.positions[o[i]:o[i + 1]],
-               table.document_ids[o[i]:o[i + 1]], table.lineage[lo[i]:lo[i + 1]])
+               table.document_ids[o[i]:o[i + 1]], table.lineage[lo[i]:lo[i + 1]],
+               None if m is None else m[o[i]:o[i + 1]])
         for i in range(len(table))
     ]
 
@@ -42,6 +44,12 @@ def from_samples(samples: list[Sample]) -> SampleTable:
         return SampleTable.empty()
     lengths = np.array([len(s.tokens) for s in samples], dtype=np.int64)
     nlin = np.array([len(s.lineage) for s in samples], dtype=np.int64)
+    mask = None
+    if any(s.loss_mask is not None for s in samples):  # a sample without one trains every real token
+        mask = np.concatenate([
+            (np.asarray(s.document_ids) >= 0).astype(MASK_DTYPE) if s.loss_mask is None
+            else np.asarray(s.loss_mask, MASK_DTYPE) for s in samples
+        ])
     return SampleTable(
         np.concatenate([np.asarray(s.tokens, TOKEN_DTYPE) for s in samples]),
         np.concatenate(([0], np.cumsum(lengths))),
@@ -49,6 +57,7 @@ def from_samples(samples: list[Sample]) -> SampleTable:
         np.concatenate([np.asarray(s.document_ids, TOKEN_DTYPE) for s in samples]),
         np.concatenate([np.asarray(s.lineage, np.int64).reshape(-1, 5) for s in samples]),
         np.concatenate(([0], np.cumsum(nlin))),
+        mask,
     )
 
 

@@ -11,6 +11,12 @@ Lineage is a second CSR level: sample ``i`` came from the rows
 ``lineage[lineage_offsets[i]:lineage_offsets[i+1]]``, each
 ``(dataset, shard, offset, token_start, token_count)``: which pointer
 contributed, and which of its tokens.
+
+``loss_mask`` is optional: ``None`` (every token trained, the default), or a
+flat ``uint8`` array aligned with ``tokens``, 1 where a token is a training
+target (``tokenize_chat``: the assistant's tokens) and 0 elsewhere (padding
+included). Every helper carries it along with the tokens; a table without it
+hashes exactly as before it existed.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 TOKEN_DTYPE = np.int32
+MASK_DTYPE = np.uint8
 LINEAGE_FIELDS = ("dataset", "shard", "offset", "token_start", "token_count")
 
 
@@ -54,11 +61,13 @@ class SampleTable:
     document_ids: np.ndarray
     lineage: np.ndarray
     lineage_offsets: np.ndarray
+    loss_mask: np.ndarray | None = None
 
     def __sizeof__(self) -> int:
         """Bytes held, arrays included (what Dask's memory accounting sees via ``sys.getsizeof``)."""
-        arrays = (self.tokens, self.offsets, self.positions, self.document_ids, self.lineage, self.lineage_offsets)
-        return object.__sizeof__(self) + sum(a.nbytes for a in arrays)
+        arrays = (self.tokens, self.offsets, self.positions, self.document_ids, self.lineage, self.lineage_offsets,
+                  self.loss_mask)
+        return object.__sizeof__(self) + sum(a.nbytes for a in arrays if a is not None)
 
     @classmethod
     def empty(cls) -> SampleTable:
@@ -66,8 +75,10 @@ class SampleTable:
         return cls(z, np.zeros(1, np.int64), z, z, np.zeros((0, 5), np.int64), np.zeros(1, np.int64))
 
     @classmethod
-    def from_documents(cls, tokens: np.ndarray, offsets: np.ndarray, lineage: np.ndarray) -> SampleTable:
-        """One sample per document; ``lineage`` has one row per document."""
+    def from_documents(cls, tokens: np.ndarray, offsets: np.ndarray, lineage: np.ndarray,
+                       loss_mask: np.ndarray | None = None) -> SampleTable:
+        """One sample per document; ``lineage`` has one row per document; ``loss_mask`` (optional)
+        one 0/1 per token."""
         offsets = np.asarray(offsets, dtype=np.int64)
         lengths = np.diff(offsets)
         n = len(lengths)
@@ -78,6 +89,7 @@ class SampleTable:
             document_ids=np.zeros(int(offsets[-1]), dtype=TOKEN_DTYPE),
             lineage=np.asarray(lineage, dtype=np.int64).reshape(n, 5),
             lineage_offsets=np.arange(n + 1, dtype=np.int64),
+            loss_mask=None if loss_mask is None else np.asarray(loss_mask, dtype=MASK_DTYPE),
         )
 
     def __len__(self) -> int:
@@ -105,7 +117,7 @@ class SampleTable:
         lflat, loffsets = csr_gather(self.lineage_offsets, index)
         return SampleTable(
             self.tokens[flat], offsets, self.positions[flat], self.document_ids[flat],
-            self.lineage[lflat], loffsets,
+            self.lineage[lflat], loffsets, None if self.loss_mask is None else self.loss_mask[flat],
         )
 
     def slice(self, start: int, stop: int) -> SampleTable:
@@ -130,19 +142,29 @@ class SampleTable:
                 base += int(o[-1])
             return np.concatenate(parts)
 
+        masked = any(t.loss_mask is not None for t in tables)
         return SampleTable(
             stack("tokens"), offsets("offsets"), stack("positions"), stack("document_ids"),
             np.concatenate([t.lineage for t in tables]), offsets("lineage_offsets"),
+            np.concatenate([t.mask_or_ones() for t in tables]) if masked else None,
         )
+
+    def mask_or_ones(self) -> np.ndarray:
+        """``loss_mask``, or ones on real tokens (0 on padding) for a table without one."""
+        if self.loss_mask is not None:
+            return self.loss_mask
+        return (self.document_ids >= 0).astype(MASK_DTYPE)
 
     def sample_lineage(self, i: int) -> np.ndarray:
         """Lineage rows of sample ``i``: ``(dataset, shard, offset, token_start, token_count)``."""
         return self.lineage[self.lineage_offsets[i] : self.lineage_offsets[i + 1]]
 
     def digest(self) -> str:
-        """SHA-256 over every array: equal digests mean byte-identical tables."""
+        """SHA-256 over every array (``loss_mask`` only when present, so tables without one hash as
+        they always did): equal digests mean byte-identical tables."""
         h = hashlib.sha256()
-        for name in ("tokens", "offsets", "positions", "document_ids", "lineage", "lineage_offsets"):
+        names = ("tokens", "offsets", "positions", "document_ids", "lineage", "lineage_offsets")
+        for name in names + (("loss_mask",) if self.loss_mask is not None else ()):
             a = np.ascontiguousarray(getattr(self, name))
             h.update(name.encode())
             h.update(str(a.dtype).encode())
