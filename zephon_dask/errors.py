@@ -45,6 +45,12 @@ class FieldTypeError(DataFormatError, TypeError):
     """A record's field has the wrong type (an int or a list where text belongs, ...)."""
 
 
+class ChatFormatError(DataFormatError):
+    """A conversation cannot be rendered (``tokenize_chat``): empty, an unknown role, refused by the
+    chat template, or a template that is not prefix-stable. Type and missing-key faults raise
+    :class:`FieldTypeError` / :class:`MissingFieldError`."""
+
+
 class OperatorOutputError(ZephonError, TypeError):
     """An operator's user function returned the wrong type (a ``.map`` function: anything but a dict)."""
 

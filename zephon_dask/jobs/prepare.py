@@ -150,6 +150,11 @@ def _check_inputs(dataset: Any, tokenize: Any) -> None:
             "with zephon_dask.Tokenize(tokenizer, field=..., bos=..., eos=..., max_length=...), "
             "the arguments of Pipeline.tokenize"
         )
+    if tokenize.name != "tokenize":
+        raise ConfigError(
+            f"prepare_tokens cannot use {type(tokenize).__name__}: a token store keeps token ids only, "
+            "not the loss masks of tokenize_chat; tokenize conversations in the pipeline"
+        )
     if tokenize.split_long:
         raise ConfigError(
             "prepare_tokens cannot use a Tokenize with split_long=True: a token store keeps one "

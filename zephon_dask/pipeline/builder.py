@@ -1,7 +1,7 @@
 """``Pipeline``: the immutable description users build, and the facade over its session.
 
 Each builder method (``map``, ``filter``, ``decode_text``, ``tokenize``,
-``pack``, ``shuffle``, ``stateful``, ``batch``, ``options``) validates its
+``tokenize_chat``, ``pack``, ``shuffle``, ``stateful``, ``batch``, ``options``) validates its
 arguments at once and returns a **new** pipeline; the one it was called on is
 unchanged, so variants can be tried side by side. Data-defining calls build
 the :class:`~zephon_dask.core.PipelineSpec`; execution options are kept apart
@@ -32,6 +32,7 @@ from ..curriculum.routing import group_lanes
 from ..errors import ConfigError, StateError, ZephonWarning
 from ..log import logger
 from ..operators.base import Accumulator, RecordOp
+from ..operators.chat import ROLES, TokenizeChat
 from ..operators.pack import Pack
 from ..operators.records import DecodeText, Filter, Map
 from ..operators.shuffle import Shuffle
@@ -187,6 +188,51 @@ class Pipeline:
             raise ConfigError("the pipeline already tokenizes; call .tokenize() once")
         return self._add_record_op(
             Tokenize(tokenizer, field, bos, eos, max_length, split_long, bos_id, eos_id, name, version)
+        )
+
+    def tokenize_chat(self, tokenizer, field: str = "messages", chat_template: str | None = None,
+                      loss_on: str = "assistant", max_length: int | None = None,
+                      bos_token: str | None = None, eos_token: str | None = None,
+                      roles=ROLES) -> Pipeline:
+        """Render each conversation with a chat template, tokenize it and mark the tokens to train.
+
+        Each record's ``field`` is a list of ``{"role", "content"}`` messages. It is
+        rendered as ``transformers``' ``apply_chat_template`` renders it (same tokens),
+        and gets a per-token ``loss_mask``: 1 on the assistant's turns (their content
+        and end-of-turn marker), 0 elsewhere. The mask travels through ``pack``,
+        ``shuffle`` and ``stateful`` into batches, where ``batch(labels=...)`` puts
+        ``ignore_index`` on every target whose token is masked out.
+
+        Args:
+            tokenizer: a ``tokenizer.json`` path (or its folder; the chat template and
+                special tokens are read from the ``tokenizer_config.json`` beside it),
+                a ``tokenizers.Tokenizer``, a ``transformers`` fast tokenizer, or
+                ``"bytes"``.
+            field: the messages field.
+            chat_template: the template's jinja2 text (overrides the tokenizer's).
+            loss_on: ``"assistant"`` (every assistant turn) or ``"last"`` (only the last).
+            max_length: cap a conversation's tokens; the rest is dropped and counted
+                (``tokenize_chat.truncated_tokens``).
+            bos_token, eos_token: the ``bos_token`` / ``eos_token`` template variables
+                (default: the tokenizer's).
+            roles: the roles a message may have.
+
+        Returns:
+            A new pipeline.
+
+        Raises:
+            ConfigError: a second tokenizer, no chat template, a template that does not
+                compile, a tokenizer without offsets (a callable), or a bad setting.
+            ChatFormatError, MissingFieldError, FieldTypeError: at run time, a bad
+                conversation, naming its record (dataset, shard, offset).
+
+        Example:
+            >>> pipeline.tokenize_chat("tok/tokenizer.json", loss_on="last")  # doctest: +SKIP
+        """
+        if any(isinstance(op, Tokenize) for op in self._record_ops):
+            raise ConfigError("the pipeline already tokenizes; call .tokenize() or .tokenize_chat() once")
+        return self._add_record_op(
+            TokenizeChat(tokenizer, field, chat_template, loss_on, max_length, bos_token, eos_token, roles)
         )
 
     # -- accumulators ---------------------------------------------------------------
