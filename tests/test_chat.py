@@ -374,3 +374,13 @@ def test_resume_mid_run_gives_the_same_batches(chat_dir, bpe):
     with chat_pipeline(chat_dir, bpe, labels="hf", loss_on="last").load_state_dict(json.loads(json.dumps(state))) as pipe:
         tail = run(pipe)
     assert head + tail == truth
+
+
+def test_the_chat_example_prints_the_assistant_turns(capsys):
+    import runpy
+    from pathlib import Path
+
+    example = Path(__file__).resolve().parents[1] / "examples" / "chat" / "chat_masks.py"
+    runpy.run_path(str(example), run_name="__main__")
+    out = capsys.readouterr().out
+    assert "[[Paris.<|im_end|>\n]]" in out and "[[What is" not in out and "a packed batch row" in out

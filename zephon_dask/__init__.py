@@ -17,6 +17,7 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "Batch": "consumer",
     "BatchOptions": "consumer",
+    "ChatFormatError": "errors",
     "ConfigError": "errors",
     "DataFormatError": "errors",
     "Dataset": "data",
@@ -50,6 +51,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ im
     from .curriculum import MixtureWorkSource, Pointer, plan
     from .data import Dataset
     from .errors import (
+        ChatFormatError,
         ConfigError,
         DataFormatError,
         DatasetNotFoundError,
