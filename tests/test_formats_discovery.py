@@ -6,6 +6,7 @@ import json
 import os
 import stat
 import warnings
+from html import escape as html_escape
 from pathlib import Path
 
 import fsspec
@@ -169,6 +170,7 @@ def test_data_files_pick_a_split(tmp_path):
     ]
     assert "data/train-00000-of-00002.parquet" in repr(train) and "data_files" in repr(train)
     assert "data/train-*" in train._repr_html_()
+    assert mixed.skipped == ("README.md",) and mixed.num_skipped == 1 and train.num_skipped == 0
     test = Dataset.from_path("t", tmp_path, data_files=["data/test-*"], progress=False)
     assert test.format == "parquet" and test.num_shards == 1
     with pytest.raises(DatasetNotFoundError) as ei:
@@ -208,6 +210,33 @@ def test_mixed_formats_refused_and_others_warned_once(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         Dataset.from_jsonl("j", str(tmp_path / "*.jsonl"), progress=False)
+
+
+def test_repr_and_html_show_the_chosen_files(tmp_path):
+    (tmp_path / "web").mkdir()
+    for i in range(6):
+        write_jsonl(tmp_path / "web" / f"part-{i}.jsonl", [{"text": str(i)}])
+    for i in range(25):
+        (tmp_path / "web" / f"note-{i:02d}.txt").write_text("x")
+    with pytest.warns(ZephonWarning, match="ignoring 25 file"):
+        ds = Dataset.from_jsonl("web", tmp_path / "web", progress=False)
+    assert ds.num_skipped == 25 and len(ds.skipped) == 20 and ds.skipped[0] == "note-00.txt"
+    chosen = (f"6 files from {str(tmp_path / 'web')!r}: part-0.jsonl, part-1.jsonl, "
+              "part-2.jsonl and 3 more; skipped 25: note-00.txt, note-01.txt, note-02.txt and 22 more")
+    assert ds.chosen_files() == chosen
+    text = repr(ds)
+    assert "files=6 ['part-0.jsonl', 'part-1.jsonl', 'part-2.jsonl' and 3 more]" in text
+    assert "skipped=25 ['note-00.txt', 'note-01.txt', 'note-02.txt' and 22 more]" in text
+    assert "part-3.jsonl" not in text and "note-03.txt" not in text and "\n" not in text
+    html = ds._repr_html_()
+    assert html_escape(chosen) in html and "note-03.txt" not in html
+    some = Dataset.from_jsonl("web", tmp_path / "web", data_files=["part-[12].jsonl"], progress=False)
+    assert some.chosen_files() == (f"2 files from {str(tmp_path / 'web')!r} with data_files "
+                                   "['part-[12].jsonl']: part-1.jsonl, part-2.jsonl")
+    assert "skipped" not in repr(some) and "skipped" not in some._repr_html_()
+    one = Dataset.from_jsonl("one", tmp_path / "web" / "part-0.jsonl", progress=False)
+    assert one.chosen_files().startswith("1 file from ") and one.chosen_files().endswith(": part-0.jsonl")
+    assert Dataset.from_records("r", ["a"]).chosen_files() == ""
 
 
 # ---------------------------------------------------------------------------- registry

@@ -1,18 +1,20 @@
 """Mosaic MDS folders read in place, compared with mosaicml-streaming's own writer and reader.
 
-mosaicml-streaming pins numpy<2.2, so it is not a dev dependency: when it is
-installed (``pip install --no-deps mosaicml-streaming`` plus its light imports),
-fixtures come from its ``MDSWriter`` and reads are compared with its
-``MDSReader``; otherwise a small writer here produces the same layout.
+mosaicml-streaming cannot be a dev dependency: no release installs beside numpy 2.x
+and transformers 5 (0.13.0 pins numpy<2.2 and transformers<5). Its ``MDSWriter`` wrote the folders under ``tests/data/mds``
+(raw, zstd, gz, bz2; every encoding we read) and its reader's output for them
+is ``tests/data/mds/expected.json``: ``tests/data/mds/make_fixtures.py`` made
+both, in a separate environment holding the library with its own pins, and
+says how to make them again. The other tests write folders with a small writer
+here (the same layout).
 """
 
 from __future__ import annotations
 
-import importlib.machinery
+import base64
 import json
 import shutil
-import sys
-import types
+from decimal import Decimal
 from pathlib import Path
 
 import numpy as np
@@ -26,36 +28,7 @@ from zephon_dask.errors import DataFormatError, MissingFieldError
 
 COLUMNS = {"text": "str", "id": "int", "score": "float32", "meta": "json", "raw": "bytes",
            "tokens": "ndarray:uint32"}
-
-
-def streaming():
-    """mosaicml-streaming, or None. Its package eagerly imports a vision module needing
-    torchvision, which its MDS code never uses: a stand-in is provided while it is imported
-    when torchvision is absent, and removed afterwards."""
-    stubbed: list[str] = []
-    try:
-        import torchvision  # noqa: F401
-    except Exception:
-        tv = types.ModuleType("torchvision")
-        tv.datasets = types.ModuleType("torchvision.datasets")
-        tv.datasets.VisionDataset = object
-        tv.transforms = types.ModuleType("torchvision.transforms")
-        tv.transforms.functional = types.ModuleType("torchvision.transforms.functional")
-        tv.transforms.functional.to_tensor = None
-        for name, module in (("torchvision", tv), ("torchvision.datasets", tv.datasets),
-                             ("torchvision.transforms", tv.transforms),
-                             ("torchvision.transforms.functional", tv.transforms.functional)):
-            module.__spec__ = importlib.machinery.ModuleSpec(name, None)
-            sys.modules[name] = module
-            stubbed.append(name)
-    try:
-        import streaming as found
-        from streaming.base.format import reader_from_json  # noqa: F401
-    except Exception:
-        found = None
-    for name in stubbed:
-        sys.modules.pop(name, None)
-    return found
+GOLDEN = Path(__file__).parent / "data" / "mds"
 
 
 def samples(n: int, seed: int = 0) -> list[dict]:
@@ -109,34 +82,27 @@ def own_write(folder: Path, recs: list[dict], per_shard: int, compression: str |
     (folder / "index.json").write_text(json.dumps({"version": 2, "shards": shards}))
 
 
-def write(folder: Path, recs: list[dict], per_shard: int, compression: str | None) -> None:
-    mod = streaming()
-    if mod is None:
-        return own_write(folder, recs, per_shard, compression)
-    # size_limit in bytes so that shards hold about ``per_shard`` samples
-    with mod.MDSWriter(out=str(folder), columns=COLUMNS, compression=compression,
-                       size_limit=per_shard * 200) as w:
-        for r in recs:
-            w.write(r)
+def expected() -> dict:
+    """What mosaicml-streaming's reader returned for the golden folders (see make_fixtures.py)."""
+    return json.loads((GOLDEN / "expected.json").read_text())
 
 
-def reference(folder: Path) -> list[dict]:
-    """Every sample of a raw MDS folder, by the format's own reader when installed."""
-    mod = streaming()
-    if mod is None:
-        pytest.skip("mosaicml-streaming is not installed")
-    from streaming.base.format import reader_from_json
-
-    out = []
-    for shard in json.loads((folder / "index.json").read_text())["shards"]:
-        reader = reader_from_json(str(folder), None, shard)
-        out += [reader.decode_sample(reader.get_sample_data(i)) for i in range(shard["samples"])]
-    return out
+def untag(value):
+    """A value of expected.json as our reader returns it (arrays, bytes and decimals were tagged)."""
+    if isinstance(value, dict) and "ndarray" in value:
+        return np.array(value["values"], value["ndarray"]).reshape(value["shape"])
+    if isinstance(value, dict) and "bytes" in value:
+        return base64.b64decode(value["bytes"])
+    if isinstance(value, dict) and "decimal" in value:
+        return Decimal(value["decimal"])
+    return value
 
 
 def same(a: dict, b: dict) -> bool:
     return a.keys() == b.keys() and all(
-        np.array_equal(a[k], b[k]) if isinstance(a[k], np.ndarray) else a[k] == b[k] for k in a
+        a[k].dtype == b[k].dtype and np.array_equal(a[k], b[k]) if isinstance(a[k], np.ndarray)
+        else type(a[k]) is type(b[k]) and a[k] == b[k]
+        for k in a
     )
 
 
@@ -151,9 +117,9 @@ def fresh_caches():
 
 
 @pytest.mark.parametrize("compression", [None, "zstd"])
-def test_records_equal_the_written_samples_and_streaming_reader(tmp_path, compression):
+def test_records_equal_the_written_samples(tmp_path, compression):
     recs = samples(150)
-    write(tmp_path / "m", recs, 40, compression)
+    own_write(tmp_path / "m", recs, 40, compression)
     ds = Dataset.from_path("m", tmp_path / "m")
     assert ds.format == "mds" and ds.num_samples == 150 and ds.num_shards > 1
     got = everything(ds)
@@ -167,16 +133,32 @@ def test_records_equal_the_written_samples_and_streaming_reader(tmp_path, compre
     assert not (tmp_path / "m" / "index.json.tmp").exists()
 
 
-def test_matches_streaming_reader_on_its_own_and_our_folders(tmp_path):
-    recs = samples(60, seed=3)
-    write(tmp_path / "theirs", recs, 25, None)
-    own_write(tmp_path / "ours", recs, 25, None)
-    for folder in ("theirs", "ours"):
-        want = reference(tmp_path / folder)
-        got = everything(Dataset.from_mds("m", tmp_path / folder))
-        assert len(got) == len(want) == 60
-        assert all(same(g, {k: (v.item() if isinstance(v, np.generic) else v) for k, v in w.items()})
-                   for g, w in zip(got, want, strict=True))
+@pytest.mark.parametrize("folder", ["raw", "zstd", "gz", "bz2"])
+def test_folders_written_by_streaming_read_as_its_reader_reads_them(folder):
+    doc = expected()
+    assert folder in doc["folders"]
+    want = [{k: untag(v) for k, v in s.items()} for s in doc["samples"]]
+    ds = Dataset.from_path("m", GOLDEN / folder)  # detected by its index.json, read in place
+    assert ds.format == "mds" and ds.num_shards > 2 and ds.num_samples == len(want) == 24
+    schema = ds.meta["schema"]
+    assert dict(zip(schema["column_names"], schema["column_encodings"])) == doc["columns"]
+    assert ds.meta["compressed"] == [None if folder == "raw" else folder] * ds.num_shards
+    got = everything(ds)
+    assert all(same(g, w) for g, w in zip(got, want, strict=True))
+    # random access: every shard, offsets unsorted and repeated
+    base = np.cumsum((0, *ds.shard_sizes))
+    rng = np.random.default_rng(4)
+    for shard, n in enumerate(ds.shard_sizes):
+        offs = rng.integers(0, n, 2 * n)
+        rows = ds.read(shard, offs)
+        assert all(same(r, want[base[shard] + o]) for r, o in zip(rows, offs, strict=True))
+
+
+def test_golden_folders_share_one_identity_apart_from_compression():
+    ids = {f: Dataset.from_mds("m", GOLDEN / f).identity() for f in ("raw", "zstd", "gz", "bz2")}
+    assert all(i["columns"] == ids["raw"]["columns"] for i in ids.values())
+    assert all([s["num_samples"] for s in i["shards"]] == [s["num_samples"] for s in ids["raw"]["shards"]]
+               for i in ids.values())
 
 
 def test_bad_mds_folders_are_typed_errors(tmp_path):

@@ -42,6 +42,7 @@ from .shard import Shard
 
 FORMATS = formats.NAMES
 _SHOWN = 3  # files named in a repr or a warning before "and N more"
+_SKIPPED_KEPT = 20  # names of files skipped by discovery that a Dataset keeps (it counts them all)
 
 
 def _check_name(name: Any) -> None:
@@ -66,19 +67,24 @@ def _patterns(data_files: Any) -> tuple[str, ...] | None:
     return tuple(pats)
 
 
-def _some(names: Sequence[str]) -> str:
-    more = f" and {len(names) - _SHOWN} more" if len(names) > _SHOWN else ""
+def _some(names: Sequence[str], total: int | None = None) -> str:
+    """The first names and "and N more" (``total``: how many there are, if more than given)."""
+    total = len(names) if total is None else total
+    more = f" and {total - _SHOWN:,} more" if total > _SHOWN else ""
     return ", ".join(names[:_SHOWN]) + more
 
 
 def _select(
     name: str, listing: Listing, reader: Reader, patterns: tuple[str, ...] | None
-) -> list[FileInfo]:
-    """The data files of ``reader``'s format in a listing, narrowed by ``data_files`` globs.
+) -> tuple[list[FileInfo], list[str]]:
+    """The data files of ``reader``'s format in a listing, narrowed by ``data_files`` globs,
+    and the files skipped (relative paths).
 
     In a directory (or under ``data_files``) only files with the format's extensions
-    count, and the others are named in one warning; a file or glob is taken as is.
+    count, and the others are skipped and named in one warning; a file or glob is
+    taken as is.
     """
+    others: list[str] = []
     files = listing.files
     if patterns is not None:
         files = match_data_files(files, patterns)
@@ -110,7 +116,7 @@ def _select(
         raise DatasetNotFoundError(
             f"dataset {name!r}: no data files found; searched {listing.searched}"
         )
-    return files
+    return files, others
 
 
 @dataclass(frozen=True, eq=False, repr=False)
@@ -121,7 +127,9 @@ class Dataset:
     :meth:`from_parquet`, :meth:`from_arrow`, :meth:`from_hf`, :meth:`from_mds`,
     :meth:`from_records` or :meth:`from_tokens`. Shards are sorted by ``shard_id``
     (MDS shards keep their ``index.json`` order). ``source`` is the path given and
-    ``data_files`` the globs that chose the files; neither is part of the identity.
+    ``data_files`` the globs that chose the files; ``skipped`` names the first
+    files that discovery passed over (not of the format) and ``num_skipped``
+    counts them all. None of these is part of the identity.
     """
 
     name: str
@@ -136,6 +144,8 @@ class Dataset:
     source: str | None = None
     data_files: tuple[str, ...] | None = None
     _meta_json: str | None = None
+    skipped: tuple[str, ...] = ()
+    num_skipped: int = 0
 
     def __post_init__(self) -> None:
         _check_name(self.name)
@@ -191,6 +201,21 @@ class Dataset:
         """The data files read, as paths or URLs (empty for in-memory records)."""
         return tuple(s.path for s in self.shards if s.path is not None)
 
+    def chosen_files(self) -> str:
+        """Which files were read, in one line: the source, the ``data_files`` globs, how many
+        files, the first few and those that discovery skipped ("" for in-memory records)."""
+        if self.format == "records":
+            return ""
+        where = f"from {self.source!r}" if self.source is not None else ""
+        if self.data_files is not None:
+            where += f" with data_files {list(self.data_files)!r}"
+        names = [s.shard_id for s in self.shards]
+        noun = "file" if len(names) == 1 else "files"
+        line = f"{len(names):,} {noun} {where}".rstrip() + f": {_some(names)}"
+        if self.num_skipped:
+            line += f"; skipped {self.num_skipped:,}: {_some(self.skipped, self.num_skipped)}"
+        return line
+
     def __repr__(self) -> str:
         extra = ""
         if self.source is not None:
@@ -198,7 +223,10 @@ class Dataset:
         if self.data_files is not None:
             extra += f", data_files={list(self.data_files)!r}"
         if self.format != "records":
-            extra += f", files=[{_some([repr(s.shard_id) for s in self.shards])}]"
+            extra += f", files={self.num_shards} [{_some([repr(s.shard_id) for s in self.shards])}]"
+        if self.num_skipped:
+            shown = _some([repr(n) for n in self.skipped], self.num_skipped)
+            extra += f", skipped={self.num_skipped} [{shown}]"
         return (
             f"Dataset(name={self.name!r}, format={self.format!r}, text_field={self.text_field!r}, "
             f"shards={self.num_shards}, samples={self.num_samples}{extra})"
@@ -270,6 +298,7 @@ class Dataset:
         cache_dir: str | os.PathLike | None,
         source: str,
         data_files: tuple[str, ...] | None,
+        skipped: Sequence[str] = (),
     ) -> Dataset:
         """Index ``files`` (through the cache) and build the Dataset; columns checked if tabular."""
         cols = None if columns is None else tuple(dict.fromkeys([text_field, *columns]))
@@ -290,6 +319,7 @@ class Dataset:
         return cls(
             name, reader.name, text_field, shards, cols,
             storage_options=dict(storage_options or {}), source=source, data_files=data_files,
+            skipped=tuple(skipped[:_SKIPPED_KEPT]), num_skipped=len(skipped),
         )
 
     @classmethod
@@ -303,11 +333,11 @@ class Dataset:
         reader = formats.get(fmt)
         patterns = _patterns(data_files)
         listing = list_files(str(path), storage_options)
-        files = _select(name, listing, reader, patterns)
+        files, skipped = _select(name, listing, reader, patterns)
         return cls._from_files(
             name, reader, listing.fs, files, text_field, columns,
             storage_options=storage_options, progress=progress, cache_dir=cache_dir,
-            source=str(path), data_files=patterns,
+            source=str(path), data_files=patterns, skipped=skipped,
         )
 
     @classmethod

@@ -33,12 +33,14 @@ from .render import (
 
 @dataclass(frozen=True)
 class Section:
-    """One titled part: key/value ``pairs`` and/or a table (``headers`` + ``rows``)."""
+    """One titled part: key/value ``pairs`` and/or a table (``headers`` + ``rows``), then
+    key/value ``notes`` about the table's rows."""
 
     title: str
     pairs: tuple[tuple[str, str], ...] = ()
     headers: tuple[str, ...] = ()
     rows: tuple[tuple[str, ...], ...] = ()
+    notes: tuple[tuple[str, str], ...] = ()
 
     def text(self) -> str:
         parts = [f"{self.title}:"]
@@ -46,6 +48,8 @@ class Section:
             parts.append(text_pairs(self.pairs))
         if self.headers:
             parts.append(text_table(self.headers, self.rows) if self.rows else "  (none)")
+        if self.notes:
+            parts.append(text_pairs(self.notes))
         return "\n".join(parts)
 
     def html(self) -> str:
@@ -54,6 +58,8 @@ class Section:
             parts.append(html_pairs(self.pairs))
         if self.headers:
             parts.append(html_table(self.headers, self.rows))
+        if self.notes:
+            parts.append(html_pairs(self.notes))
         return "".join(parts)
 
 
@@ -99,13 +105,17 @@ def _fraction(w) -> str:
 
 
 def _datasets(source) -> Section:
-    rows = []
+    """The datasets with their sizes and weights, then the files each one chose."""
+    rows, notes = [], []
     for ds, size, weight in zip(source.datasets, source.sizes, source.weights, strict=True):
         shards = getattr(ds, "num_shards", len(ds.shard_sizes))
         rows.append((ds.name, getattr(ds, "format", "?"), str(shards), f"{size:,}",
                      getattr(ds, "text_field", "?"), _fraction(weight)))
+        chosen = ds.chosen_files() if hasattr(ds, "chosen_files") else ""
+        if chosen:
+            notes.append((f"{ds.name} files", chosen))
     return Section("datasets", headers=("name", "format", "shards", "samples", "text field", "weight"),
-                   rows=tuple(rows))
+                   rows=tuple(rows), notes=tuple(notes))
 
 
 def _stream_end(source) -> str:

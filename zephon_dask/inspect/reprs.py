@@ -28,6 +28,9 @@ def dataset_html(dataset) -> str:
         pairs.append(("source", dataset.source))
     if dataset.data_files is not None:
         pairs.append(("data_files", ", ".join(dataset.data_files)))
+    chosen = dataset.chosen_files()
+    if chosen:
+        pairs.append(("files", chosen))
     rows = [(str(i), s.shard_id, f"{s.num_samples:,}", "" if s.size_bytes is None else f"{s.size_bytes:,}")
             for i, s in enumerate(dataset.shards[:SHARDS_SHOWN])]
     more = dataset.num_shards - SHARDS_SHOWN
