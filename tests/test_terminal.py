@@ -116,13 +116,13 @@ def test_cli_help_is_fast_and_imports_nothing_heavy():
     assert not heavy, f"--help imported {heavy}"
 
     times = []
-    for _ in range(3):  # the best of 3 tolerates a busy machine
+    for _ in range(7):  # the best of 7 tolerates a busy machine
         start = time.perf_counter()
         done = subprocess.run([sys.executable, "-m", "zephon_dask.cli", "--help"], capture_output=True,
                               text=True, timeout=60, cwd=root, env=env)
         times.append(time.perf_counter() - start)
         assert done.returncode == 0 and "usage: zephon-dask" in done.stdout, done.stderr
-    assert min(times) < HELP_SECONDS, f"--help took {min(times):.3f} s at best (runs: {times})"
+    assert min(times) < HELP_SECONDS, f"--help took {min(times):.3f} s at best of {len(times)} runs: {times}"
 
 
 def test_cli_version(capsys):
