@@ -273,6 +273,7 @@ class Dataset:
     ) -> Dataset:
         """Index ``files`` (through the cache) and build the Dataset; columns checked if tabular."""
         cols = None if columns is None else tuple(dict.fromkeys([text_field, *columns]))
+        assert reader.inspect is not None, "callers pick a format whose reader can index files"
         index = build_index(fs, files, reader.name, reader.inspect, progress=progress, cache=cache_dir)
         for f, e in zip(files, index.entries, strict=True):
             if "columns" not in e:
@@ -450,7 +451,7 @@ class Dataset:
         """
         _check_name(name)
         fs, fpath = filesystem(str(path), storage_options)
-        kw = {"storage_options": storage_options, "progress": progress, "cache_dir": cache_dir}
+        kw: dict[str, Any] = {"storage_options": storage_options, "progress": progress, "cache_dir": cache_dir}
         if not has_glob(fpath) and fs.isdir(fpath) and hf.is_saved(fs, fpath):
             return cls.from_arrow(
                 name, path, text_field, columns, split=split, data_files=data_files, **kw

@@ -93,7 +93,7 @@ class RecordOp(Operator):
         """:meth:`apply` on each row in order (pure if ``apply`` is); each output record keeps its
         row's pointer and token start. Counts ``<name>.dropped`` (rows in minus rows out, zero
         included); an error gets a note naming the record."""
-        out = []
+        out: list[Row] = []
         for row in rows:
             try:
                 produced = self.apply(row.record)

@@ -480,7 +480,7 @@ class Pipeline:
 
     def shape_for(self, state: dict | None, degree: int) -> StepShape:
         """The global step at ``degree`` for a resume from ``state`` (``None``: a fresh start)."""
-        saved = state["step"] if state is not None else {"global_batches": None, "microbatch_size": 0}
+        saved: dict[str, Any] = state["step"] if state is not None else {"global_batches": None, "microbatch_size": 0}
         return steps.step_shape(self._settings["canonical_replicas"], degree, len(self.owned_lanes()),
                                 self._settings["batches_per_step"], self._settings["global_batches_per_step"],
                                 saved["global_batches"], self._batch.microbatch_size, saved["microbatch_size"])
