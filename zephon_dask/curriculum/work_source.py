@@ -121,6 +121,10 @@ class MixtureWorkSource:
     passes; ``exhausted_policy="stop"`` ends it before the first chunk that
     would need a sample beyond any dataset's first pass (``max_repeats`` more
     passes with ``"repeat"``; no ``max_repeats`` means the stream never ends).
+
+    Example:
+        >>> source = zephon_dask.MixtureWorkSource([web, code], {"web": 0.7, "code": 0.3},  # doctest: +SKIP
+        ...                                        chunk_size=64, seed=1234)
     """
 
     def __init__(

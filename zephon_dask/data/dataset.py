@@ -122,6 +122,9 @@ class Dataset:
     :meth:`from_records` or :meth:`from_tokens`. Shards are sorted by ``shard_id``
     (MDS shards keep their ``index.json`` order). ``source`` is the path given and
     ``data_files`` the globs that chose the files; neither is part of the identity.
+
+    Example:
+        >>> web = zephon_dask.Dataset.from_path("web", "s3://bucket/web/")  # doctest: +SKIP
     """
 
     name: str
@@ -330,6 +333,9 @@ class Dataset:
         The generic constructor behind :meth:`from_jsonl` and the like, and the one
         :meth:`from_path` and recipes use for a format whose reader names no
         constructor of its own.
+
+        Example:
+            >>> zephon_dask.Dataset.from_files("web", "data/web/", "jsonl")  # doctest: +SKIP
         """
         if formats.get(format).inspect is None:
             raise ConfigError(
@@ -359,6 +365,9 @@ class Dataset:
         data; ``data_files`` globs (relative to the directory) narrow the choice.
         Records are checked for ``text_field`` when read (the index only counts lines).
         ``cache_dir`` overrides where the index cache lives (see docs/formats.md).
+
+        Example:
+            >>> zephon_dask.Dataset.from_jsonl("web", "data/web/", text_field="content")  # doctest: +SKIP
         """
         return cls._from_listing(
             "jsonl", name, path, text_field, None, data_files=data_files,
@@ -382,6 +391,9 @@ class Dataset:
 
         ``columns`` selects what :meth:`read` returns (default: all); ``text_field``
         is always included. Every file must have ``text_field`` and the columns.
+
+        Example:
+            >>> zephon_dask.Dataset.from_parquet("wiki", "data/wiki/", columns=["title"])  # doctest: +SKIP
         """
         return cls._from_listing(
             "parquet", name, path, text_field, columns, data_files=data_files,
@@ -405,6 +417,9 @@ class Dataset:
         """Arrow IPC files: a ``save_to_disk`` folder (its files, in order), or ``*.arrow`` files.
 
         A ``DatasetDict`` folder needs ``split=`` unless it holds one split.
+
+        Example:
+            >>> zephon_dask.Dataset.from_arrow("wiki", "saved/wiki", split="train")  # doctest: +SKIP
         """
         _check_name(name)
         fs, fpath = filesystem(str(path), storage_options)
@@ -448,6 +463,9 @@ class Dataset:
         list, or ``{split: globs}`` as ``datasets.load_dataset`` takes them) or by
         the ``datasets`` naming conventions; the files must be of one format
         (parquet, JSONL or Arrow).
+
+        Example:
+            >>> zephon_dask.Dataset.from_hf("wiki", "~/.cache/huggingface/hub/datasets--org--wiki", split="train")  # doctest: +SKIP
         """
         _check_name(name)
         fs, fpath = filesystem(str(path), storage_options)
@@ -491,6 +509,9 @@ class Dataset:
         and ``cache_dir`` are accepted so that ``from_path`` takes the same
         arguments for every format). Every shard must have the same columns, among
         them ``text_field``.
+
+        Example:
+            >>> zephon_dask.Dataset.from_mds("books", "data/books-mds/")  # doctest: +SKIP
         """
         _check_name(name)
         _check_text_field(text_field)
@@ -512,6 +533,9 @@ class Dataset:
 
         A record is a JSON-native dict holding ``text_field`` or a plain string
         (wrapped as ``{text_field: s}``); every record is checked here.
+
+        Example:
+            >>> zephon_dask.Dataset.from_records("toy", [{"text": "hello"}, {"text": "world"}])  # doctest: +SKIP
         """
         _check_name(name)
         _check_text_field(text_field)
@@ -538,6 +562,9 @@ class Dataset:
         An incomplete store (an interrupted ``prepare_tokens`` job) is refused.
         ``tokenizer`` (a ``Tokenize`` operator, or its ``.tokenizer``) is the tokenizer
         the caller expects: a store written with another one raises TokenizerMismatchError.
+
+        Example:
+            >>> zephon_dask.Dataset.from_tokens("web", "tokens/web.zarr")  # doctest: +SKIP
         """
         _check_name(name)
         shards, meta = tokens.open_store(str(path), storage_options)
@@ -562,6 +589,9 @@ class Dataset:
         extensions (``.jsonl``/``.json`` and their ``.gz``/``.zst`` forms, ``.parquet``/``.pq``,
         ``.arrow``). A directory or glob mixing formats is refused; in a directory,
         files of no known format are ignored with one warning.
+
+        Example:
+            >>> zephon_dask.Dataset.from_path("web", "data/web/")  # format detected  # doctest: +SKIP
         """
         _check_name(name)
         reader = _detect(name, str(path), kwargs.get("storage_options"), kwargs.get("data_files"))

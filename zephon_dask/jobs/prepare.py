@@ -295,6 +295,12 @@ def prepare_tokens(
     the store reads as complete only once every shard is verified. Returns a
     :class:`PrepareReport`; raises the first failed shard's error (the store stays
     incomplete).
+
+    Example:
+        >>> from zephon_dask import Dataset, Tokenize, prepare_tokens  # doctest: +SKIP
+        >>> report = prepare_tokens(Dataset.from_jsonl("web", "data/web/"),  # doctest: +SKIP
+        ...                         Tokenize("tokenizer.json", eos=True), "tokens/web.zarr")
+        >>> web = Dataset.from_tokens("web", "tokens/web.zarr")  # doctest: +SKIP
     """
     t0 = time.perf_counter()
     n_workers = check_int(n_workers, "n_workers", 1, optional=True, hint="None: one per core")

@@ -87,6 +87,7 @@ class RecordOp(Operator):
     kind = "stateless"
 
     def apply(self, record: dict) -> list[dict]:  # pragma: no cover - overridden
+        """The records ``record`` becomes (none to drop it); a subclass overrides this or :meth:`apply_chunk`."""
         raise NotImplementedError(f"{type(self).__name__} defines neither apply nor apply_chunk")
 
     def apply_chunk(self, rows: list[Row], ctx: ChunkContext) -> list[Row]:

@@ -216,6 +216,7 @@ class Tokenize(RecordOp):
         return self.check_id(given, f"{which}_id")
 
     def spec(self) -> dict:
+        """The operator's identity in the fingerprint: tokenizer, field, special tokens, length rules."""
         return {
             "op": "tokenize",
             "tokenizer": self.tokenizer.identity(),
