@@ -22,9 +22,10 @@ test: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check zephon_dask zephon_dask_demo tests benchmarks
 	$(BIN)/lint-imports
+	$(BIN)/mypy
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/run_all.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis
+	rm -rf $(VENV) .pytest_cache .hypothesis .mypy_cache

@@ -85,7 +85,7 @@ class DatasetEntry:
 
     def open(self):
         """The :class:`~zephon_dask.data.Dataset` (does the I/O of indexing its files)."""
-        kwargs = {} if self.text_field is None else {"text_field": self.text_field}
+        kwargs: dict[str, Any] = {} if self.text_field is None else {"text_field": self.text_field}
         if self.format is None:
             return Dataset.from_path(self.name, self.path, **kwargs)
         constructor = format_reader(self.format).constructor
@@ -111,9 +111,8 @@ class Recipe:
     @property
     def weights(self) -> dict[str, int | float] | None:
         """``{dataset: weight}``, or ``None`` (weights proportional to size) when no dataset sets one."""
-        if self.datasets[0].weight is None:
-            return None
-        return {d.name: d.weight for d in self.datasets}
+        weights = {d.name: d.weight for d in self.datasets if d.weight is not None}
+        return weights or None  # load_recipe checked: every dataset sets one, or none does
 
     def pipeline(self):
         """Open the datasets and build the pipeline: tokenize, then shuffle, then pack, then batch."""

@@ -27,9 +27,10 @@ def check_int(value: object, name: str, minimum: int = 1, *, below: int | None =
     ``name`` (as ``call(name=value)`` when ``call`` is given) and ending with ``(hint)``."""
     if value is None and optional:
         return None
-    if (isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= minimum
-            and (below is None or value < below)):
-        return int(value)
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        number = int(value)
+        if number >= minimum and (below is None or number < below):
+            return number
     what = {0: "a non-negative integer", 1: "a positive integer"}.get(minimum, f"an integer >= {minimum}")
     if below is not None:
         what = f"an integer in [{minimum}, {below})"
@@ -54,6 +55,6 @@ def check_bool(value: object, name: str) -> bool:
 
 def check_seconds(value: object, name: str, hint: str = "e.g. 45") -> float:
     """``value`` as a float number of seconds in (0, 86400), else a :class:`ConfigError`."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 < value < 86_400:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 < float(value) < 86_400:
         raise ConfigError(f"{name}={value!r} must be a number of seconds in (0, 86400), {hint}")
     return float(value)

@@ -60,6 +60,7 @@ class BatchOptions:
             raise ConfigError(f"batch(ignore_index={self.ignore_index!r}) must be an int, e.g. -100")
 
     def config(self) -> dict:
+        """The options as a plain dict (for the pipeline's config and fingerprint)."""
         return dict(self.__dict__)
 
     @property
@@ -100,6 +101,7 @@ class Batch(Mapping):
 
     @property
     def num_samples(self) -> int:
+        """Rows in this batch (the microbatch size, or fewer in a last batch kept by ``drop_last=False``)."""
         return int(self._arrays["tokens"].shape[0])
 
     def sources(self, row: int) -> list[tuple[str, int, int, int, int]]:

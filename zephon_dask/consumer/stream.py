@@ -18,8 +18,8 @@ nothing, or their last window).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import NamedTuple
+from collections.abc import Callable, Mapping
+from typing import NamedTuple, Protocol
 
 from ..core.spec import PipelineSpec
 from ..errors import EmptyDatasetError, StateError
@@ -27,6 +27,19 @@ from .batch import Batch, BatchOptions
 from .batcher import LaneBatcher
 from .fetcher import WindowFetcher
 from .waiting import FirstBatchWait
+
+
+class Frontier(Protocol):
+    """What a stream reads of a lane's starting point (a :class:`LaneStart`, a state's lane progress)."""
+
+    @property
+    def window(self) -> int: ...
+    @property
+    def offset(self) -> int: ...
+    @property
+    def batches_delivered(self) -> int: ...
+    @property
+    def finished(self) -> bool: ...
 
 
 class LaneStart(NamedTuple):
@@ -46,7 +59,7 @@ EMPTY_WINDOWS_LIMIT = 256  # consecutive windows without a sample before a lane 
 class BatchStream:
     def __init__(self, spec: PipelineSpec, batch_options: BatchOptions, lanes: list[int], runner,
                  prefetch: int, deterministic: bool = True, fused: bool = False,
-                 start: Mapping[int, LaneStart] | None = None, first_lane: int | None = None):
+                 start: Mapping[int, Frontier] | None = None, first_lane: int | None = None):
         self.lanes = list(lanes)
         self.deterministic = deterministic
         at = {lane: (start or {}).get(lane, FRESH) for lane in self.lanes}
@@ -54,7 +67,7 @@ class BatchStream:
         self._skip = {lane: at[lane].offset for lane in self.lanes}
         ends = {lane: spec.num_windows(lane) for lane in self.lanes}
         self._unverified = [lane for lane in self.lanes if self.finished[lane]
-                            and (ends[lane] is None or at[lane].window < ends[lane])]
+                            and ((end := ends[lane]) is None or at[lane].window < end)]
         for lane in self._unverified:
             self.finished[lane] = False
         live = [lane for lane in self.lanes if not self.finished[lane]]
@@ -70,7 +83,7 @@ class BatchStream:
         self.pointer = self.lanes.index(first_lane) if first_lane in self.lanes else 0
         self.stats: dict[str, int] = {}
         self._started = False  # whether the first batch was asked for
-        self.on_finish = None  # called as on_finish(lane, batch count) when a lane ends without a last batch
+        self.on_finish: Callable[[int, int], None] | None = None  # called as on_finish(lane, batch count) when a lane ends without a last batch
 
     def __iter__(self):
         return self

@@ -61,6 +61,7 @@ class WindowOutput:
         return self.stats.get("pack.tokens", 0) / slots if slots else None
 
     def digest(self) -> str:
+        """SHA-256 of the window's samples: equal digests mean equal bytes (a determinism check)."""
         return self.table.digest()
 
 

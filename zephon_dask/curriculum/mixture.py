@@ -14,6 +14,7 @@ import math
 from collections.abc import Sequence
 from fractions import Fraction
 from functools import lru_cache
+from typing import SupportsFloat, cast
 
 import numpy as np
 
@@ -29,7 +30,7 @@ def exact_weight(value: object, name: str) -> Fraction:
         if isinstance(value, Fraction | int):
             w = Fraction(value)
         else:
-            f = float(value)
+            f = float(cast(SupportsFloat, value))  # anything else raises TypeError, below
             if not math.isfinite(f):
                 raise ConfigError(f"weight for {name!r} is {value!r}; weights must be finite")
             w = Fraction(repr(f))

@@ -72,7 +72,7 @@ class DatasetOrder:
     def _locate_in_epoch(self, epoch: int, index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         ekey = self._epoch_key(epoch)
         if self.shuffle_block_size:
-            index = self._block_shuffle(ekey, index)
+            index = self._block_shuffle(ekey, index, self.shuffle_block_size)
         order = self.shard_order(epoch)
         sizes = np.asarray(self.shard_sizes, dtype=np.int64)[order]
         starts = np.concatenate(([0], np.cumsum(sizes)))
@@ -88,8 +88,8 @@ class DatasetOrder:
             offset[sel] = permute(local[sel], self.shard_sizes[s], keys)
         return shard, offset
 
-    def _block_shuffle(self, ekey: int, index: np.ndarray) -> np.ndarray:
-        b = int(self.shuffle_block_size)
+    def _block_shuffle(self, ekey: int, index: np.ndarray, block_size: int) -> np.ndarray:
+        b = int(block_size)
         n = self.num_samples
         block = index // b
         out = np.empty_like(index)

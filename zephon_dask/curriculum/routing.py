@@ -50,22 +50,22 @@ def slot_of(lane: int, block: int, replicas: int, seed: int, assignment: str = "
 
 def check_degree(replicas: int, dp_degree: object) -> int:
     """Validate a DP degree against R: error above R, warning when it does not divide R."""
-    dp_degree = check_int(dp_degree, "dp_degree", 1)
-    if dp_degree > replicas:
+    degree: int = check_int(dp_degree, "dp_degree", 1)
+    if degree > replicas:
         raise ConfigError(
-            f"dp_degree={dp_degree} exceeds canonical_replicas={replicas}: some DP groups would "
+            f"dp_degree={degree} exceeds canonical_replicas={replicas}: some DP groups would "
             f"own no lane. Use dp_degree <= {replicas}, or start the run with canonical_replicas "
-            f">= {dp_degree}"
+            f">= {degree}"
         )
-    if replicas % dp_degree:
+    if replicas % degree:
         warnings.warn(
-            f"canonical_replicas={replicas} is not divisible by dp_degree={dp_degree}: some groups "
+            f"canonical_replicas={replicas} is not divisible by dp_degree={degree}: some groups "
             "own one more lane than others and do more work per step. Prefer a degree that "
             f"divides {replicas}",
             ElasticityWarning,
             stacklevel=3,
         )
-    return dp_degree
+    return degree
 
 
 def group_lanes(replicas: int, dp_degree: int, mapping: str = "contiguous") -> list[list[int]]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from functools import cached_property
-from typing import NamedTuple, Protocol
+from typing import NamedTuple, Protocol, cast
 
 import numpy as np
 
@@ -36,7 +36,8 @@ MAX_CHUNK_SIZE = 1 << 24  # samples per chunk; larger ones do not fit one task's
 class SizedDataset(Protocol):
     """What the curriculum needs of a dataset."""
 
-    name: str
+    @property
+    def name(self) -> str: ...
 
     @property
     def shard_sizes(self) -> Sequence[int]: ...
@@ -120,6 +121,10 @@ class MixtureWorkSource:
     passes; ``exhausted_policy="stop"`` ends it before the first chunk that
     would need a sample beyond any dataset's first pass (``max_repeats`` more
     passes with ``"repeat"``; no ``max_repeats`` means the stream never ends).
+
+    Example:
+        >>> source = zephon_dask.MixtureWorkSource([web, code], {"web": 0.7, "code": 0.3},  # doctest: +SKIP
+        ...                                        chunk_size=64, seed=1234)
     """
 
     def __init__(
@@ -138,7 +143,7 @@ class MixtureWorkSource:
         lane_assignment: str = "permute",
     ):
         if hasattr(datasets, "shard_sizes"):
-            datasets = [datasets]
+            datasets = [cast(SizedDataset, datasets)]
         self._arguments = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
         self.datasets: tuple = tuple(datasets)
         self.names: tuple[str, ...] = self._check_datasets(self.datasets)
@@ -321,7 +326,8 @@ class MixtureWorkSource:
         """Global chunk ids of lane ``lane``'s window ``w`` (``k`` chunks; the last may be short)."""
         k = check_int(k, "flush_every_k_chunks", 1, hint="e.g. 8")
         chunks = self.lane_chunks(lane, canonical_replicas)
-        if w < 0 or (self.num_chunks is not None and w >= self.num_windows(lane, canonical_replicas, k)):
+        windows = self.num_windows(lane, canonical_replicas, k)  # None for an endless stream
+        if w < 0 or (windows is not None and w >= windows):
             raise ChunkOutOfRangeError(f"lane {lane} has no window {w}")
         return chunks[w * k : (w + 1) * k]
 

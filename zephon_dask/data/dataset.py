@@ -130,6 +130,9 @@ class Dataset:
     ``data_files`` the globs that chose the files; ``skipped`` names the first
     files that discovery passed over (not of the format) and ``num_skipped``
     counts them all. None of these is part of the identity.
+
+    Example:
+        >>> web = zephon_dask.Dataset.from_path("web", "s3://bucket/web/")  # doctest: +SKIP
     """
 
     name: str
@@ -302,6 +305,7 @@ class Dataset:
     ) -> Dataset:
         """Index ``files`` (through the cache) and build the Dataset; columns checked if tabular."""
         cols = None if columns is None else tuple(dict.fromkeys([text_field, *columns]))
+        assert reader.inspect is not None, "callers pick a format whose reader can index files"
         index = build_index(fs, files, reader.name, reader.inspect, progress=progress, cache=cache_dir)
         for f, e in zip(files, index.entries, strict=True):
             if "columns" not in e:
@@ -359,6 +363,9 @@ class Dataset:
         The generic constructor behind :meth:`from_jsonl` and the like, and the one
         :meth:`from_path` and recipes use for a format whose reader names no
         constructor of its own.
+
+        Example:
+            >>> zephon_dask.Dataset.from_files("web", "data/web/", "jsonl")  # doctest: +SKIP
         """
         if formats.get(format).inspect is None:
             raise ConfigError(
@@ -388,6 +395,9 @@ class Dataset:
         data; ``data_files`` globs (relative to the directory) narrow the choice.
         Records are checked for ``text_field`` when read (the index only counts lines).
         ``cache_dir`` overrides where the index cache lives (see docs/formats.md).
+
+        Example:
+            >>> zephon_dask.Dataset.from_jsonl("web", "data/web/", text_field="content")  # doctest: +SKIP
         """
         return cls._from_listing(
             "jsonl", name, path, text_field, None, data_files=data_files,
@@ -411,6 +421,9 @@ class Dataset:
 
         ``columns`` selects what :meth:`read` returns (default: all); ``text_field``
         is always included. Every file must have ``text_field`` and the columns.
+
+        Example:
+            >>> zephon_dask.Dataset.from_parquet("wiki", "data/wiki/", columns=["title"])  # doctest: +SKIP
         """
         return cls._from_listing(
             "parquet", name, path, text_field, columns, data_files=data_files,
@@ -434,6 +447,9 @@ class Dataset:
         """Arrow IPC files: a ``save_to_disk`` folder (its files, in order), or ``*.arrow`` files.
 
         A ``DatasetDict`` folder needs ``split=`` unless it holds one split.
+
+        Example:
+            >>> zephon_dask.Dataset.from_arrow("wiki", "saved/wiki", split="train")  # doctest: +SKIP
         """
         _check_name(name)
         fs, fpath = filesystem(str(path), storage_options)
@@ -477,10 +493,13 @@ class Dataset:
         list, or ``{split: globs}`` as ``datasets.load_dataset`` takes them) or by
         the ``datasets`` naming conventions; the files must be of one format
         (parquet, JSONL or Arrow).
+
+        Example:
+            >>> zephon_dask.Dataset.from_hf("wiki", "~/.cache/huggingface/hub/datasets--org--wiki", split="train")  # doctest: +SKIP
         """
         _check_name(name)
         fs, fpath = filesystem(str(path), storage_options)
-        kw = {"storage_options": storage_options, "progress": progress, "cache_dir": cache_dir}
+        kw: dict[str, Any] = {"storage_options": storage_options, "progress": progress, "cache_dir": cache_dir}
         if not has_glob(fpath) and fs.isdir(fpath) and hf.is_saved(fs, fpath):
             return cls.from_arrow(
                 name, path, text_field, columns, split=split, data_files=data_files, **kw
@@ -520,6 +539,9 @@ class Dataset:
         and ``cache_dir`` are accepted so that ``from_path`` takes the same
         arguments for every format). Every shard must have the same columns, among
         them ``text_field``.
+
+        Example:
+            >>> zephon_dask.Dataset.from_mds("books", "data/books-mds/")  # doctest: +SKIP
         """
         _check_name(name)
         _check_text_field(text_field)
@@ -541,6 +563,9 @@ class Dataset:
 
         A record is a JSON-native dict holding ``text_field`` or a plain string
         (wrapped as ``{text_field: s}``); every record is checked here.
+
+        Example:
+            >>> zephon_dask.Dataset.from_records("toy", [{"text": "hello"}, {"text": "world"}])  # doctest: +SKIP
         """
         _check_name(name)
         _check_text_field(text_field)
@@ -567,6 +592,9 @@ class Dataset:
         An incomplete store (an interrupted ``prepare_tokens`` job) is refused.
         ``tokenizer`` (a ``Tokenize`` operator, or its ``.tokenizer``) is the tokenizer
         the caller expects: a store written with another one raises TokenizerMismatchError.
+
+        Example:
+            >>> zephon_dask.Dataset.from_tokens("web", "tokens/web.zarr")  # doctest: +SKIP
         """
         _check_name(name)
         shards, meta = tokens.open_store(str(path), storage_options)
@@ -591,6 +619,9 @@ class Dataset:
         extensions (``.jsonl``/``.json`` and their ``.gz``/``.zst`` forms, ``.parquet``/``.pq``,
         ``.arrow``). A directory or glob mixing formats is refused; in a directory,
         files of no known format are ignored with one warning.
+
+        Example:
+            >>> zephon_dask.Dataset.from_path("web", "data/web/")  # format detected  # doctest: +SKIP
         """
         _check_name(name)
         reader = _detect(name, str(path), kwargs.get("storage_options"), kwargs.get("data_files"))

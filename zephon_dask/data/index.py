@@ -119,7 +119,9 @@ def build_index(
                 _store(index_file(d, root), d, fresh)
         if errors:
             raise errors[min(errors)]
-    return IndexResult(tuple(entries), len(todo))
+    done = [e for e in entries if e is not None]
+    assert len(done) == len(entries), "every file was indexed or an error was raised"
+    return IndexResult(tuple(done), len(todo))
 
 
 def _dir_url(fs: AbstractFileSystem, name: str) -> str:

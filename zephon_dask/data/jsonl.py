@@ -156,6 +156,7 @@ def read(
     storage_options: dict[str, Any] | None,
 ) -> list[dict[str, Any]]:
     """The records at ``offsets`` (int64, validated) of ``shard``, in order; fresh dicts each."""
+    assert shard.path is not None, "a file shard has a path"
     fs, name = filesystem(shard.path, storage_options)
     layout = _layout(fs, name, shard)
     fetch = _fetcher(fs, name, shard, layout)

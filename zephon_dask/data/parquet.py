@@ -40,6 +40,7 @@ def read(
     storage_options: dict[str, Any] | None,
 ) -> list[dict[str, Any]]:
     """The rows at ``offsets`` (int64, validated) of ``shard``, in order; fresh dicts each."""
+    assert shard.path is not None, "a file shard has a path"
     fs, name = filesystem(shard.path, storage_options)
     try:
         with fs.open(name, "rb") as fh:

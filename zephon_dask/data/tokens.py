@@ -44,7 +44,7 @@ import json
 import posixpath
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import zarr
@@ -61,6 +61,9 @@ from .paths import filesystem, to_url
 from .reader import Reader
 from .shard import Shard
 
+if TYPE_CHECKING:
+    from zarr.core.array_spec import ArrayConfigParams
+
 FORMAT = "zephon_dask.tokens"
 VERSION = 1
 TOKEN_CHUNK = 1 << 20
@@ -70,7 +73,7 @@ _TOKEN_DTYPES = (np.dtype(np.uint16), np.dtype(np.uint32))
 OPENED = ByteLRU(1 << 30)
 # Every chunk is written, even one equal to the fill value, so a reader can tell a deleted
 # chunk file (an error) from a chunk zarr skipped (which it would read back as zeros).
-EVERY_CHUNK = {"write_empty_chunks": True}
+EVERY_CHUNK: ArrayConfigParams = {"write_empty_chunks": True}
 RECORD = "record"  # a shard group's completion record (prepare_tokens)
 REPAIR = ("rerun zephon_dask.prepare_tokens (or `zephon-dask prepare`) with the same dataset, tokenizer "
           "and output path: it rewrites the shards that fail verification")
@@ -138,7 +141,7 @@ def open_store(
     """``(shards, tokenizer meta)`` from a store's metadata (no token data is read)."""
     try:
         root = zarr.open_group(path, mode="r", storage_options=storage_options or None)
-        attrs = dict(root.attrs)
+        attrs: dict[str, Any] = dict(root.attrs)
     except FileNotFoundError:
         raise DatasetNotFoundError(f"token store {path!r} does not exist") from None
     except (ValueError, KeyError, TypeError) as exc:  # zarr.json that is not JSON, or not zarr's
@@ -163,7 +166,7 @@ def open_store(
     out = []
     for sid in sorted(ids):
         try:
-            tok, off = root[f"shards/{sid}/tokens"], root[f"shards/{sid}/offsets"]
+            tok, off = array_at(root, f"shards/{sid}/tokens"), array_at(root, f"shards/{sid}/offsets")
         except (KeyError, ValueError, TypeError):
             raise DataFormatError(
                 f"token store {path!r}: shard {sid!r} lacks its tokens or offsets array"
@@ -182,6 +185,18 @@ def open_store(
         nbytes = int(tok.shape[0]) * tok.dtype.itemsize
         out.append(Shard(sid, f"{base}/shards/{sid}", int(off.shape[0]) - 1, nbytes, None))
     return tuple(out), attrs.get("tokenizer") or {}
+
+
+def array_at(group: zarr.Group, path: str) -> zarr.Array:
+    """The array at ``path`` in ``group``.
+
+    Raises:
+        KeyError: nothing is there, or a group rather than an array.
+    """
+    node = group[path]
+    if not isinstance(node, zarr.Array):
+        raise KeyError(f"{path!r} is a group, not an array")
+    return node
 
 
 def _corrupt(shard: Shard, problem: str) -> DataFormatError:
@@ -386,7 +401,7 @@ class ShardWriter:
         self._group.create_array(
             "offsets", data=offsets, chunks=(min(offsets.size, OFFSET_CHUNK),), config=EVERY_CHUNK
         )
-        record = {
+        record: dict[str, Any] = {
             "num_docs": int(lengths.size),
             "num_tokens": self._written,
             "tokens_sha256": self._sha.hexdigest(),
@@ -412,7 +427,7 @@ def verify_shard(
         record = group.attrs.get(RECORD)
         if not isinstance(record, dict) or record.get("source") != source:
             return None
-        tok, off = group["tokens"], group["offsets"]
+        tok, off = array_at(group, "tokens"), array_at(group, "offsets")
         if (
             tok.dtype != want
             or tok.shape != (record["num_tokens"],)

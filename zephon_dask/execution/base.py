@@ -46,10 +46,14 @@ class Runner:
     """
 
     name = "base"
-    dashboard_link: str | None = None
 
     def __init__(self, spec: PipelineSpec):
         self.spec = spec
+
+    @property
+    def dashboard_link(self) -> str | None:
+        """The Dask dashboard's address, or ``None`` for a runner without one."""
+        return None
 
     @classmethod
     def from_options(cls, spec: PipelineSpec, options: dict) -> Runner:

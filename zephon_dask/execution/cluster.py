@@ -22,7 +22,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -166,7 +166,8 @@ class DistributedHandle(WindowHandle):
     def __init__(self, graph: WindowGraph, futures, runner, priority):
         super().__init__(graph, future=futures[-1])
         self._chunks, self._runner, self._priority = futures[:-1], runner, priority
-        self._copy, self._copy_on, self._copies = None, [], 0
+        self._copy, self._copies = None, 0
+        self._copy_on: list[str] = []  # the workers the copy may run on
 
     def result(self):
         runner, resubmits = self._runner, 0
@@ -405,7 +406,7 @@ def _apply(fn: Callable, shared: tuple, *args):
 
 def each_completed(client: Client, fn: Callable, shared: tuple, calls: Sequence[tuple],
                    keys: Sequence[str], shared_key: str,
-                   timeout: float = DEFAULT_TIMEOUT) -> Iterator[tuple[int, Any, BaseException | None]]:
+                   timeout: float = DEFAULT_TIMEOUT) -> Generator[tuple[int, Any, BaseException | None], None, None]:
     """Run ``fn(*shared, *call)`` as one task per call under ``keys``; yield ``(index, result,
     error)`` as the tasks finish.
 

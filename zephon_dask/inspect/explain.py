@@ -43,6 +43,7 @@ class Section:
     notes: tuple[tuple[str, str], ...] = ()
 
     def text(self) -> str:
+        """The section as plain text: a title line, then its pairs and table."""
         parts = [f"{self.title}:"]
         if self.pairs:
             parts.append(text_pairs(self.pairs))
@@ -53,6 +54,7 @@ class Section:
         return "\n".join(parts)
 
     def html(self) -> str:
+        """The section as an HTML fragment: a title, then its pairs and table."""
         parts = [html_title(self.title)]
         if self.pairs:
             parts.append(html_pairs(self.pairs))

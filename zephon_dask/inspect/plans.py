@@ -32,6 +32,7 @@ class PlanEntry:
     notes: tuple[str, ...]
 
     def cells(self) -> tuple[str, ...]:
+        """The entry as table cells: degree, mapping, groups, lanes per group, imbalance, notes."""
         if self.plan is None:
             return (str(self.dp_degree), self.mapping, "-", "-", "-", "; ".join(self.notes))
         groups = " | ".join(",".join(map(str, g)) for g in self.plan.groups)

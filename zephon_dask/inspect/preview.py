@@ -40,10 +40,19 @@ class PreviewDocument:
 
     @property
     def lineage(self) -> str:
+        """Where the segment comes from: dataset, shard, offset and token range."""
         return (f"{self.dataset} shard {self.shard} ({self.shard_id}) offset {self.offset} "
                 f"tokens {self.token_start}:{self.token_start + self.token_count}")
 
     def shown(self, limit: int = TEXT_LIMIT) -> str:
+        """The segment as text cut at ``limit`` characters (its token ids when it has no text).
+
+        Args:
+            limit: the most characters shown.
+
+        Returns:
+            One line of text.
+        """
         if self.text is None:
             ids = " ".join(map(str, self.ids[:IDS_LIMIT]))
             more = f" ... ({len(self.ids) - IDS_LIMIT} more ids)" if len(self.ids) > IDS_LIMIT else ""

@@ -184,7 +184,7 @@ def state_html(state) -> str:
         state = state["state"]
     if not isinstance(state, dict):
         return html_block(html_title(f"not a state dict: {type(state).__name__}"))
-    config = state.get("config") if isinstance(state.get("config"), dict) else {}
+    config = state["config"] if isinstance(state.get("config"), dict) else {}
     pairs = [(k, str(state.get(k))) for k in ("format", "version", "fingerprint")]
     pairs += [(k, str(_lookup(config, k))) for k in ("canonical_replicas", "flush_every_k_chunks",
                                                      "seed", "chunk_size") if _lookup(config, k) is not None]
@@ -196,14 +196,14 @@ def state_html(state) -> str:
     extra = sorted(k for k in state if k not in KNOWN_STATE_KEYS)
     if extra:
         pairs.append(("other keys", ", ".join(extra)))
-    lanes = state.get("lanes") if isinstance(state.get("lanes"), dict) else {}
+    lanes = state["lanes"] if isinstance(state.get("lanes"), dict) else {}
     lane_rows = []
     for lane in sorted(lanes, key=lambda k: _lane_order(str(k))):
         progress = lanes[lane] if isinstance(lanes[lane], dict) else {}
         more = sorted(k for k in progress if k not in LANE_FIELDS)
         lane_rows.append((str(lane), *(str(progress.get(f, "")) for f in LANE_FIELDS),
                           ", ".join(f"{k}={progress[k]}" for k in more)))
-    pointers = state.get("pointers") if isinstance(state.get("pointers"), dict) else {}
+    pointers = state["pointers"] if isinstance(state.get("pointers"), dict) else {}
     pointer_rows = [(str(k), str(pointers[k])) for k in sorted(pointers, key=str)]
     return html_block(
         html_title("zephon_dask state"), html_pairs(pairs),

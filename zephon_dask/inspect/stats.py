@@ -34,6 +34,7 @@ class PipelineStats:
 
     @property
     def tokens_per_s(self) -> float:
+        """Tokens delivered per second of the iteration so far (0 before the first)."""
         return self.tokens / self.elapsed_s if self.elapsed_s > 0 else 0.0
 
     def _summary(self) -> list[tuple[str, object]]:

@@ -43,6 +43,15 @@ class AcceleratorLoader(PipelineLoader):
         return ({k: v.to(self.device, non_blocking=not blocking) for k, v in batch.items()} for batch in batches)
 
     def state_dict(self, *, ahead: int | None = None, at_step: int | None = None) -> dict:
+        """The data state to checkpoint: every rank's consumed lanes, gathered (a collective).
+
+        Args:
+            ahead: as for :meth:`Pipeline.state_dict`; with either argument, this rank's state only.
+            at_step: as for :meth:`Pipeline.state_dict`.
+
+        Returns:
+            A state dict covering all ranks' lanes.
+        """
         if ahead is None and at_step is None:
             return collective_state(self.pipeline)
         return super().state_dict(ahead=ahead, at_step=at_step)
@@ -50,7 +59,13 @@ class AcceleratorLoader(PipelineLoader):
 
 def prepare_pipeline(accelerator, pipeline, num_workers: int = 0, **dataloader_kwargs) -> AcceleratorLoader:
     """The pipeline's loader for ``accelerator``: on its device, never re-sharded, checkpointed
-    by ``save_state``/``load_state``. Call it on every rank (after ``Accelerator()``)."""
+    by ``save_state``/``load_state``. Call it on every rank (after ``Accelerator()``).
+
+    Example:
+        >>> from zephon_dask.integrations.accelerate import prepare_pipeline  # doctest: +SKIP
+        >>> accelerator = Accelerator()  # doctest: +SKIP
+        >>> loader = prepare_pipeline(accelerator, pipeline, num_workers=2)  # doctest: +SKIP
+    """
     loader = AcceleratorLoader(pipeline, device=accelerator.device, num_workers=num_workers, **dataloader_kwargs)
     loader = accelerator.prepare(loader)
     accelerator.register_for_checkpointing(loader)

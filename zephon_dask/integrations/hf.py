@@ -93,6 +93,12 @@ class ZephonTrainer(Trainer):
     built with ``.batch(microbatch, labels="hf")``; ``per_device_train_batch_size``
     is not used (the pipeline's microbatch is the batch). Set ``max_steps``.
     ``model_fields`` are the batch fields passed to ``model(**batch)``.
+
+    Example:
+        >>> from zephon_dask.integrations.hf import ZephonTrainer  # doctest: +SKIP
+        >>> trainer = ZephonTrainer(model=model, args=TrainingArguments("out", max_steps=1000),  # doctest: +SKIP
+        ...                         train_dataset=pipeline)
+        >>> trainer.train()  # doctest: +SKIP
     """
 
     def __init__(self, model=None, args=None, train_dataset=None, model_fields=MODEL_FIELDS, **kwargs):

@@ -26,7 +26,7 @@ import zarr
 from ..data.dataset import Dataset
 from ..data.paths import filesystem, to_url
 from ..data.shard import Shard
-from ..data.tokens import FORMAT, RECORD, VERSION, ShardWriter, verify_shard
+from ..data.tokens import FORMAT, RECORD, VERSION, ShardWriter, array_at, verify_shard
 from ..errors import ConfigError, DataFormatError, MissingFieldError, TokenizerMismatchError
 from ..execution.cluster import connect, each_completed
 from ..operators.identity import sha256_json
@@ -260,8 +260,8 @@ def _check_visible(url: str, ids: list[str], records: dict[int, dict], opts: dic
             group = root[f"shards/{sid}"]
             seen = (
                 group.attrs.get(RECORD) == rec
-                and group["tokens"].shape == (rec["num_tokens"],)
-                and group["offsets"].shape == (rec["num_docs"] + 1,)
+                and array_at(root, f"shards/{sid}/tokens").shape == (rec["num_tokens"],)
+                and array_at(root, f"shards/{sid}/offsets").shape == (rec["num_docs"] + 1,)
             )
         except KeyError:
             seen = False
@@ -300,6 +300,12 @@ def prepare_tokens(
     the store reads as complete only once every shard is verified. Returns a
     :class:`PrepareReport`; raises the first failed shard's error (the store stays
     incomplete).
+
+    Example:
+        >>> from zephon_dask import Dataset, Tokenize, prepare_tokens  # doctest: +SKIP
+        >>> report = prepare_tokens(Dataset.from_jsonl("web", "data/web/"),  # doctest: +SKIP
+        ...                         Tokenize("tokenizer.json", eos=True), "tokens/web.zarr")
+        >>> web = Dataset.from_tokens("web", "tokens/web.zarr")  # doctest: +SKIP
     """
     t0 = time.perf_counter()
     n_workers = check_int(n_workers, "n_workers", 1, optional=True, hint="None: one per core")
@@ -340,7 +346,7 @@ def prepare_tokens(
             zarr.open_group(url, mode="r+", storage_options=opts).attrs.update({"complete": False})
         if todo:
             records.update(run(c, tokenize_shard, todo, "tokenize", "tokenizing"))
-    if todo or existing.get("complete") is not True:
+    if todo or existing is None or existing.get("complete") is not True:
         _check_visible(url, ids, records, opts)
         zarr.open_group(url, mode="r+", storage_options=opts).attrs.update({"complete": True})
     return PrepareReport(

@@ -87,13 +87,14 @@ class RecordOp(Operator):
     kind = "stateless"
 
     def apply(self, record: dict) -> list[dict]:  # pragma: no cover - overridden
+        """The records ``record`` becomes (none to drop it); a subclass overrides this or :meth:`apply_chunk`."""
         raise NotImplementedError(f"{type(self).__name__} defines neither apply nor apply_chunk")
 
     def apply_chunk(self, rows: list[Row], ctx: ChunkContext) -> list[Row]:
         """:meth:`apply` on each row in order (pure if ``apply`` is); each output record keeps its
         row's pointer and token start. Counts ``<name>.dropped`` (rows in minus rows out, zero
         included); an error gets a note naming the record."""
-        out = []
+        out: list[Row] = []
         for row in rows:
             try:
                 produced = self.apply(row.record)

@@ -151,6 +151,7 @@ class Pack(Accumulator):
     def _place(self, piece_len: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Bin id (numbered by opening) of each piece, and the bin ids in emission order."""
         length, capacity = self.max_length, self.num_bins
+        assert capacity is not None, "the bin algorithms always have num_bins"
         best = self.algorithm == "best_fit"
         # room of the open bins in opening order; unused slots have room 0, so nothing fits them
         room = np.zeros(max(1, min(capacity, len(piece_len))), dtype=np.int64)
@@ -230,7 +231,7 @@ def _best_fit_wrap_segments(offsets: np.ndarray, length: int):
         segments.append((-1, 0, 0))  # row marker
     seg = np.asarray(segments, dtype=np.int64).reshape(-1, 3)
     marker = seg[:, 0] < 0
-    seg_row = (np.cumsum(marker) - marker)[~marker]
+    seg_row: np.ndarray = (np.cumsum(marker) - marker)[~marker]
     seg = seg[~marker]
     return seg[:, 0], seg[:, 1], seg[:, 2], seg_row, n_rows, remaining, len(cut)
 

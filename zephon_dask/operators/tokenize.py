@@ -103,7 +103,7 @@ class HFTokenizer:
     def __setstate__(self, state):
         from tokenizers import Tokenizer
 
-        self.__init__(Tokenizer.from_str(state["json"]))
+        HFTokenizer.__init__(self, Tokenizer.from_str(state["json"]))
 
 
 def checked_ids(value, limit: int = ID_LIMIT) -> np.ndarray:
@@ -216,6 +216,7 @@ class Tokenize(RecordOp):
         return self.check_id(given, f"{which}_id")
 
     def spec(self) -> dict:
+        """The operator's identity in the fingerprint: tokenizer, field, special tokens, length rules."""
         return {
             "op": "tokenize",
             "tokenizer": self.tokenizer.identity(),
@@ -241,13 +242,16 @@ class Tokenize(RecordOp):
             doc = np.concatenate(parts) if len(parts) > 1 else ids
             m = self.max_length
             if m is None or len(doc) <= m:
-                arrays.append(doc), owners.append(i), starts.append(0)
+                pieces = [(doc, 0)]
             elif self.split_long:
-                for s in range(0, len(doc), m):
-                    arrays.append(doc[s : s + m]), owners.append(i), starts.append(s)
+                pieces = [(doc[s : s + m], s) for s in range(0, len(doc), m)]
             else:
                 truncated += len(doc) - m
-                arrays.append(doc[:m]), owners.append(i), starts.append(0)
+                pieces = [(doc[:m], 0)]
+            for piece, start in pieces:
+                arrays.append(piece)
+                owners.append(i)
+                starts.append(start)
         return arrays, owners, starts, truncated
 
     def apply_chunk(self, rows: list[Row], ctx: ChunkContext) -> list[Row]:

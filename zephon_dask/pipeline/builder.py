@@ -49,7 +49,17 @@ from .session import Session, check_covers
 
 class Pipeline:
     """``Pipeline(work_source).tokenize(...).pack(...).batch(...).options(...)``: an immutable
-    description; iterating it runs its session (see the module docstring)."""
+    description; iterating it runs its session (see the module docstring).
+
+    Example:
+        >>> import zephon_dask as zd  # doctest: +SKIP
+        >>> web = zd.Dataset.from_jsonl("web", "data/web/")  # doctest: +SKIP
+        >>> pipeline = (zd.Pipeline(zd.MixtureWorkSource([web], seed=0))  # doctest: +SKIP
+        ...             .tokenize("tokenizer.json").pack(2048).batch(8)
+        ...             .options(canonical_replicas=8))
+        >>> for batch in pipeline:  # doctest: +SKIP
+        ...     train_step(batch["tokens"])
+    """
 
     def __init__(self, work_source: MixtureWorkSource):
         if not isinstance(work_source, MixtureWorkSource):
@@ -393,50 +403,122 @@ class Pipeline:
 
     @property
     def settings(self) -> Mapping[str, Any]:
-        """Every option's value (read-only): data, step and execution settings."""
+        """Every option's value (read-only): data, step and execution settings.
+
+        Returns:
+            A read-only mapping of option name to value; unset options hold their
+            defaults from :data:`zephon_dask.options.OPTIONS`.
+
+        Example:
+            >>> pipeline.settings["canonical_replicas"]  # doctest: +SKIP
+            8
+        """
         return self._settings
 
     @property
     def batch_options(self) -> BatchOptions:
+        """The batch shape and fields set by :meth:`batch` (a frozen value).
+
+        Returns:
+            The :class:`~zephon_dask.consumer.BatchOptions` (microbatch size,
+            ``drop_last``, labels, padding id, ...).
+        """
         return self._batch
 
     @property
     def work_source(self) -> MixtureWorkSource:
-        """The work source: this pipeline's, or after ``load_state_dict`` one with the state's seed."""
+        """The work source: this pipeline's, or after ``load_state_dict`` one with the state's seed.
+
+        Returns:
+            The :class:`~zephon_dask.curriculum.MixtureWorkSource` the batches come from.
+        """
         return self._session.source
 
     @property
     def record_ops(self) -> tuple[RecordOp, ...]:
+        """The record operators (``map``, ``filter``, ``tokenize``, ...), in order.
+
+        Returns:
+            A tuple of :class:`~zephon_dask.operators.RecordOp`, each run per chunk.
+        """
         return self._record_ops
 
     @property
     def accumulators(self) -> tuple[Accumulator, ...]:
+        """The window accumulators (``shuffle``, ``pack``, ``stateful``), in order.
+
+        Returns:
+            A tuple of :class:`~zephon_dask.operators.Accumulator`, each run per window.
+        """
         return self._accumulators
 
     @property
     def session(self) -> Session:
-        """The runtime: runner, iteration, resume point (see :mod:`.session`)."""
+        """The runtime: runner, iteration, resume point (see :mod:`.session`).
+
+        Returns:
+            The pipeline's :class:`~zephon_dask.pipeline.session.Session`.
+        """
         return self._session
 
     # -- the data definition ---------------------------------------------------------
 
     @property
     def spec(self) -> PipelineSpec:
+        """The data definition: work source, operators, lanes and window size.
+
+        Returns:
+            A :class:`~zephon_dask.core.PipelineSpec`; its ``fingerprint`` is :meth:`fingerprint`.
+        """
         return PipelineSpec(self.work_source, self._record_ops, self._accumulators,
                             self._settings["canonical_replicas"], self._settings["flush_every_k_chunks"])
 
     def fingerprint(self) -> str:
-        """SHA-256 of every data-defining setting (execution options never change it)."""
+        """SHA-256 of every data-defining setting (execution options never change it).
+
+        Returns:
+            The hex digest a checkpoint records; equal fingerprints mean equal batches.
+
+        Example:
+            >>> pipeline.fingerprint()[:16]  # doctest: +SKIP
+            '3f9a0c1d2b7e4a55'
+        """
         return self.spec.fingerprint
 
     def compute_window(self, lane: int, window: int) -> WindowOutput:
-        """One window, computed here without Dask (for notebooks and tests)."""
+        """One window, computed here without Dask (for notebooks and tests).
+
+        Args:
+            lane: the lane, in ``[0, canonical_replicas)``.
+            window: the window's index within the lane.
+
+        Returns:
+            The window's samples and counters, a :class:`~zephon_dask.core.WindowOutput`.
+
+        Raises:
+            ChunkOutOfRangeError: the lane has no such window.
+
+        Example:
+            >>> len(pipeline.compute_window(lane=0, window=0))  # doctest: +SKIP
+            48
+        """
         return compute_window(self.spec, lane, window)
 
     # -- identity -----------------------------------------------------------------------
 
     def identity(self) -> tuple[int, int]:
-        """``(dp_degree, dp_group_id)``: from options, else ``torch.distributed``, else ``(1, 0)``."""
+        """``(dp_degree, dp_group_id)``: from options, else ``torch.distributed``, else ``(1, 0)``.
+
+        Returns:
+            The data-parallel degree and this process's group.
+
+        Raises:
+            ConfigError: ``dp_group_id`` is not below ``dp_degree``.
+
+        Example:
+            >>> pipeline.options(dp_degree=2, dp_group_id=1).identity()  # doctest: +SKIP
+            (2, 1)
+        """
         degree, group = self._settings["dp_degree"], self._settings["dp_group_id"]
         dist = sys.modules.get("torch.distributed")  # initialised only if the user imported torch
         if (degree is None or group is None) and dist is not None and dist.is_available() and dist.is_initialized():
@@ -449,12 +531,27 @@ class Pipeline:
         return degree, group
 
     def owned_lanes(self) -> list[int]:
-        """The lanes this DP group owns."""
+        """The lanes this DP group owns.
+
+        Returns:
+            Lane ids, in the order the round-robin visits them.
+
+        Raises:
+            ConfigError: the DP identity is invalid (see :meth:`identity`).
+
+        Example:
+            >>> pipeline.options(canonical_replicas=8, dp_degree=2, dp_group_id=0).owned_lanes()  # doctest: +SKIP
+            [0, 1, 2, 3]
+        """
         degree, group = self.identity()
         return group_lanes(self._settings["canonical_replicas"], degree, self._settings["mapping_strategy"])[group]
 
     def rank(self) -> int:
-        """This process's rank: ``torch.distributed``'s when initialised, else the DP group."""
+        """This process's rank: ``torch.distributed``'s when initialised, else the DP group.
+
+        Returns:
+            The rank, used to name this process's ledger file.
+        """
         dist = sys.modules.get("torch.distributed")
         if dist is not None and dist.is_available() and dist.is_initialized():
             return dist.get_rank()
@@ -463,11 +560,29 @@ class Pipeline:
     # -- execution ------------------------------------------------------------------------
 
     def runner(self):
-        """The started runner (started on first use, reused after; closed by :meth:`close`)."""
+        """The started runner (started on first use, reused after; closed by :meth:`close`).
+
+        Returns:
+            A :class:`~zephon_dask.execution.base.Runner` (the one ``options(runner=...)`` chooses).
+
+        Raises:
+            ClosedError: the pipeline was closed.
+            ClusterError: the distributed runner could not reach or start its cluster.
+        """
         return self._session.runner()
 
     def open_stream(self, lanes: list[int], resume: dict | None, first_lane: int | None = None) -> BatchStream:
-        """A new stream over ``lanes`` starting at ``resume`` (a state; ``None``: the beginning)."""
+        """A new stream over ``lanes`` starting at ``resume`` (a state; ``None``: the beginning).
+
+        Args:
+            lanes: the lanes to serve, in round-robin order.
+            resume: a checked state dict, or ``None`` for the start.
+            first_lane: the lane the round-robin starts at (default: the state's next lane).
+
+        Returns:
+            A :class:`~zephon_dask.consumer.stream.BatchStream`, untracked: its batches
+            do not move :meth:`state_dict` (iterate the pipeline for that).
+        """
         return self._session.open_stream(lanes, resume, first_lane)
 
     def __iter__(self):
@@ -475,13 +590,33 @@ class Pipeline:
 
         A newer ``iter()`` (or :meth:`load_state_dict`) supersedes this
         iterator: using it afterwards raises :class:`StateError`.
+
+        Returns:
+            An iterator of :class:`~zephon_dask.Batch`.
+
+        Example:
+            >>> for batch in pipeline:  # doctest: +SKIP
+            ...     train_step(batch["tokens"])
         """
         session = self._session
         progress, generation = session.begin()
         return session.serve(session.tracked_stream(progress), generation, progress.observe_batch)
 
     def to_torch(self, device=None, pin_memory: bool | None = None, prefetch: int = 2):
-        """Yield dicts of torch tensors; on CUDA pinned and copied ahead on a side stream."""
+        """Yield dicts of torch tensors; on CUDA pinned and copied ahead on a side stream.
+
+        Args:
+            device: the target device (default: the tensors stay on the CPU).
+            pin_memory: pin host memory (default: when ``device`` is CUDA).
+            prefetch: batches copied ahead of the consumer.
+
+        Returns:
+            An iterator of ``{field: tensor}`` dicts; its deliveries move :meth:`state_dict`.
+
+        Example:
+            >>> for batch in pipeline.to_torch("cuda"):  # doctest: +SKIP
+            ...     loss = model(batch["tokens"]).loss
+        """
         # torch loads only when tensors are asked for
         from ..consumer.torch_io import to_device_iter
 
@@ -491,7 +626,14 @@ class Pipeline:
                                             depth=prefetch, on_deliver=progress.observe_batch), generation)
 
     def check_live(self, generation: int) -> None:
-        """Raise :class:`StateError` if the iteration ``generation`` was superseded."""
+        """Raise :class:`StateError` if the iteration ``generation`` was superseded.
+
+        Args:
+            generation: the generation an iterator was started with.
+
+        Raises:
+            StateError: a newer iteration (or ``load_state_dict``) started since.
+        """
         self._session.check_live(generation)
 
     def to_torch_dataset(self):
@@ -503,6 +645,13 @@ class Pipeline:
         pipeline cannot see what such a loader delivered: its
         :meth:`state_dict` raises until it iterates again; take the state
         from the loader, or use :meth:`to_torch_loader`.
+
+        Returns:
+            A :class:`~zephon_dask.pipeline.torch_data.PipelineDataset`.
+
+        Example:
+            >>> from torchdata.stateful_dataloader import StatefulDataLoader  # doctest: +SKIP
+            >>> loader = StatefulDataLoader(pipeline.to_torch_dataset(), batch_size=None, num_workers=2)  # doctest: +SKIP
         """
         from .torch_data import PipelineDataset
 
@@ -511,7 +660,23 @@ class Pipeline:
 
     def to_torch_loader(self, num_workers: int = 0, **dataloader_kwargs):
         """A ``DataLoader`` (subclass) over this pipeline whose deliveries feed :meth:`state_dict`
-        and the ledger; its own ``state_dict``/``load_state_dict`` are this pipeline's."""
+        and the ledger; its own ``state_dict``/``load_state_dict`` are this pipeline's.
+
+        Args:
+            num_workers: DataLoader worker processes (lanes are split across them).
+            **dataloader_kwargs: other ``DataLoader`` arguments (``pin_memory``,
+                ``prefetch_factor``, ...); not ``batch_size``, ``shuffle`` or a sampler.
+
+        Returns:
+            A :class:`~zephon_dask.pipeline.torch_data.PipelineLoader`.
+
+        Raises:
+            ConfigError: a ``DataLoader`` argument that would re-batch or sample.
+
+        Example:
+            >>> loader = pipeline.to_torch_loader(num_workers=2, pin_memory=True)  # doctest: +SKIP
+            >>> torch.save({"data": loader.state_dict()}, "ckpt.pt")  # doctest: +SKIP
+        """
         from .torch_data import PipelineLoader
 
         return PipelineLoader(self, num_workers=num_workers, **dataloader_kwargs)
@@ -520,13 +685,33 @@ class Pipeline:
 
     def step_shape(self) -> StepShape:
         """The global step at this group's degree (``per_rank`` batches here, ``global_batches``
-        over all ranks), from the options and a loaded state (see :mod:`.steps`)."""
+        over all ranks), from the options and a loaded state (see :mod:`.steps`).
+
+        Returns:
+            A :class:`~zephon_dask.state.progress.StepShape`.
+
+        Raises:
+            ConfigError: the step settings make steps depend on the topology.
+            StateError: they would change a loaded state's global step.
+        """
         degree, _ = self.identity()
         return self.shape_for(self._session.resume, degree)
 
     def shape_for(self, state: dict | None, degree: int) -> StepShape:
-        """The global step at ``degree`` for a resume from ``state`` (``None``: a fresh start)."""
-        saved = state["step"] if state is not None else {"global_batches": None, "microbatch_size": 0}
+        """The global step at ``degree`` for a resume from ``state`` (``None``: a fresh start).
+
+        Args:
+            state: a checked state dict, or ``None``.
+            degree: the data-parallel degree.
+
+        Returns:
+            A :class:`~zephon_dask.state.progress.StepShape`.
+
+        Raises:
+            ConfigError: the step settings make steps depend on the topology.
+            StateError: they would change the state's global step.
+        """
+        saved: dict[str, Any] = state["step"] if state is not None else {"global_batches": None, "microbatch_size": 0}
         return steps.step_shape(self._settings["canonical_replicas"], degree, len(self.owned_lanes()),
                                 self._settings["batches_per_step"], self._settings["global_batches_per_step"],
                                 saved["global_batches"], self._batch.microbatch_size, saved["microbatch_size"])
@@ -535,26 +720,66 @@ class Pipeline:
         """Progress of what this group's iteration delivered to the caller: a plain ``dict``.
 
         By default the state after every delivered batch, or after the batch
-        :meth:`mark_consumed` last named. ``ahead=k`` leaves out the last ``k``
-        deliveries (fetched ahead of the step: a resume delivers them again);
-        ``at_step=N`` is the state at the end of global step ``N``. Both reach
-        back at most :data:`~zephon_dask.state.progress.CONSUMED_RING` batches.
+        :meth:`mark_consumed` last named. Both options reach back at most
+        :data:`~zephon_dask.state.progress.CONSUMED_RING` batches.
+
+        Args:
+            ahead: leave out the last ``ahead`` deliveries (fetched ahead of the
+                step: a resume delivers them again).
+            at_step: the state at the end of global step ``at_step``.
+
+        Returns:
+            A JSON-able dict (format, version, fingerprint, config, lanes, step);
+            save it with :func:`zephon_dask.save_state` or ``torch.save``.
+
+        Raises:
+            StateError: the pipeline went to a DataLoader through
+                :meth:`to_torch_dataset` and has not iterated since, both ``ahead``
+                and ``at_step`` are given, or they reach beyond what is remembered.
+
+        Example:
+            >>> zephon_dask.save_state("ckpt/data.json", pipeline.state_dict())  # doctest: +SKIP
         """
         return self._session.state_dict(ahead, at_step)
 
     def mark_consumed(self, upto) -> None:
-        """The training step consumed deliveries up to ``upto`` (a batch, or a count of this
-        iteration's deliveries); :meth:`state_dict` then leaves out those fetched after it."""
+        """The training step consumed deliveries up to ``upto``; :meth:`state_dict` then leaves out
+        those fetched after it.
+
+        Args:
+            upto: a delivered :class:`~zephon_dask.Batch`, or a count of this
+                iteration's deliveries.
+
+        Raises:
+            StateError: no iteration is in progress, or ``upto`` is not among its
+                recent deliveries.
+
+        Example:
+            >>> pipeline.mark_consumed(batch)  # doctest: +SKIP
+        """
         self._session.mark_consumed(upto)
 
     def load_state_dict(self, state: dict) -> Pipeline:
         """Resume from ``state`` at the next iteration; refuses a state of other data.
 
         The seed comes from the state (with a warning if this pipeline says
-        otherwise). A different ``canonical_replicas`` or any other
-        data-defining difference raises :class:`StateError`; execution
-        options, DP degree and mapping, DataLoader workers and the microbatch
-        size may change. Returns this pipeline (its session now resumes there).
+        otherwise). Execution options, DP degree and mapping, DataLoader
+        workers and the microbatch size may change.
+
+        Args:
+            state: a dict from :meth:`state_dict` or :func:`zephon_dask.load_state`
+                (an older version is migrated).
+
+        Returns:
+            This pipeline (its session now resumes there).
+
+        Raises:
+            StateError: the state is malformed, was written with another
+                ``canonical_replicas`` or data configuration (the difference is
+                listed), or does not cover this group's lanes.
+
+        Example:
+            >>> pipeline.load_state_dict(zephon_dask.load_state("ckpt/data.json"))  # doctest: +SKIP
         """
         state, source = self.check_resumable(state, self.owned_lanes())
         self.shape_for(state, self.identity()[0])  # refuses a step the checkpoint's would not match
@@ -570,7 +795,18 @@ class Pipeline:
 
     def check_resumable(self, state: dict, lanes: list[int]):
         """``(state, work source)``: ``state`` validated (and migrated) for ``lanes`` of this data,
-        with the work source carrying the state's seed. Raises :class:`StateError`; changes nothing."""
+        with the work source carrying the state's seed. Changes nothing.
+
+        Args:
+            state: a state dict.
+            lanes: the lanes the state must cover.
+
+        Returns:
+            The checked plain-dict state and the work source to resume with.
+
+        Raises:
+            StateError: the state does not belong to this data or lacks a lane.
+        """
         state = check_state(state)
         saved = state["config"]
         replicas = saved.get("canonical_replicas")
@@ -618,8 +854,15 @@ class Pipeline:
                                  "batch; the state is corrupted")
 
     def close(self) -> None:
-        """Stop the iteration, and the cluster or threads this pipeline started. Iterating or
-        computing on the cluster afterwards raises :class:`ClosedError`."""
+        """Stop the iteration, and the cluster or threads this pipeline started.
+
+        Iterating or computing on the cluster afterwards raises :class:`ClosedError`;
+        ``with pipeline:`` closes it on exit.
+
+        Example:
+            >>> with build_pipeline() as pipeline:  # doctest: +SKIP
+            ...     batch = next(iter(pipeline))
+        """
         self._session.close()
 
     def __enter__(self) -> Pipeline:
@@ -638,35 +881,116 @@ class Pipeline:
 
     @classmethod
     def from_config(cls, path) -> Pipeline:
-        """The pipeline a TOML recipe describes (see ``docs/recipes.md``)."""
+        """The pipeline a TOML recipe describes (see ``docs/recipes.md``).
+
+        Args:
+            path: the recipe file.
+
+        Returns:
+            A new pipeline: tokenize, shuffle, pack and batch as the recipe says.
+
+        Raises:
+            ConfigError: the recipe is malformed (the message names the file and key).
+            DatasetNotFoundError: a dataset path does not exist.
+
+        Example:
+            >>> pipeline = Pipeline.from_config("recipe.toml")  # doctest: +SKIP
+        """
         return show("pipeline_from_config", path)
 
     def explain(self):
-        """A readable plan: datasets, mixture, lanes, operators, runner, warnings."""
+        """A readable plan: datasets, mixture, lanes, operators, runner, warnings.
+
+        Returns:
+            An :class:`~zephon_dask.inspect.Explanation` (text in a terminal, HTML in a notebook).
+
+        Example:
+            >>> print(pipeline.explain())  # doctest: +SKIP
+        """
         return show("explain", self)
 
     def preview(self, n: int = 3, lane: int = 0):
-        """The first ``n`` rows of ``lane`` decoded to text, with each document's lineage."""
+        """The first ``n`` rows of ``lane`` decoded to text, with each document's lineage.
+
+        Args:
+            n: rows to show.
+            lane: the lane to read (its first windows are computed here, without Dask).
+
+        Returns:
+            A :class:`~zephon_dask.inspect.Preview`.
+
+        Example:
+            >>> pipeline.preview(n=2)  # doctest: +SKIP
+        """
         return show("preview", self, n, lane)
 
     def plan(self, dp_degrees=(1, 2, 4, 8)):
-        """The lane-to-group table for each DP degree and mapping, with load imbalance."""
+        """The lane-to-group table for each DP degree and mapping, with load imbalance.
+
+        Args:
+            dp_degrees: the data-parallel degrees to tabulate.
+
+        Returns:
+            A :class:`~zephon_dask.inspect.PlanTable`.
+
+        Example:
+            >>> pipeline.plan(dp_degrees=(2, 4))  # doctest: +SKIP
+        """
         return show("plan_table", self, dp_degrees)
 
     def window_graph(self, lane: int, window: int, fused: bool | None = None):
-        """The Dask graph of one window (``.visualize()`` draws it when graphviz is installed)."""
+        """The Dask graph of one window (``.visualize()`` draws it when graphviz is installed).
+
+        Args:
+            lane: the lane.
+            window: the window's index within the lane.
+            fused: show the fused graph (default: the ``fuse`` option).
+
+        Returns:
+            A :class:`~zephon_dask.inspect.WindowGraphView`.
+
+        Example:
+            >>> pipeline.window_graph(0, 0).visualize()  # doctest: +SKIP
+        """
         return show("window_graph", self, lane, window, fused)
 
     def stats(self):
-        """Progress of the current iteration: lanes, windows, tokens/s, efficiency, mixture."""
+        """Progress of the current iteration: lanes, windows, tokens/s, efficiency, mixture.
+
+        Returns:
+            A :class:`~zephon_dask.inspect.PipelineStats`.
+
+        Example:
+            >>> pipeline.stats().tokens_per_s  # doctest: +SKIP
+        """
         return show("stats", self)
 
     def plot_mixture(self, ax=None):
-        """Realized mixture per global step against the target (matplotlib)."""
+        """Realized mixture per global step against the target (matplotlib).
+
+        Args:
+            ax: the axes to draw on (default: a new figure).
+
+        Returns:
+            The matplotlib axes.
+
+        Example:
+            >>> pipeline.plot_mixture()  # doctest: +SKIP
+        """
         return show("plot_mixture", self.stats(), ax)
 
     def plot_packing(self, ax=None):
-        """Padding efficiency per global step (matplotlib)."""
+        """Padding efficiency per global step (matplotlib).
+
+        Args:
+            ax: the axes to draw on (default: a new figure).
+
+        Returns:
+            The matplotlib axes.
+
+        Example:
+            >>> pipeline.plot_packing()  # doctest: +SKIP
+        """
         return show("plot_packing", self.stats(), ax)
 
     def __repr__(self) -> str:

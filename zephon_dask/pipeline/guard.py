@@ -16,6 +16,7 @@ a pipeline: torch refuses any sampler on an ``IterableDataset``.)
 from __future__ import annotations
 
 import sys
+from types import FrameType
 
 from ..errors import ShardingError
 
@@ -36,7 +37,7 @@ FIX = ("a zephon_dask pipeline already gives each rank its own lanes, so this wo
 
 def resharding_wrapper(depth: int = MAX_DEPTH) -> str | None:
     """``module.qualname`` of the first re-sharding wrapper among the callers, else ``None``."""
-    frame = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1)
     for _ in range(depth):
         if frame is None:
             return None

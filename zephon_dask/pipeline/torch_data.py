@@ -179,7 +179,8 @@ class PipelineLoader(DataLoader):
                          **dataloader_kwargs)
         self.pipeline = pipeline
 
-    def __iter__(self) -> _Delivering:
+    # DataLoader's stub promises its own iterator class; this one wraps it (same protocol)
+    def __iter__(self) -> _Delivering:  # type: ignore[override]
         progress, generation = self.pipeline.session.begin()
         return _Delivering(self.pipeline, super().__iter__(), progress, generation)
 

@@ -62,10 +62,24 @@ def _sweep(path: Path) -> None:
 
 
 def save_state(path, state: dict) -> Path:
-    """Write ``state`` to ``path`` atomically (temp file + fsync + rename); returns the path.
+    """Write ``state`` to ``path`` atomically (temp file + fsync + rename), with a checksum.
 
-    A symlink at ``path`` is written through; a directory or special file there raises
-    :class:`StateError`."""
+    A symlink at ``path`` is written through; missing parent directories are made.
+
+    Args:
+        path: the file to write (``str`` or ``Path``), e.g. ``ckpt/data.json``.
+        state: a dict from ``pipeline.state_dict()`` (validated first).
+
+    Returns:
+        ``path`` as a :class:`~pathlib.Path`.
+
+    Raises:
+        StateError: ``state`` is malformed, or ``path`` is a directory or special
+            file, or a parent of it is a file.
+
+    Example:
+        >>> zephon_dask.save_state("ckpt/data.json", pipeline.state_dict())  # doctest: +SKIP
+    """
     state = check_state(state)
     given = Path(path)
     try:
@@ -89,7 +103,22 @@ def save_state(path, state: dict) -> Path:
 
 
 def load_state(path) -> dict:
-    """Read a state written by :func:`save_state`, verifying its checksum and schema."""
+    """Read a state written by :func:`save_state`, verifying its checksum and schema.
+
+    Args:
+        path: the file :func:`save_state` wrote.
+
+    Returns:
+        The state as a plain dict (an older version migrated), for
+        ``pipeline.load_state_dict``.
+
+    Raises:
+        StateError: no file there, a directory, not JSON, a checksum mismatch
+            (the file was edited or truncated) or a malformed state.
+
+    Example:
+        >>> pipeline.load_state_dict(zephon_dask.load_state("ckpt/data.json"))  # doctest: +SKIP
+    """
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")

@@ -121,8 +121,20 @@ def gaps(steps) -> list[tuple[int, int]]:
 
 
 def verify_ledgers(dir_a, dir_b) -> tuple[bool, str]:
-    """Whether every global step both ledgers cover holds the same batches, and neither misses a
-    step inside its own range; and a report."""
+    """Whether two runs' ledgers agree: every global step both cover holds the same batches, and
+    neither misses a step inside its own range.
+
+    Args:
+        dir_a: the ledger directory of one run (``options(ledger=...)``).
+        dir_b: the ledger directory of the other (e.g. the resumed run).
+
+    Returns:
+        ``(same, report)``: whether they agree, and a readable report naming the
+        first difference or gap.
+
+    Example:
+        >>> same, report = zephon_dask.verify_ledgers("run-a/ledger", "run-b/ledger")  # doctest: +SKIP
+    """
     a, b = read_ledger(dir_a), read_ledger(dir_b)
     for label, steps in (("A", a), ("B", b)):
         missing = gaps(steps)

@@ -14,7 +14,21 @@ from .schema import check_state
 
 
 def merge_states(states) -> dict:
-    """One state with every lane of ``states`` (pure). Raises :class:`StateError` on a divergence."""
+    """One state with every lane of ``states`` (pure): the per-rank states of one step, merged.
+
+    Args:
+        states: state dicts of the same run and global step (one per rank or DP group).
+
+    Returns:
+        A new state holding every lane and round-robin pointer of ``states``.
+
+    Raises:
+        StateError: no state, a malformed one, or states of different runs or
+            steps, or DP peers that disagree on a lane.
+
+    Example:
+        >>> merged = zephon_dask.merge_states([state_rank0, state_rank1])  # doctest: +SKIP
+    """
     states = [check_state(s, where=f"state {i}") for i, s in enumerate(states)]
     if not states:
         raise StateError("merge_states needs at least one state")
@@ -51,7 +65,23 @@ def gather_state(pipeline, group=None) -> dict:
     """Collective: every rank's ``pipeline.state_dict()`` merged, returned on every rank.
 
     Works with the gloo and nccl backends (with nccl, set the rank's CUDA
-    device first, as ``all_gather_object`` requires).
+    device first, as ``all_gather_object`` requires). Every rank must call it.
+
+    Args:
+        pipeline: this rank's pipeline.
+        group: the ``torch.distributed`` process group (default: the world).
+
+    Returns:
+        The merged state (see :func:`merge_states`).
+
+    Raises:
+        StateError: ``torch.distributed`` is not initialised, or the ranks' states
+            do not merge.
+
+    Example:
+        >>> state = zephon_dask.gather_state(pipeline)  # doctest: +SKIP
+        >>> if dist.get_rank() == 0:  # doctest: +SKIP
+        ...     zephon_dask.save_state("ckpt/data.json", state)
     """
     import torch.distributed as dist
 

@@ -94,8 +94,9 @@ class Progress:
         self.shape = shape
         step = resume["step"] if resume else None
         self.start_step = step["global_step"] if step else 0
-        same_shape = step and step["batches_per_step"] == shape.per_rank and step["dp_degree"] == shape.dp_degree
-        self.delivered = step["batches_in_step"] if same_shape else 0  # since the start_step boundary
+        self.delivered = 0  # since the start_step boundary
+        if step and step["batches_per_step"] == shape.per_rank and step["dp_degree"] == shape.dp_degree:
+            self.delivered = step["batches_in_step"]
         self.count = 0  # batches delivered by this iteration
         self._undo: deque[tuple] = deque(maxlen=CONSUMED_RING)  # per delivery: lane, id, what it changed
         self.consumed: int | None = None  # the watermark: deliveries the training step has consumed
@@ -153,7 +154,8 @@ class Progress:
         self.count += 1
 
     def observe_batch(self, batch) -> None:
-        self.observe(batch.lane, batch.index_in_lane, *batch.position, batch.last,
+        window, offset = batch.position
+        self.observe(batch.lane, batch.index_in_lane, window, offset, batch.last,
                      batch["tokens"], batch.dataset_tokens())
 
     # -- consumed, not fetched ------------------------------------------------------------

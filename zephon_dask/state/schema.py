@@ -26,7 +26,7 @@ Version 1 (no ``global_batches``, ``microbatch_size``) is migrated on load by
 from __future__ import annotations
 
 import copy
-from typing import Any
+from typing import Any, TypeGuard
 
 from ..errors import StateError
 
@@ -43,7 +43,7 @@ def pointer_key(worker: int, active_workers: int, lanes: list[int]) -> str:
     return f"{worker}/{active_workers}:{','.join(str(lane) for lane in lanes)}"
 
 
-def _is_count(value: Any) -> bool:
+def _is_count(value: object) -> TypeGuard[int]:
     return type(value) is int and 0 <= value <= MAX_COUNT
 
 
@@ -160,7 +160,8 @@ _MISSING = "<absent>"
 
 def config_diff(saved: dict, current: dict) -> list[tuple[str, Any, Any]]:
     """``(path, checkpoint value, pipeline value)`` for every leaf that differs, sorted by path."""
-    a, b = {}, {}
+    a: dict[str, Any] = {}
+    b: dict[str, Any] = {}
     _flatten(saved, "", a)
     _flatten(current, "", b)
     return [(k, a.get(k, _MISSING), b.get(k, _MISSING)) for k in sorted(set(a) | set(b))
