@@ -151,7 +151,8 @@ class ChatTemplate:
         return {"source": self.source, "variables": self.variables}
 
     def __setstate__(self, state):
-        self.__init__(state["source"], state["variables"])
+        self.source, self.variables = state["source"], state["variables"]
+        self.compiled = _compile(self.source)  # a compiled template does not pickle
 
 
 def _token_text(value) -> str | None:
