@@ -54,6 +54,7 @@ from ..errors import (
     DataFormatError,
     DatasetNotFoundError,
     IncompleteStoreError,
+    NotFoundError,
     TokenizerMismatchError,
 )
 from .memo import ByteLRU
@@ -191,11 +192,11 @@ def array_at(group: zarr.Group, path: str) -> zarr.Array:
     """The array at ``path`` in ``group``.
 
     Raises:
-        KeyError: nothing is there, or a group rather than an array.
+        KeyError: nothing is there; :class:`NotFoundError` (a ``KeyError``) for a group.
     """
     node = group[path]
     if not isinstance(node, zarr.Array):
-        raise KeyError(f"{path!r} is a group, not an array")
+        raise NotFoundError(f"{path!r} is a group, not an array")
     return node
 
 
