@@ -85,7 +85,7 @@ def main() -> None:
         flats = [np.concatenate([r["tokens"] for r in recs]) for recs in reads(None)()]
         t_max = timed(lambda: [int(f.max()) >= 50_257 for f in flats])
         print(f"the check alone (one max over the ids read): {t_max / len(picks) * 1e6:.0f} us per read "
-              f"({t_max / t_plain:.1%} of a read)")
+              f"({t_max / t_plain:.3%} of a read)")
 
 
 if __name__ == "__main__":
