@@ -176,6 +176,10 @@ def test_token_ids_outside_the_vocabulary_on_read_name_the_chunk_file(tmp_path, 
         ds.read(0, np.arange(20))
     msg = str(info.value)
     assert "document 6" in msg and "60000" in msg and f"{path}/shards/a/tokens/c/3" in msg
+    ws = z.MixtureWorkSource([ds], chunk_size=8, seed=0)
+    with pytest.raises(ConfigError, match=r"pad_id=258.*\[0, 258\)"):
+        z.Pipeline(ws).pack(32, pad_id=258)  # a pad id outside the store's vocabulary
+    z.Pipeline(ws).pack(32, pad_id=257)
 
 
 def test_prepared_store_records_its_vocabulary(tmp_path):
