@@ -5,7 +5,9 @@ threads) at a fixed interval while a repeating pipeline streams batches, then re
 the change from the end of the warm-up to the last sample. Bounded state means flat
 curves after warm-up.
 
-    python benchmarks/bench_soak.py --minutes 30 [--workers 2] [--every 10] [--csv soak.csv] [--quick]
+    python benchmarks/bench_soak.py --minutes 30 [--workers 2] [--every 10] [--csv soak.csv]
+                                    [--png soak.png] [--quick]
+    python benchmarks/bench_soak.py --plot soak.csv --png soak.png   # the curve of an earlier run
 """
 
 from __future__ import annotations
@@ -98,6 +100,57 @@ def growth(samples: list[Sample], warmup: float) -> dict[str, dict[str, float]]:
             for name in first.rss_mb if name in last.rss_mb}
 
 
+def read_csv(path: str) -> list[Sample]:
+    """The samples of a ``--csv`` file."""
+    import csv
+
+    with open(path) as fh:
+        rows = list(csv.DictReader(fh))
+    names = sorted({k[: -len("_rss_mb")] for k in rows[0] if k.endswith("_rss_mb")})
+    return [Sample(float(r["seconds"]), int(r["batches"]),
+                   {n: float(r[f"{n}_rss_mb"]) for n in names}, {n: int(r[f"{n}_fds"]) for n in names},
+                   {n: int(r[f"{n}_threads"]) for n in names}) for r in rows]
+
+
+def plot(samples: list[Sample], warmup: float, png: str) -> None:
+    """RSS, fds and threads per process over time, warm-up marked; a small PNG (matplotlib)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    minutes = [s.seconds / 60 for s in samples]
+    fig, axes = plt.subplots(3, 1, figsize=(7, 6), sharex=True, dpi=72)
+    for ax, (label, field) in zip(axes, [("RSS (MB)", "rss_mb"), ("open fds", "fds"), ("threads", "threads")],
+                                  strict=True):
+        for name in sorted(samples[0].rss_mb):
+            ax.plot(minutes, [getattr(s, field).get(name, float("nan")) for s in samples], label=name, lw=1.2)
+        ax.axvline(warmup / 60, color="grey", ls="--", lw=0.8)
+        ax.set_ylabel(label)
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+    axes[0].legend(loc="lower right", fontsize=8, ncol=3)
+    axes[0].set_title(f"soak: {samples[-1].batches:,} batches in {samples[-1].seconds / 60:.0f} min "
+                      "(dashed: end of warm-up)", fontsize=10)
+    axes[-1].set_xlabel("minutes")
+    fig.tight_layout()
+    fig.savefig(png)
+    plt.close(fig)
+
+
+def table(samples: list[Sample], rows: int = 7) -> str:
+    """A markdown table of ``rows`` samples evenly spread over the run (first and last included):
+    per process, ``RSS MB / fds / threads``."""
+    names = sorted(samples[0].rss_mb)
+    end = samples[-1].seconds
+    picks = [min(samples, key=lambda s, t=end * i / (rows - 1): abs(s.seconds - t)) for i in range(rows)]
+    out = ["| min | batches | " + " | ".join(names) + " |", "|---:|---:|" + "---|" * len(names)]
+    for s in picks:
+        cells = [f"{s.rss_mb[n]:.1f} MB / {s.fds[n]} / {s.threads[n]}" if n in s.rss_mb else "-" for n in names]
+        out.append(f"| {s.seconds / 60:.1f} | {s.batches:,} | " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--minutes", type=float, default=1.0)
@@ -106,12 +159,18 @@ def main() -> None:
     ap.add_argument("--warmup", type=float, default=None, help="seconds of warm-up (default: a tenth)")
     ap.add_argument("--csv", help="write every sample here")
     ap.add_argument("--quick", action="store_true", help="20 s, a sample every 2 s")
+    ap.add_argument("--png", help="plot the curves here (needs matplotlib)")
+    ap.add_argument("--plot", metavar="CSV", help="no run: report and plot the samples of an earlier --csv")
     args = ap.parse_args()
     if args.quick:
         args.minutes, args.every = 1 / 3, 2.0
-    seconds = args.minutes * 60
-    samples = soak(seconds, args.every, args.workers)
-    if args.csv:
+    if args.plot:
+        samples = read_csv(args.plot)
+        seconds = samples[-1].seconds
+    else:
+        seconds = args.minutes * 60
+        samples = soak(seconds, args.every, args.workers)
+    if args.csv and not args.plot:
         names = sorted(samples[0].rss_mb)
         with open(args.csv, "w") as fh:
             fh.write("seconds,batches," + ",".join(f"{n}_rss_mb,{n}_fds,{n}_threads" for n in names) + "\n")
@@ -119,6 +178,9 @@ def main() -> None:
                 cols = [f"{s.rss_mb.get(n, 0):.1f},{s.fds.get(n, 0)},{s.threads.get(n, 0)}" for n in names]
                 fh.write(f"{s.seconds:.1f},{s.batches}," + ",".join(cols) + "\n")
     warmup = args.warmup if args.warmup is not None else seconds / 10
+    if args.png:
+        plot(samples, warmup, args.png)
+    print(table(samples))
     print(f"{samples[-1].batches:,} batches in {samples[-1].seconds:.0f} s; change after {warmup:.0f} s of warm-up:")
     for name, g in growth(samples, warmup).items():
         s0 = next(s for s in samples if s.seconds >= warmup or s is samples[-1])

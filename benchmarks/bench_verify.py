@@ -1,6 +1,7 @@
 """What integrity on read costs: a token shard's first open (chunk listing, offsets checks and
-offsets sha256 against the completion record) against a bare zarr open, and ``verify_store``'s
-full hash of every token.
+offsets sha256 against the completion record) against a bare zarr open, ``verify_store``'s
+full hash of every token, and the vocabulary check on every read (reads of 256 random
+documents, as a window does, with and without ``vocab_size``).
 
     python benchmarks/bench_verify.py [--tokens 20000000] [--docs 100000] [--quick]
 """
@@ -40,7 +41,7 @@ def main() -> None:
             "num_docs": args.docs, "num_tokens": args.tokens,
             "offsets_sha256": hashlib.sha256(off.astype("<i8").tobytes()).hexdigest(),
             "tokens_sha256": hashlib.sha256(flat.astype("<u2").tobytes()).hexdigest()}})
-        (shard,), _ = tokens.open_store(path, None)
+        (shard,) = tokens.open_store(path, None).shards
 
         def checked():
             tokens.OPENED.clear()
@@ -69,6 +70,22 @@ def main() -> None:
               f"(+{(t_checked - t_bare) * 1e3:.1f} ms once per shard and process)")
         print(f"verify_store (hash every token): {t_full:.2f} s, "
               f"{args.tokens * 2 / t_full / 1e6:.0f} MB/s of uint16 tokens")
+
+        picks = [np.sort(rng.choice(args.docs, 256, replace=False)) for _ in range(40)]
+
+        def reads(vocab):
+            return lambda: [tokens.read(shard, p, storage_options=None, vocab_size=vocab) for p in picks]
+
+        reads(None)()  # warm: the shard is open and its chunks in the page cache
+        t_plain, t_vocab = timed(reads(None)), timed(reads(50_257))
+        n = sum(int(np.diff(off)[p].sum()) for p in picks)
+        print(f"reads of 256 documents ({n / len(picks):,.0f} tokens each): {t_plain / len(picks) * 1e3:.2f} ms "
+              f"unchecked, {t_vocab / len(picks) * 1e3:.2f} ms with the vocabulary check "
+              f"({(t_vocab - t_plain) / t_plain:+.1%})")
+        flats = [np.concatenate([r["tokens"] for r in recs]) for recs in reads(None)()]
+        t_max = timed(lambda: [int(f.max()) >= 50_257 for f in flats])
+        print(f"the check alone (one max over the ids read): {t_max / len(picks) * 1e6:.0f} us per read "
+              f"({t_max / t_plain:.3%} of a read)")
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ from zephon_dask.errors import (
     FieldTypeError,
     RecipeTypeError,
     StateError,
+    TokenizerMismatchError,
     ZephonWarning,
 )
 
@@ -136,6 +137,101 @@ def test_deleted_shard_folder_is_not_found(store):
     shutil.rmtree(store / "shards/a")
     with pytest.raises((DatasetNotFoundError, DataFormatError), match="prepare_tokens"):
         ds.read(0, np.arange(3))
+
+
+# -- token ids against the vocabulary ---------------------------------------------------
+
+BYTES = {"tokenizer": {"kind": "bytes", "version": 1}}  # what a byte-tokenizer store records
+
+
+def test_store_of_another_vocabulary_is_refused_at_construction(tmp_path):
+    tokens.write_token_store(str(tmp_path / "big"), {"a": [np.array([1, 2, 65000])]}, BYTES)
+    with pytest.raises(TokenizerMismatchError, match=r"up to 65000.*\[0, 258\)"):
+        z.Dataset.from_tokens("t", str(tmp_path / "big"), tokenizer=z.Tokenize("bytes"))
+    assert z.Dataset.from_tokens("t", str(tmp_path / "big")).vocab_size is None  # unknown: unchecked
+    tokens.write_token_store(str(tmp_path / "v"), {"a": [np.array([1, 2])]}, BYTES, vocab_size=50_257)
+    with pytest.raises(TokenizerMismatchError, match="50257"):
+        z.Dataset.from_tokens("t", str(tmp_path / "v"), tokenizer=z.Tokenize("bytes"))
+    with pytest.raises(ConfigError, match=r"token id 300 is outside the vocabulary \[0, 258\)"):
+        tokens.write_token_store(str(tmp_path / "w"), {"a": [np.array([300])]}, BYTES, vocab_size=258)
+    zarr.open_group(str(tmp_path / "v"), mode="r+").attrs.update({"vocab_size": 258, "max_id": 300})
+    with pytest.raises(DataFormatError, match="prepare_tokens"):  # the store contradicts itself
+        z.Dataset.from_tokens("t", str(tmp_path / "v"))
+
+
+@pytest.mark.parametrize("given", ["tokenizer", "recorded"])
+def test_token_ids_outside_the_vocabulary_on_read_name_the_chunk_file(tmp_path, monkeypatch, given):
+    monkeypatch.setattr(tokens, "TOKEN_CHUNK", 64)
+    _fresh()
+    docs = [np.arange(i % 7, 30 + i % 7) for i in range(20)]  # 30 ids each, all < 258
+    path = tmp_path / "store"
+    tokens.write_token_store(str(path), {"a": docs}, BYTES, vocab_size=None if given == "tokenizer" else 258)
+    kw = {"tokenizer": z.Tokenize("bytes")} if given == "tokenizer" else {}
+    ds = z.Dataset.from_tokens("t", str(path), **kw)
+    assert ds.vocab_size == 258 and len(ds.read(0, np.arange(20))) == 20
+    zarr.open_array(str(path / "shards/a/tokens"), mode="r+")[200] = 60_000  # document 6, chunk 3
+    _fresh()
+    assert ds.read(0, [5, 7])[0]["tokens"].size == 30  # documents without the bad id still read
+    with pytest.raises(DataFormatError, match="prepare_tokens") as info:
+        ds.read(0, np.arange(20))
+    msg = str(info.value)
+    assert "document 6" in msg and "60000" in msg and f"{path}/shards/a/tokens/c/3" in msg
+    ws = z.MixtureWorkSource([ds], chunk_size=8, seed=0)
+    with pytest.raises(ConfigError, match=r"pad_id=258.*\[0, 258\)"):
+        z.Pipeline(ws).pack(32, pad_id=258)  # a pad id outside the store's vocabulary
+    z.Pipeline(ws).pack(32, pad_id=257)
+
+
+def test_prepared_store_records_its_vocabulary(tmp_path):
+    import uuid
+
+    import fsspec
+
+    root = f"/zephon-faults-{uuid.uuid4().hex}"
+    fs = fsspec.filesystem("memory")
+    try:
+        with fs.open(f"{root}/web/part-0.jsonl", "w") as fh:
+            fh.write("\n".join(json.dumps({"text": f"doc {i} é"}) for i in range(10)) + "\n")
+        ds = z.Dataset.from_jsonl("web", f"memory://{root}/web", progress=False)
+        report = z.prepare_tokens(ds, z.Tokenize("bytes"), f"memory://{root}/store", n_workers=1,
+                                  progress=False)
+        attrs = zarr.open_group(f"memory://{root}/store", mode="r").attrs
+        assert attrs["vocab_size"] == 258 and attrs["max_id"] == 257  # the EOS id
+        assert report.dataset.vocab_size == 258
+    finally:
+        fs.rm(root, recursive=True)
+
+
+# -- text columns of the wrong type ----------------------------------------------------
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "arrow"])
+@pytest.mark.parametrize("column, kind", [
+    ([1, 2, 3], "int64"),
+    ([["a"], ["b"], ["c"]], "list<"),
+    ([None, None, None], "null"),
+    ([b"a", b"b", b"c"], "binary"),
+])
+def test_non_string_text_column_is_refused_at_construction(tmp_path, fmt, column, kind):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pa.table({"text": column, "body": ["x", "y", "z"]})
+    (tmp_path / "data").mkdir()
+    path = tmp_path / "data" / f"part-0.{fmt}"
+    if fmt == "parquet":
+        pq.write_table(table, path)
+    else:
+        with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+            writer.write_table(table)
+    with pytest.raises(FieldTypeError, match="text_field=") as info:
+        z.Dataset.from_path("d", str(path.parent), progress=False, cache_dir=tmp_path / "cache")
+    msg = str(info.value)
+    assert str(path) in msg and "'text'" in msg and kind in msg and "'body'" in msg and ".map" in msg
+    assert isinstance(info.value, TypeError)
+    ds = z.Dataset.from_path("d", str(path.parent), text_field="body", progress=False,
+                             cache_dir=tmp_path / "cache")
+    assert ds.read(0, [2])[0]["body"] == "z"
 
 
 # -- validation at the door ------------------------------------------------------------

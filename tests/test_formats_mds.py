@@ -24,7 +24,7 @@ from test_data import assert_typed
 
 from zephon_dask.data import Dataset
 from zephon_dask.data import mds as mds_mod
-from zephon_dask.errors import DataFormatError, MissingFieldError
+from zephon_dask.errors import DataFormatError, FieldTypeError, MissingFieldError
 
 COLUMNS = {"text": "str", "id": "int", "score": "float32", "meta": "json", "raw": "bytes",
            "tokens": "ndarray:uint32"}
@@ -197,3 +197,12 @@ def test_bad_mds_folders_are_typed_errors(tmp_path):
     with pytest.raises(DataFormatError) as ei:
         Dataset.from_mds("z", tmp_path / "z")
     assert_typed(ei, DataFormatError, ValueError, "shard.00000.mds", "missing")
+
+
+@pytest.mark.parametrize("column", ["id", "raw", "score", "tokens"])
+def test_non_str_text_column_is_refused_at_construction(tmp_path, column):
+    own_write(tmp_path / "m", samples(5), 5, None)
+    with pytest.raises(FieldTypeError) as ei:
+        Dataset.from_mds("m", tmp_path / "m", text_field=column)
+    assert_typed(ei, FieldTypeError, TypeError, repr(column), COLUMNS[column], "text_field=")
+    assert Dataset.from_mds("m", tmp_path / "m", text_field="meta").num_samples == 5  # json may hold text

@@ -18,7 +18,7 @@ import pyarrow as pa
 from ..errors import DataFormatError, DatasetNotFoundError
 from .hf import is_saved
 from .memo import ByteLRU
-from .parquet import columns_html, columns_identity
+from .parquet import column_types, columns_html, columns_identity
 from .paths import FileInfo, filesystem, is_local
 from .reader import Reader
 from .shard import Shard
@@ -50,9 +50,10 @@ def _open(fs: Any, name: str, url: str) -> pa.Table:
 
 
 def inspect(fs: Any, f: FileInfo) -> dict[str, Any]:
-    """Index entry extras for one file: ``num_samples`` and top-level ``columns``."""
+    """Index entry extras for one file: ``num_samples``, top-level ``columns`` and their ``types``."""
     table = _open(fs, f.name, f.url)
-    return {"num_samples": int(table.num_rows), "columns": table.schema.names}
+    return {"num_samples": int(table.num_rows), "columns": table.schema.names,
+            "types": column_types(table.schema)}
 
 
 def _table(shard: Shard, storage_options: dict[str, Any] | None) -> pa.Table:

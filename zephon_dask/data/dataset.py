@@ -30,12 +30,14 @@ from ..errors import (
     DatasetNotFoundError,
     DuplicateNameError,
     EmptyDatasetError,
+    FieldTypeError,
     MissingFieldError,
     RecordIndexError,
     ZephonWarning,
 )
 from . import formats, hf, mds, records, tokens
 from .index import build_index
+from .parquet import is_text_type
 from .paths import FileInfo, Listing, filesystem, has_glob, list_files, match_data_files, to_url
 from .reader import Reader
 from .shard import Shard
@@ -129,7 +131,9 @@ class Dataset:
     (MDS shards keep their ``index.json`` order). ``source`` is the path given and
     ``data_files`` the globs that chose the files; ``skipped`` names the first
     files that discovery passed over (not of the format) and ``num_skipped``
-    counts them all. None of these is part of the identity.
+    counts them all; ``vocab_size`` (token stores) is the vocabulary every id read
+    is checked against (``None``: unknown, unchecked). None of these is part of the
+    identity.
 
     Example:
         >>> web = zephon_dask.Dataset.from_path("web", "s3://bucket/web/")  # doctest: +SKIP
@@ -149,6 +153,7 @@ class Dataset:
     _meta_json: str | None = None
     skipped: tuple[str, ...] = ()
     num_skipped: int = 0
+    vocab_size: int | None = None
 
     def __post_init__(self) -> None:
         _check_name(self.name)
@@ -315,6 +320,15 @@ class Dataset:
                 raise MissingFieldError(
                     f"dataset {name!r}: {reader.name} file {f.url!r} has no column(s) {missing}; "
                     f"available columns: {e['columns']}. Pass text_field=/columns= accordingly"
+                )
+            kind = (e.get("types") or {}).get(text_field)
+            if kind is not None and e["num_samples"] and not is_text_type(kind):  # empty: any type
+                raise FieldTypeError(
+                    f"dataset {name!r}: {reader.name} file {f.url!r}: text column {text_field!r} "
+                    f"has Arrow type {kind}, not a string type (its string columns: "
+                    f"{[c for c, t in e['types'].items() if is_text_type(t)][:20]}). Pass "
+                    "text_field=<a string column>; to tokenize a non-string column, turn it into "
+                    "text with .map(...) in the pipeline and .tokenize(field=...) that field"
                 )
         shards = tuple(
             Shard(f.rel, f.url, e["num_samples"], f.size, f.mtime)
@@ -552,6 +566,14 @@ class Dataset:
                 f"dataset {name!r}: MDS folder {str(path)!r} has no column {text_field!r}; its "
                 f"columns are {names}. Pass text_field=<one of them>"
             )
+        encoding = meta["schema"]["column_encodings"][names.index(text_field)]
+        if encoding.split(":")[0] not in ("str", "json"):
+            raise FieldTypeError(
+                f"dataset {name!r}: MDS folder {str(path)!r}: text column {text_field!r} has "
+                f"encoding {encoding!r}, not str. Pass text_field=<a str column>; to tokenize a "
+                "non-string column, turn it into text with .map(...) in the pipeline and "
+                ".tokenize(field=...) that field"
+            )
         return cls(
             name, "mds", text_field, shards, storage_options=dict(storage_options or {}),
             source=str(path), _meta_json=json.dumps(meta, sort_keys=True),
@@ -591,23 +613,30 @@ class Dataset:
 
         An incomplete store (an interrupted ``prepare_tokens`` job) is refused.
         ``tokenizer`` (a ``Tokenize`` operator, or its ``.tokenizer``) is the tokenizer
-        the caller expects: a store written with another one raises TokenizerMismatchError.
+        the caller expects: a store written with another one, or whose recorded
+        vocabulary size or largest id does not fit its vocabulary, raises
+        TokenizerMismatchError. Every id read is then checked against that vocabulary
+        (else the store's recorded one; :attr:`vocab_size`, ``None`` when unknown): an id
+        outside it is a DataFormatError naming the chunk file.
 
         Example:
             >>> zephon_dask.Dataset.from_tokens("web", "tokens/web.zarr")  # doctest: +SKIP
         """
         _check_name(name)
-        shards, meta = tokens.open_store(str(path), storage_options)
+        store = tokens.open_store(str(path), storage_options)
+        vocab = None
         if tokenizer is not None:
-            tokens.check_tokenizer(str(path), meta, tokens.tokenizer_identity(tokenizer))
+            tokens.check_tokenizer(str(path), store.tokenizer, tokens.tokenizer_identity(tokenizer))
+            vocab = getattr(tokenizer, "vocab_size", None)
         return cls(
             name,
             "tokens",
             "tokens",
-            shards,
+            store.shards,
             storage_options=dict(storage_options or {}),
-            _tokenizer_json=json.dumps(meta, sort_keys=True),
+            _tokenizer_json=json.dumps(store.tokenizer, sort_keys=True),
             source=str(path),
+            vocab_size=tokens.check_vocab(str(path), store, vocab),
         )
 
     @classmethod

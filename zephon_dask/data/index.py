@@ -4,11 +4,12 @@ Nothing is ever written beside the data: the index of the files of one data
 directory is one JSON file under :func:`cache_dir` (``index/<hh>/<sha256 of the
 directory's URL>.json``), keyed by file name::
 
-    {"version": 2, "url": "s3://bucket/web",
+    {"version": 3, "url": "s3://bucket/web",
      "files": {"a.jsonl": {"format": "jsonl", "size": 123, "mtime": 1.7e9,
                            "etag": null, "num_samples": 10}}}
 
-Format-specific extras ride along (parquet stores its ``columns``). An entry is
+Format-specific extras ride along (parquet and Arrow store their ``columns`` and
+their ``types``; version 3 added the types, so older caches are rebuilt). An entry is
 reused only when format, size, mtime and etag (the content signature) still
 match; otherwise the file is re-inspected (in a thread pool, with a tqdm bar).
 Writes merge with the entries already cached and go through a temp file +
@@ -43,7 +44,7 @@ from fsspec import AbstractFileSystem
 from ..progress_bar import progress_bar
 from .paths import FileInfo, is_local
 
-INDEX_VERSION = 2
+INDEX_VERSION = 3
 CACHE_ENV = "ZEPHON_DASK_CACHE_DIR"
 _MIN_FILES_FOR_BAR = 4
 _warned: set[str] = set()

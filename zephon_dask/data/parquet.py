@@ -1,4 +1,4 @@
-"""Parquet shards: row counts and column names for the index, row-group-pruned reads.
+"""Parquet shards: row counts, column names and types for the index, row-group-pruned reads.
 
 A record is one row as a dict of the selected columns. Reads open the file's
 footer, map each needed row to its row group, read only those row groups and
@@ -19,13 +19,30 @@ from .paths import FileInfo, filesystem
 from .reader import Reader
 from .shard import Shard
 
+TEXT_TYPES = ("string", "large_string", "string_view")
+
+
+def column_types(schema: pa.Schema) -> dict[str, str]:
+    """Each top-level column's Arrow type, as text (``"string"``, ``"int64"``, ``"list<item: string>"``). Pure."""
+    return {f.name: str(f.type) for f in schema}
+
+
+def is_text_type(arrow_type: str) -> bool:
+    """Whether a column of Arrow type ``arrow_type`` (as :func:`column_types` writes it) reads as
+    ``str`` values: a string type, or a dictionary of one. Pure."""
+    if arrow_type.startswith("dictionary<values="):
+        arrow_type = arrow_type[len("dictionary<values="):].split(",")[0]
+    return arrow_type in TEXT_TYPES
+
 
 def inspect(fs: AbstractFileSystem, f: FileInfo) -> dict[str, Any]:
-    """Index entry extras for one file: ``num_samples`` and top-level ``columns``."""
+    """Index entry extras for one file: ``num_samples``, top-level ``columns`` and their ``types``."""
     try:
         with fs.open(f.name, "rb") as fh:
             pf = pq.ParquetFile(fh)
-            return {"num_samples": int(pf.metadata.num_rows), "columns": pf.schema_arrow.names}
+            schema = pf.schema_arrow
+            return {"num_samples": int(pf.metadata.num_rows), "columns": schema.names,
+                    "types": column_types(schema)}
     except FileNotFoundError:
         raise DatasetNotFoundError(f"parquet file {f.url!r} no longer exists") from None
     except (pa.ArrowException, OSError) as exc:

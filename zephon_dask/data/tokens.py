@@ -5,7 +5,9 @@ Layout (a zarr v3 group at ``path``)::
     zarr.json                       root group; attributes:
         {"format": "zephon_dask.tokens", "version": 1,
          "tokenizer": {...},        # whatever the writer stored (e.g. "sha256")
-         "shards": ["a", "b", ...]} # shard ids, sorted
+         "shards": ["a", "b", ...], # shard ids, sorted
+         "max_id": 50255,           # optional: the largest token id in the store
+         "vocab_size": 50257}       # optional: the tokenizer's vocabulary size
     shards/<shard_id>/tokens        1-D uint16 (all ids < 65536) or uint32
     shards/<shard_id>/offsets       1-D int64, num_docs + 1 entries, offsets[0] == 0,
                                     non-decreasing, offsets[-1] == len(tokens)
@@ -31,6 +33,12 @@ Writers write every chunk, even an all-zero one, so a missing chunk file is
 always an error (zarr alone would read it as zeros). :func:`verify_store`
 also hashes every token. A corrupt input raises :class:`DataFormatError`
 naming the file and the fix.
+Token ids are checked against the vocabulary: at construction, the store's
+recorded ``vocab_size`` against the caller's tokenizer (:class:`TokenizerMismatchError`
+when they differ) and the recorded ``max_id`` against the vocabulary; on every
+read, the ids read (one ``max`` over them) against it, a :class:`DataFormatError`
+naming the chunk file and the fix. Without a known vocabulary (no ``tokenizer=``
+and none recorded) only the dtype bounds ids.
 A read fetches the tokens of all requested documents with one orthogonal
 selection, so zarr decodes each chunk that holds any of them once. Documents
 come back in the stored dtype.
@@ -44,7 +52,7 @@ import json
 import posixpath
 import re
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 import zarr
@@ -57,6 +65,7 @@ from ..errors import (
     NotFoundError,
     TokenizerMismatchError,
 )
+from ..validate import check_int
 from .memo import ByteLRU
 from .paths import filesystem, to_url
 from .reader import Reader
@@ -91,12 +100,17 @@ def write_token_store(
     tokenizer_meta: dict[str, Any] | None = None,
     *,
     storage_options: dict[str, Any] | None = None,
+    vocab_size: int | None = None,
 ) -> None:
     """Write ``{shard_id: [token array per document]}`` as a token store, replacing ``path``.
 
-    Token ids must be non-negative integers below 2**32; the dtype is uint16 when
-    every id is below 65536, else uint32 (one dtype for the whole store).
+    Token ids must be non-negative integers below 2**32 (and below ``vocab_size``,
+    recorded when given); the dtype is uint16 when every id is below 65536, else
+    uint32 (one dtype for the whole store). The largest id is recorded as ``max_id``.
     """
+    if vocab_size is not None:
+        vocab_size = check_int(vocab_size, "vocab_size", 1, optional=True, call="write_token_store",
+                               hint="the tokenizer's vocabulary size")
     ids = sorted(str(k) for k in shards)
     bad = [s for s in ids if not _SHARD_ID.fullmatch(s)]
     if bad:
@@ -117,6 +131,8 @@ def write_token_store(
             if d.size and (int(d.min()) < 0 or int(d.max()) >= 2**32):
                 raise ConfigError(f"shard {sid!r} document {i}: token ids must be in [0, 2**32)")
             top = max(top, int(d.max()) if d.size else -1)
+    if vocab_size is not None and top >= vocab_size:
+        raise ConfigError(f"token id {top} is outside the vocabulary [0, {vocab_size})")
     dtype = np.uint16 if top < 2**16 else np.uint32
     root = zarr.open_group(path, mode="w", storage_options=storage_options or None)
     for sid in ids:
@@ -131,15 +147,29 @@ def write_token_store(
             f"shards/{sid}/offsets", data=offsets, chunks=(min(offsets.size, OFFSET_CHUNK),),
             config=EVERY_CHUNK,
         )
-    root.attrs.update(
-        {"format": FORMAT, "version": VERSION, "tokenizer": json.loads(meta_json), "shards": ids}
-    )
+    attrs = {"format": FORMAT, "version": VERSION, "tokenizer": json.loads(meta_json), "shards": ids,
+             "max_id": top}
+    if vocab_size is not None:
+        attrs["vocab_size"] = vocab_size
+    root.attrs.update(attrs)
 
 
-def open_store(
-    path: str, storage_options: dict[str, Any] | None
-) -> tuple[tuple[Shard, ...], dict[str, Any]]:
-    """``(shards, tokenizer meta)`` from a store's metadata (no token data is read)."""
+class Store(NamedTuple):
+    """A token store's metadata: its shards, tokenizer meta and recorded id bounds (``None``: not recorded)."""
+
+    shards: tuple[Shard, ...]
+    tokenizer: dict[str, Any]
+    vocab_size: int | None
+    max_id: int | None
+
+
+def _recorded(attrs: dict[str, Any], key: str, minimum: int) -> int | None:
+    value = attrs.get(key)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= minimum else None
+
+
+def open_store(path: str, storage_options: dict[str, Any] | None) -> Store:
+    """The store's :class:`Store` metadata (no token data is read)."""
     try:
         root = zarr.open_group(path, mode="r", storage_options=storage_options or None)
         attrs: dict[str, Any] = dict(root.attrs)
@@ -185,7 +215,37 @@ def open_store(
             )
         nbytes = int(tok.shape[0]) * tok.dtype.itemsize
         out.append(Shard(sid, f"{base}/shards/{sid}", int(off.shape[0]) - 1, nbytes, None))
-    return tuple(out), attrs.get("tokenizer") or {}
+    return Store(tuple(out), attrs.get("tokenizer") or {}, _recorded(attrs, "vocab_size", 1),
+                 _recorded(attrs, "max_id", -1))
+
+
+def check_vocab(path: str, store: Store, expected: int | None) -> int | None:
+    """The vocabulary size token ids of ``store`` are checked against on read: ``expected`` (the
+    caller's tokenizer's), else the recorded one, else ``None`` (unknown). Pure.
+
+    Raises :class:`TokenizerMismatchError` when ``expected`` and the recorded size differ or
+    the recorded largest id is outside ``expected``; :class:`DataFormatError` when the store's
+    own records disagree (a largest id outside its recorded vocabulary).
+    """
+    if expected is not None and store.vocab_size is not None and expected != store.vocab_size:
+        raise TokenizerMismatchError(
+            f"token store {path!r} records a vocabulary of {store.vocab_size} ids, the tokenizer "
+            f"given has {expected}; prepare the store again with this tokenizer "
+            "(zephon_dask.prepare_tokens) or pass the tokenizer it was prepared with"
+        )
+    vocab = expected if expected is not None else store.vocab_size
+    if vocab is not None and store.max_id is not None and store.max_id >= vocab:
+        if expected is not None:
+            raise TokenizerMismatchError(
+                f"token store {path!r} holds token ids up to {store.max_id}, outside the given "
+                f"tokenizer's vocabulary [0, {vocab}); it was written with another tokenizer: "
+                "prepare it again with this one (zephon_dask.prepare_tokens) or pass the right tokenizer"
+            )
+        raise DataFormatError(
+            f"token store {path!r} records token ids up to {store.max_id}, outside its recorded "
+            f"vocabulary [0, {vocab}); the store is corrupt: {REPAIR}"
+        )
+    return vocab
 
 
 def array_at(group: zarr.Group, path: str) -> zarr.Array:
@@ -274,9 +334,12 @@ def _decode(shard: Shard, read_fn):
 
 
 def read(
-    shard: Shard, offsets: np.ndarray, *, storage_options: dict[str, Any] | None
+    shard: Shard, offsets: np.ndarray, *, storage_options: dict[str, Any] | None,
+    vocab_size: int | None = None,
 ) -> list[dict[str, np.ndarray]]:
-    """``{"tokens": array}`` for the documents at ``offsets`` (validated), in order; fresh arrays."""
+    """``{"tokens": array}`` for the documents at ``offsets`` (validated), in order; fresh arrays.
+
+    With ``vocab_size``, every id read must be below it (else :class:`DataFormatError`)."""
     tok, off = _open(shard, storage_options)
     offsets = np.asarray(offsets, dtype=np.int64)
     if offsets.size and (int(offsets.min()) < 0 or int(offsets.max()) >= shard.num_samples):
@@ -289,6 +352,15 @@ def read(
     bounds = np.concatenate(([0], np.cumsum(lengths)))
     index = np.repeat(start - bounds[:-1], lengths) + np.arange(bounds[-1])
     flat = _decode(shard, lambda: tok.oindex[index]) if index.size else np.empty(0, tok.dtype)
+    if vocab_size is not None and flat.size and int(flat.max()) >= vocab_size:
+        at = int(np.argmax(flat >= vocab_size))
+        doc = int(uniq[np.searchsorted(bounds, at, side="right") - 1])
+        chunk = int(index[at]) // int(tok.chunks[0])
+        raise DataFormatError(
+            f"token shard {shard.path!r}: document {doc} holds token id {int(flat[at])}, outside the "
+            f"vocabulary [0, {vocab_size}) (chunk file {shard.path}/tokens/c/{chunk!r}); the store was "
+            f"written with another tokenizer or is corrupt: {REPAIR}"
+        )
     return [
         {"tokens": flat[bounds[j] : bounds[j + 1]].copy()} for j in inverse.ravel().tolist()
     ]
@@ -298,7 +370,7 @@ def verify_store(path: str, storage_options: dict[str, Any] | None = None) -> in
     """Check every shard of a token store against its completion record, hashing every token;
     returns the number of shards checked, or raises :class:`DataFormatError` naming the first
     bad shard and the fix. Reads the whole store (see docs/reliability.md for its cost)."""
-    shards, _ = open_store(path, storage_options)
+    shards = open_store(path, storage_options).shards
     for shard in shards:
         tok, _ = _open(shard, storage_options)
         record = zarr.open_group(shard.path, mode="r", storage_options=storage_options or None).attrs.get(RECORD)
@@ -366,6 +438,7 @@ class ShardWriter:
         self._lengths: list[np.ndarray] = []
         self._pending: list[np.ndarray] = [np.empty(0, self._dtype)]
         self._pending_n = self._written = 0
+        self._max = -1
         self._sha = hashlib.sha256()
 
     def add(self, docs: Sequence[np.ndarray]) -> None:
@@ -378,6 +451,8 @@ class ShardWriter:
                 f"the tokenizer produced id {bad}, outside the store's {self._dtype.name} range "
                 f"[0, {self._top}]; a tokenizer must produce ids in [0, vocab_size)"
             )
+        if flat.size:
+            self._max = max(self._max, int(flat.max()))
         self._lengths.append(lengths)
         self._pending.append(flat.astype(self._dtype))
         self._pending_n += flat.size
@@ -408,6 +483,7 @@ class ShardWriter:
             "tokens_sha256": self._sha.hexdigest(),
             "offsets_sha256": hashlib.sha256(offsets.tobytes()).hexdigest(),
             "truncated_tokens": int(truncated_tokens),
+            "max_id": self._max,
             "source": source,
         }
         self._group.attrs.update({RECORD: record})
@@ -460,7 +536,8 @@ READER = Reader(
     "tokens",
     "from_tokens",
     lambda dataset, index, offsets: read(
-        dataset.shards[index], offsets, storage_options=dataset.storage_options
+        dataset.shards[index], offsets, storage_options=dataset.storage_options,
+        vocab_size=dataset.vocab_size,
     ),
     detect=is_store,
     identity=lambda dataset: {"tokenizer": dataset.tokenizer_meta},

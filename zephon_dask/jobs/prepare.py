@@ -206,6 +206,16 @@ def _existing(fs, fpath: str, out: str, target: dict[str, Any]) -> dict[str, Any
     return attrs
 
 
+def _bounds(tokenize: Tokenize, records: Any) -> dict[str, int]:
+    """The id bounds a finished store records: the tokenizer's ``vocab_size`` (when known) and the
+    largest id (when every shard's record has it; shards from before it was recorded do not). Pure."""
+    out = {} if tokenize.vocab_size is None else {"vocab_size": int(tokenize.vocab_size)}
+    tops = [r.get("max_id") for r in records]
+    if tops and all(isinstance(t, int) for t in tops):
+        out["max_id"] = max(tops)
+    return out
+
+
 def _in_process(fs) -> bool:
     protocols = (fs.protocol,) if isinstance(fs.protocol, str) else fs.protocol
     return "memory" in protocols
@@ -348,7 +358,8 @@ def prepare_tokens(
             records.update(run(c, tokenize_shard, todo, "tokenize", "tokenizing"))
     if todo or existing is None or existing.get("complete") is not True:
         _check_visible(url, ids, records, opts)
-        zarr.open_group(url, mode="r+", storage_options=opts).attrs.update({"complete": True})
+        zarr.open_group(url, mode="r+", storage_options=opts).attrs.update(
+            {"complete": True, **_bounds(tokenize, records.values())})
     return PrepareReport(
         url,
         Dataset.from_tokens(dataset.name, url, storage_options=storage_options),

@@ -42,6 +42,7 @@ from ..options import DEFAULTS, OPTIONS
 from ..options import check as check_options
 from ..state.progress import StepShape
 from ..state.schema import check_state, config_diff, describe_diff
+from ..validate import check_int
 from ..views import show
 from . import steps
 from .session import Session, check_covers
@@ -281,6 +282,11 @@ class Pipeline:
         op = Pack(max_length, algorithm, pad_id, num_bins)
         for tok in (o for o in self._record_ops if isinstance(o, Tokenize)):
             tok.check_id(pad_id, "pad_id")  # a pad id outside the vocabulary breaks the embedding
+        for ds in self.work_source.datasets:  # token stores: their vocabulary, when known
+            vocab = getattr(ds, "vocab_size", None)
+            if vocab is not None:
+                check_int(pad_id, "pad_id", 0, below=vocab, call="pack",
+                          hint=f"a token id of dataset {ds.name!r}'s vocabulary")
         return self._add_accumulator(op, BatchOptions(**{**self._batch.config(), "pad_id": pad_id}))
 
     def shuffle(self, buffer_size: int, seed: int | None = None) -> Pipeline:
