@@ -210,7 +210,6 @@ def test_prepared_store_records_its_vocabulary(tmp_path):
     ([1, 2, 3], "int64"),
     ([["a"], ["b"], ["c"]], "list<"),
     ([None, None, None], "null"),
-    ([b"a", b"b", b"c"], "binary"),
 ])
 def test_non_string_text_column_is_refused_at_construction(tmp_path, fmt, column, kind):
     import pyarrow as pa

@@ -325,7 +325,7 @@ class Dataset:
             if kind is not None and e["num_samples"] and not is_text_type(kind):  # empty: any type
                 raise FieldTypeError(
                     f"dataset {name!r}: {reader.name} file {f.url!r}: text column {text_field!r} "
-                    f"has Arrow type {kind}, not a string type (its string columns: "
+                    f"has Arrow type {kind}, not a string or binary type (its text columns: "
                     f"{[c for c, t in e['types'].items() if is_text_type(t)][:20]}). Pass "
                     "text_field=<a string column>; to tokenize a non-string column, turn it into "
                     "text with .map(...) in the pipeline and .tokenize(field=...) that field"

@@ -19,7 +19,9 @@ from .paths import FileInfo, filesystem
 from .reader import Reader
 from .shard import Shard
 
-TEXT_TYPES = ("string", "large_string", "string_view")
+# str values, or bytes that ``.decode_text()`` turns into str (a bytes field reaching
+# ``.tokenize`` undecoded is a FieldTypeError naming the record)
+TEXT_TYPES = ("string", "large_string", "string_view", "binary", "large_binary", "binary_view")
 
 
 def column_types(schema: pa.Schema) -> dict[str, str]:
@@ -28,8 +30,8 @@ def column_types(schema: pa.Schema) -> dict[str, str]:
 
 
 def is_text_type(arrow_type: str) -> bool:
-    """Whether a column of Arrow type ``arrow_type`` (as :func:`column_types` writes it) reads as
-    ``str`` values: a string type, or a dictionary of one. Pure."""
+    """Whether a column of Arrow type ``arrow_type`` (as :func:`column_types` writes it) can hold
+    text: a string or binary type (binary for ``.decode_text()``), or a dictionary of one. Pure."""
     if arrow_type.startswith("dictionary<values="):
         arrow_type = arrow_type[len("dictionary<values="):].split(",")[0]
     return arrow_type in TEXT_TYPES
