@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import difflib
 import os
-import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -29,41 +28,51 @@ from .validate import check_bool, check_choice, check_int, check_seconds
 
 RUNNER_NAMES = ("distributed", "threads", "synchronous")  # the execution registry's keys (tested)
 MAPPING_STRATEGIES = ("contiguous", "interleaved")
-ADDRESS = re.compile(r"^(?:[a-z+]+://)?[^\s/:]+(?::\d+)?$")
 
 
-def _positive(name: str, hint: str = "") -> Callable[[Any], Any]:
-    return lambda v: check_int(v, name, 1, hint=hint)
+# Validators: ``(value, option name) -> value``, raising ConfigError naming both.
+def _positive(hint: str = "") -> Callable[[Any, str], Any]:
+    return lambda v, name: check_int(v, name, 1, hint=hint)
 
 
-def _optional_positive(name: str, hint: str = "") -> Callable[[Any], Any]:
-    return lambda v: check_int(v, name, 1, optional=True, hint=hint)
+def _optional_positive(v: Any, name: str) -> Any:
+    return check_int(v, name, 1, optional=True)
 
 
-def _optional_count(name: str) -> Callable[[Any], Any]:
-    return lambda v: check_int(v, name, 0, optional=True)
+def _count(v: Any, name: str) -> Any:
+    return check_int(v, name, 0)
 
 
-def _optional_str(name: str, example: str) -> Callable[[Any], Any]:
-    def check(value: Any) -> Any:
+def _optional_count(v: Any, name: str) -> Any:
+    return check_int(v, name, 0, optional=True)
+
+
+def _choice(choices: tuple[str, ...]) -> Callable[[Any, str], Any]:
+    return lambda v, name: check_choice(v, choices, name)
+
+
+def _seconds(hint: str) -> Callable[[Any, str], Any]:
+    return lambda v, name: check_seconds(v, name, hint)
+
+
+def _optional_str(example: str) -> Callable[[Any, str], Any]:
+    def check(value: Any, name: str) -> Any:
         if value is None or (isinstance(value, str) and value):
             return value
         raise ConfigError(f"{name}={value!r} must be a non-empty string or None, e.g. {example}")
     return check
 
 
-def _optional_path(name: str) -> Callable[[Any], Any]:
-    def check(value: Any) -> Any:
-        if value is None or (isinstance(value, str) and value) or isinstance(value, os.PathLike):
-            return value
-        raise ConfigError(f"{name}={value!r} must be a folder path or None")
-    return check
+def _optional_path(value: Any, name: str) -> Any:
+    if value is None or (isinstance(value, str) and value) or isinstance(value, os.PathLike):
+        return value
+    raise ConfigError(f"{name}={value!r} must be a folder path or None")
 
 
-def _client(value: Any) -> Any:
+def _client(value: Any, name: str) -> Any:
     if value is None or hasattr(value, "submit") and hasattr(value, "scheduler"):
         return value
-    raise ConfigError(f"client={value!r} must be a dask.distributed Client or None; to reach a "
+    raise ConfigError(f"{name}={value!r} must be a dask.distributed Client or None; to reach a "
                       "scheduler by address, use address='tcp://host:8786'")
 
 
@@ -77,12 +86,12 @@ class Option:
     kind: str
     toml: tuple[type, ...] | None
     doc: str
-    validate: Callable[[Any], Any]
+    validate: Callable[[Any, str], Any]
     choices: tuple[str, ...] = ()
 
     def check(self, value: Any) -> Any:
         """``value`` validated (ints normalised to ``int``), or a :class:`ConfigError`."""
-        return self.validate(value)
+        return self.validate(value, self.name)
 
 
 _INT, _BOOL, _STR, _NUMBER = (int,), (bool,), (str,), (int, float)
@@ -90,67 +99,67 @@ _INT, _BOOL, _STR, _NUMBER = (int,), (bool,), (str,), (int, float)
 OPTIONS: tuple[Option, ...] = (
     Option("canonical_replicas", 8, "data", _INT,
            "R, the fixed number of logical lanes; fixed for a run's lifetime",
-           _positive("canonical_replicas", "size it for the largest data-parallel degree you expect, e.g. 8")),
+           _positive("size it for the largest data-parallel degree you expect, e.g. 8")),
     Option("flush_every_k_chunks", 8, "data", _INT,
            "chunks per lane window; accumulators start empty and flush at each window's end",
-           _positive("flush_every_k_chunks", "e.g. 8")),
+           _positive("e.g. 8")),
     Option("batches_per_step", None, "step", _INT,
            "batches per rank in one global step (G = n x dp_degree); see docs/checkpointing.md",
-           _optional_positive("batches_per_step")),
+           _optional_positive),
     Option("global_batches_per_step", None, "step", _INT,
            "G, batches in one global step over all ranks, a multiple of canonical_replicas (default R)",
-           _optional_positive("global_batches_per_step")),
+           _optional_positive),
     Option("runner", "distributed", "execution", _STR,
            "where windows compute: a Dask cluster, a thread pool, or on demand in this thread",
-           lambda v: check_choice(v, RUNNER_NAMES, "runner"), RUNNER_NAMES),
+           _choice(RUNNER_NAMES), RUNNER_NAMES),
     Option("n_workers", None, "execution", _INT,
            "workers of the embedded LocalCluster or threads of the threads runner (default: one per core)",
-           _optional_positive("n_workers")),
+           _optional_positive),
     Option("threads_per_worker", 1, "execution", _INT,
            "threads per embedded Dask worker",
-           _positive("threads_per_worker")),
+           _positive()),
     Option("client", None, "execution", None,
            "an existing dask.distributed Client to run on (left running; not in recipes)",
            _client),
     Option("address", None, "execution", _STR,
            "the address of a running Dask scheduler to connect to (left running)",
-           _optional_str("address", "'tcp://10.0.0.5:8786'")),
+           _optional_str("'tcp://10.0.0.5:8786'")),
     Option("session_client", True, "execution", _BOOL,
            "use the Dask client this process made current, when there is one",
-           lambda v: check_bool(v, "session_client")),
+           check_bool),
     Option("prefetch_windows", None, "execution", _INT,
            "windows kept in flight (default: 2 per worker thread + 4)",
-           _optional_positive("prefetch_windows")),
+           _optional_positive),
     Option("fuse", True, "execution", _BOOL,
            "one task per window (True) or a task per chunk plus one per window (False)",
-           lambda v: check_bool(v, "fuse")),
+           check_bool),
     Option("retries", 2, "execution", _INT,
            "times Dask reruns a failed task before the error reaches the iterator",
-           lambda v: check_int(v, "retries", 0)),
+           _count),
     Option("dp_degree", None, "execution", _INT,
            "data-parallel degree (default: torch.distributed's world size, else 1)",
-           _optional_positive("dp_degree")),
+           _optional_positive),
     Option("dp_group_id", None, "execution", _INT,
            "this DP group (default: torch.distributed's rank, else 0)",
-           _optional_count("dp_group_id")),
+           _optional_count),
     Option("mapping_strategy", "contiguous", "execution", _STR,
            "how lanes are grouped onto DP groups",
-           lambda v: check_choice(v, MAPPING_STRATEGIES, "mapping_strategy"), MAPPING_STRATEGIES),
+           _choice(MAPPING_STRATEGIES), MAPPING_STRATEGIES),
     Option("deterministic", True, "execution", _BOOL,
            "strict round-robin over lanes (False: whichever lane is ready first; changes the order)",
-           lambda v: check_bool(v, "deterministic")),
+           check_bool),
     Option("ledger", None, "execution", _STR,
            "a folder for one JSON line per delivered batch (rank-<n>.jsonl)",
-           _optional_path("ledger")),
+           _optional_path),
     Option("cluster_timeout", 45.0, "execution", _NUMBER,
            "seconds without scheduler or worker before a wait fails with ClusterStallError",
-           lambda v: check_seconds(v, "cluster_timeout", "e.g. 45")),
+           _seconds("e.g. 45")),
     Option("stall_timeout", 30.0, "execution", _NUMBER,
            "seconds a window may compute before it is reported and computed again elsewhere",
-           lambda v: check_seconds(v, "stall_timeout", "e.g. 30")),
+           _seconds("e.g. 30")),
     Option("dashboard_address", "127.0.0.1:0", "execution", _STR,
            "where the embedded cluster serves its dashboard (None: no dashboard)",
-           _optional_str("dashboard_address", "'127.0.0.1:8787'")),
+           _optional_str("'127.0.0.1:8787'")),
 )
 
 BY_NAME: Mapping[str, Option] = {o.name: o for o in OPTIONS}

@@ -18,9 +18,10 @@ import time
 from collections.abc import Sequence
 
 from ..errors import ClusterError, ClusterStallError
+from ..options import BY_NAME as OPTIONS
 
-DEFAULT_TIMEOUT = 45.0  # seconds without scheduler or worker before a wait fails
-DEFAULT_STALL = 30.0  # seconds one window may compute before it is reported and recomputed elsewhere
+DEFAULT_TIMEOUT: float = OPTIONS["cluster_timeout"].default  # seconds without scheduler or worker
+DEFAULT_STALL: float = OPTIONS["stall_timeout"].default  # seconds one window may compute unreported
 CONNECT_TIMEOUT = 5.0  # seconds to open a connection to a scheduler address
 POLL = 1.0  # the longest slice of a wait between two liveness checks
 PROBE_TIMEOUT = 5.0  # seconds one liveness RPC may take
