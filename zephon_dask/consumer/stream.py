@@ -19,7 +19,7 @@ nothing, or their last window).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import NamedTuple, Protocol
+from typing import Protocol
 
 from ..core.spec import PipelineSpec
 from ..errors import EmptyDatasetError, StateError
@@ -30,7 +30,7 @@ from .waiting import FirstBatchWait
 
 
 class Frontier(Protocol):
-    """What a stream reads of a lane's starting point (a :class:`LaneStart`, a state's lane progress)."""
+    """What a stream reads of a lane's starting point (a state's lane progress, fresh or resumed)."""
 
     @property
     def window(self) -> int: ...
@@ -42,27 +42,16 @@ class Frontier(Protocol):
     def finished(self) -> bool: ...
 
 
-class LaneStart(NamedTuple):
-    """Where a lane's stream starts: its frontier ``(window, offset)``, the batches it delivered,
-    whether it finished (any object with these attributes will do: a state's lane progress)."""
-
-    window: int = 0
-    offset: int = 0
-    batches_delivered: int = 0
-    finished: bool = False
-
-
-FRESH = LaneStart()
 EMPTY_WINDOWS_LIMIT = 256  # consecutive windows without a sample before a lane gives up
 
 
 class BatchStream:
     def __init__(self, spec: PipelineSpec, batch_options: BatchOptions, lanes: list[int], runner,
                  prefetch: int, deterministic: bool = True, fused: bool = False,
-                 start: Mapping[int, Frontier] | None = None, first_lane: int | None = None):
+                 *, start: Mapping[int, Frontier], first_lane: int | None = None):
         self.lanes = list(lanes)
         self.deterministic = deterministic
-        at = {lane: (start or {}).get(lane, FRESH) for lane in self.lanes}
+        at = {lane: start[lane] for lane in self.lanes}
         self.finished = {lane: bool(at[lane].finished) for lane in self.lanes}
         self._skip = {lane: at[lane].offset for lane in self.lanes}
         ends = {lane: spec.num_windows(lane) for lane in self.lanes}
