@@ -109,6 +109,21 @@ def test_embedded_cluster_settings_spare_the_training_cores_unless_the_user_set_
     assert list(got.values()) == [(None, "1s", "20ms")]
 
 
+def test_starting_the_embedded_cluster_leaves_this_process_environment_as_it_was(corpus_dir, monkeypatch):
+    # the nanny exports OMP_NUM_THREADS=1, PYTHONHASHSEED, ... into the spawning process; every
+    # process the training script started afterwards inherited them
+    for key in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "PYTHONHASHSEED"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("ZEPHON_TEST_KEPT", "yes")
+    before = dict(os.environ)
+    with build(corpus_dir, n_workers=1) as p:
+        next(iter(p))
+        assert dict(os.environ) == before
+        worker_env = list(p.runner().client.run(lambda: os.environ.get("OMP_NUM_THREADS")).values())
+    assert worker_env == ["1"]  # the workers still get theirs
+    assert dict(os.environ) == before
+
+
 def test_prefetch_defaults_to_two_windows_per_slot_plus_four(corpus_dir):
     p = build(corpus_dir, runner="threads", n_workers=3)
     assert "auto: 2 per worker thread + 4" in str(p.explain())

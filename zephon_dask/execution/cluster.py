@@ -102,6 +102,26 @@ def script_not_reimported() -> Iterator[None]:
             main.__spec__ = spec
 
 
+@contextmanager
+def environment_kept() -> Iterator[None]:
+    """Give this process its environment back once the workers are spawned.
+
+    Dask's nanny exports its ``pre-spawn-environ`` (``OMP_NUM_THREADS=1``,
+    ``PYTHONHASHSEED``, ...) into the spawning process so the worker inherits them; left
+    there, every process the training script starts later would inherit them too. A worker
+    its nanny restarts later exports them again (Dask's behaviour).
+    """
+    before = dict(os.environ)
+    try:
+        yield
+    finally:
+        for key in sorted(set(os.environ) - set(before)):
+            del os.environ[key]
+        for key, value in sorted(before.items()):
+            if os.environ.get(key) != value:
+                os.environ[key] = value
+
+
 def local_cluster(n_workers: int | None, threads_per_worker: int = 1, processes: bool = True,
                   dashboard_address: str | None = f"{LOCAL_HOST}:0") -> LocalCluster:
     """The embedded cluster: ``n_workers`` (default: one per core) with quiet logs and
@@ -110,7 +130,7 @@ def local_cluster(n_workers: int | None, threads_per_worker: int = 1, processes:
     the dashboard (``dashboard_address``; ``None``: no dashboard) listen on 127.0.0.1 only,
     unless ``dashboard_address`` names another interface."""
     extra = {"env": WORKER_ENV, "host": LOCAL_HOST} if processes else {}  # threads talk in-process
-    with dask.config.set(embedded_config()), script_not_reimported():
+    with dask.config.set(embedded_config()), script_not_reimported(), environment_kept():
         return LocalCluster(n_workers=n_workers or os.cpu_count() or 1, threads_per_worker=threads_per_worker,
                             processes=processes, dashboard_address=dashboard_address,
                             silence_logs=logging.ERROR, **extra)
