@@ -256,3 +256,43 @@ def test_bad_token_weights_are_typed(kwargs, match):
         MixtureWorkSource([Sized("a", [10]), Sized("b", [10])], {"a": 1, "b": 1}, chunk_size=4, **kwargs)
     with pytest.raises(ConfigError, match="weight_by='tokens'"):
         MixtureWorkSource([Sized("a", [10])], chunk_size=4).with_tokens_per_sample({"a": 1})
+
+
+def test_recipe_weight_by_tokens_builds_the_hand_built_pipeline(skewed, tmp_path, capsys):
+    from zephon_dask.cli import main as cli
+
+    path = tmp_path / "recipe.toml"
+    path.write_text(f"""
+[[datasets]]
+name = "short"
+path = "{skewed / 'short'}"
+weight = 0.3
+
+[[datasets]]
+name = "long"
+path = "{skewed / 'long'}"
+weight = 0.7
+
+[source]
+chunk_size = 16
+weight_by = "tokens"
+
+[tokenize]
+tokenizer = "bytes"
+
+[pack]
+max_length = 256
+
+[batch]
+microbatch_size = 2
+
+[options]
+canonical_replicas = 2
+flush_every_k_chunks = 4
+""")
+    built = z.Pipeline.from_config(path)
+    assert built.fingerprint() == pipeline(skewed).fingerprint()
+    assert cli(["explain", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "tokens/sample" in out and "weight_by" in out and "3/10 (30.0%)" in out
+    assert "weighted by tokens" in str(built.plan((1, 2)))

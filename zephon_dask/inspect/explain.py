@@ -120,7 +120,7 @@ def _datasets(source) -> Section:
         chosen = ds.chosen_files() if hasattr(ds, "chosen_files") else ""
         if chosen:
             notes.append((f"{ds.name} files", chosen))
-    headers = ("name", "format", "shards", "samples", "text field")
+    headers: tuple[str, ...] = ("name", "format", "shards", "samples", "text field")
     headers += ("token weight", "tokens/sample", "sample weight") if by_tokens else ("weight",)
     return Section("datasets", headers=headers, rows=tuple(rows), notes=tuple(notes))
 

@@ -55,6 +55,7 @@ def source_html(source) -> str:
              ("shuffle_within_shard", str(source.shuffle_within_shard)),
              ("shuffle_block_size", str(source.shuffle_block_size)),
              ("lane_assignment", source.lane_assignment)]
+    rows: list[tuple[str, ...]]
     if source.weight_by == "tokens":
         tps = source.tokens_per_sample or (None,) * len(source.names)
         rows = [(name, f"{size:,}", f"{w.numerator}/{w.denominator}", f"{float(w):.2%}",
