@@ -296,3 +296,12 @@ flush_every_k_chunks = 4
     out = capsys.readouterr().out
     assert "tokens/sample" in out and "weight_by" in out and "3/10 (30.0%)" in out
     assert "weighted by tokens" in str(built.plan((1, 2)))
+
+
+def test_a_pipeline_that_does_not_tokenize_yet_shows_and_refuses_clearly(skewed):
+    source = z.MixtureWorkSource(datasets(skewed), {"short": 1, "long": 3}, chunk_size=16, weight_by="tokens")
+    bare = z.Pipeline(source).options(runner="synchronous")
+    assert "not yet" in repr(bare) and "0.75 of tokens" in repr(bare)  # a repr neither reads nor raises
+    with pytest.raises(ConfigError, match=r"call \.tokenize"):
+        iter(bare)
+    assert "tokens/sample" in repr(bare.tokenize())

@@ -110,10 +110,26 @@ def _token_weight(source, c: int) -> str:
             f"{float(source.tokens_per_sample[c]):,.1f} tokens/sample")
 
 
+def _unmeasured_summary(pipeline) -> Section:
+    """The summary of a token-weighted pipeline that does not tokenize yet (nothing to measure)."""
+    source = pipeline.session.base_source
+    datasets = ", ".join(f"{n} ({size:,} samples, {float(w):.3g} of tokens)"
+                         for n, size, w in zip(source.names, source.sizes, source.target_weights, strict=True))
+    return Section("zephon_dask Pipeline", pairs=(
+        ("fingerprint", "not yet: weight_by='tokens' measures tokens per sample once the pipeline tokenizes"),
+        ("datasets", datasets),
+        ("operators", " -> ".join(_short(op) for op in pipeline.record_ops) or "none"),
+        ("identity", _identity(pipeline)),
+        ("runner", _runner(pipeline)),
+    ))
+
+
 @views.register("pipeline_summary")
 def pipeline_summary(pipeline) -> Section:
     """One screen about ``pipeline``: fingerprint, datasets with sizes, stream, lanes and
     windows, operators, batch shape, DP identity and runner (reads only; starts nothing)."""
+    if pipeline.session.base_source.unmeasured and not pipeline.has_tokens():
+        return _unmeasured_summary(pipeline)
     spec = pipeline.spec
     source = spec.source
     datasets = ", ".join(

@@ -338,9 +338,18 @@ class Pipeline:
             raise ConfigError(f"an accumulator named {name!r} exists already; names are unique")
         return self._add_accumulator(Stateful(name, init, push, flush, version))
 
-    def _check_tokens(self, op: str) -> None:
+    def has_tokens(self) -> bool:
+        """Whether the records carry token ids after the record operators: a tokenizer, or every
+        dataset a token store.
+
+        Returns:
+            ``True`` when ``pack``, ``shuffle``, ``stateful`` and a token-weighted mixture can run.
+        """
         pre_tokenized = all(getattr(d, "format", None) == "tokens" for d in self._source.datasets)
-        if not pre_tokenized and not any(isinstance(o, Tokenize) for o in self._record_ops):
+        return pre_tokenized or any(isinstance(o, Tokenize) for o in self._record_ops)
+
+    def _check_tokens(self, op: str) -> None:
+        if not self.has_tokens():
             raise ConfigError(
                 f".{op}() needs token ids: call .tokenize(...) first (or read a token store "
                 "with Dataset.from_tokens)"
@@ -665,6 +674,7 @@ class Pipeline:
         """
         from .torch_data import PipelineDataset
 
+        _ = self.work_source  # weight_by="tokens": measured here once, not in every worker
         self._session.handed_out = True
         return PipelineDataset(self)
 

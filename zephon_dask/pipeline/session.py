@@ -23,7 +23,7 @@ from __future__ import annotations
 import copy
 
 from ..consumer.stream import BatchStream
-from ..errors import ClosedError, StateError
+from ..errors import ClosedError, ConfigError, StateError
 from ..execution import make_runner
 from ..state.ledger import LedgerWriter
 from ..state.progress import Progress, StepShape, resume_point
@@ -63,6 +63,11 @@ class Session:
         """The work source the batches come from: :attr:`base_source`, measured if it weighs by
         tokens and has no tokens per sample yet (measured once per session)."""
         if self._measured is None:
+            if self.base_source.unmeasured and not self.pipeline.has_tokens():
+                raise ConfigError(
+                    "the work source weighs by tokens (weight_by='tokens'), measured with the pipeline's "
+                    "tokenizer: call .tokenize(...) before using the pipeline's data"
+                )
             self._measured = measured(self.base_source, self.pipeline.record_ops)
         return self._measured
 
