@@ -175,7 +175,7 @@ class MixtureWorkSource:
         self.weight_by, self.tokens_per_sample = self._check_weight_by(weight_by, tokens_per_sample)
         total = sum(raw, Fraction(0))
         self.target_weights: tuple[Fraction, ...] = tuple(w / total for w in raw)  # in weight_by units
-        self._mixture = None
+        self._mixture: Mixture | None = None  # None until the tokens per sample are known
         if not self.unmeasured:
             if self.tokens_per_sample is not None:
                 raw = sample_weights(raw, self.tokens_per_sample)

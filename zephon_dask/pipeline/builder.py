@@ -344,6 +344,10 @@ class Pipeline:
 
         Returns:
             ``True`` when ``pack``, ``shuffle``, ``stateful`` and a token-weighted mixture can run.
+
+        Example:
+            >>> pipeline.tokenize().has_tokens()  # doctest: +SKIP
+            True
         """
         pre_tokenized = all(getattr(d, "format", None) == "tokens" for d in self._source.datasets)
         return pre_tokenized or any(isinstance(o, Tokenize) for o in self._record_ops)
