@@ -8,6 +8,7 @@ per-dataset cursors, and lanes found by scanning every chunk.
 from __future__ import annotations
 
 import hashlib
+import math
 from fractions import Fraction
 
 import numpy as np
@@ -94,6 +95,34 @@ def ref_allocation(g, chunk_size, weights):
     out = [int(g * chunk_size * w) if c != big else 0 for c, w in enumerate(ws)]
     out[big] = g * chunk_size - sum(out)
     return out
+
+
+def ref_token_allocation(g, chunk_size, token_weights, tokens_per_sample):
+    """Samples of each dataset in chunks ``0..g-1`` for weights given as token shares, walking
+    the chunks one by one: a dataset's sample share is its token share over its tokens per
+    sample (normalised), its count in a chunk the growth of ``floor(cumulative ideal)``, and
+    the dataset of largest sample share takes what the others leave."""
+    shares = []
+    for t, s in zip(token_weights, tokens_per_sample):
+        shares.append(Fraction(t) / Fraction(s))
+    total = Fraction(0)
+    for x in shares:
+        total += x
+    shares = [x / total for x in shares]
+    big = 0
+    for c in range(len(shares)):
+        if shares[c] > shares[big]:
+            big = c
+    counts = [0] * len(shares)
+    for j in range(g):
+        taken = 0
+        for c, share in enumerate(shares):
+            if c != big:
+                n = math.floor((j + 1) * chunk_size * share) - math.floor(j * chunk_size * share)
+                counts[c] += n
+                taken += n
+        counts[big] += chunk_size - taken
+    return counts
 
 
 def ref_stream(datasets, weights, chunk_size, seed, shuffle_shards=True, shuffle_within=True,

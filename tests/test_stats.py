@@ -23,15 +23,21 @@ def test_stats_count_what_was_delivered(corpus_dir):
     s = pipe.stats()
     real = sum(int((b["document_ids"] >= 0).sum()) for b in batches)  # packed rows may hold padding
     slots = sum(b["tokens"].size for b in batches)
-    per_dataset = Counter()
+    per_dataset, started = Counter(), Counter()
     for b in batches:
         for row in range(b.num_samples):
-            for dataset, _, _, _, count in b.sources(row):
+            for dataset, _, _, token_start, count in b.sources(row):
                 per_dataset[dataset] += count
+                started[dataset] += token_start == 0
     assert (s.batches, s.tokens, s.global_step) == (22, real, 5)
     assert s.padding_efficiency == pytest.approx(real / slots)
     assert {m["dataset"]: m["tokens"] for m in s.mixture} == dict(per_dataset)
-    assert [m["target"] for m in s.mixture] == [0.75, 0.25]
+    assert {m["dataset"]: m["samples"] for m in s.mixture} == dict(started)
+    assert [m["target"] for m in s.mixture] == [m["sample_target"] for m in s.mixture] == [0.75, 0.25]
+    assert [m["realized"] for m in s.mixture] == [started[n] / sum(started.values()) for n in ("web", "code")]
+    assert [m["token_share"] for m in s.mixture] == [per_dataset[n] / real for n in ("web", "code")]
+    assert [m["token_target"] for m in s.mixture] == [None, None]  # weighted by samples: no token target
+    assert "sample target" in str(s) and "weighted by samples" in str(s)
     assert [h["global_step"] for h in s.history] == [0, 1, 2, 3, 4, 5]
     assert sum(h["tokens"] for h in s.history) == real
     assert [lane["batches_delivered"] for lane in s.lanes] == [6, 6, 5, 5]

@@ -50,7 +50,7 @@ TABLES: dict[str, dict[str, tuple[type, ...]]] = {
     "source": {  # MixtureWorkSource
         "chunk_size": _INT, "seed": _INT, "shuffle_shards": _BOOL, "shuffle_within_shard": _BOOL,
         "shuffle_block_size": _INT, "stop_after_passes": _INT, "exhausted_policy": _STR,
-        "max_repeats": _INT, "reshuffle_on_repeat": _BOOL, "lane_assignment": _STR,
+        "max_repeats": _INT, "reshuffle_on_repeat": _BOOL, "lane_assignment": _STR, "weight_by": _STR,
     },
     "tokenize": {  # Pipeline.tokenize
         "tokenizer": _STR, "field": _STR, "bos": _BOOL, "eos": _BOOL, "max_length": _INT,

@@ -116,6 +116,14 @@ class Batch(Mapping):
         counts = np.bincount(rows[:, 0], weights=rows[:, 4], minlength=len(self.dataset_names))
         return counts.astype(np.int64)
 
+    def dataset_samples(self) -> np.ndarray:
+        """Source records per dataset whose first token is in this batch (a record cut across rows
+        or batches counts once, where it starts), indexed like ``dataset_names``."""
+        if not self.lineage:
+            return np.zeros(len(self.dataset_names), dtype=np.int64)
+        rows = np.concatenate(self.lineage)
+        return np.bincount(rows[rows[:, 3] == 0, 0], minlength=len(self.dataset_names)).astype(np.int64)
+
     def to_torch(self, device=None, non_blocking: bool = False) -> dict:
         """Dict of torch tensors (int64 ids; see :mod:`zephon_dask.consumer.torch_io`)."""
         from .torch_io import batch_to_torch

@@ -98,11 +98,12 @@ def to_device_iter(batches: Iterator, device=None, pin_memory: bool | None = Non
 
 def batch_item(batch) -> dict:
     """A batch as the DataLoader yields it: its tensors plus ``lane``, ``index_in_lane``,
-    ``position`` (the lane's frontier after it), ``last`` and ``dataset_tokens``."""
+    ``position`` (the lane's frontier after it), ``last``, ``dataset_tokens`` and ``dataset_samples``."""
     out = batch_to_torch(batch)
     out["lane"] = torch.tensor(batch.lane)
     out["index_in_lane"] = torch.tensor(batch.index_in_lane)
     out["position"] = torch.tensor(batch.position)
     out["last"] = torch.tensor(batch.last)
     out["dataset_tokens"] = torch.from_numpy(batch.dataset_tokens())
+    out["dataset_samples"] = torch.from_numpy(batch.dataset_samples())
     return out

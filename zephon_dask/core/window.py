@@ -72,6 +72,11 @@ def _note(exc: BaseException, text: str) -> None:
 def read_chunk(spec: PipelineSpec, g: int) -> tuple[np.ndarray, list[dict]]:
     """Chunk ``g``'s pointers as an ``(n, 3)`` array and its records, in pointer order."""
     ds, shard, offset = spec.source.chunk_arrays(g)
+    return np.stack([ds, shard, offset], axis=1), read_records(spec.datasets, ds, shard, offset, f"chunk {g}")
+
+
+def read_records(datasets, ds: np.ndarray, shard: np.ndarray, offset: np.ndarray, where: str) -> list[dict]:
+    """The records at the pointers ``(ds, shard, offset)``, in pointer order (one read per shard)."""
     records: list = [None] * len(ds)
     order = np.lexsort((shard, ds))
     keys = np.stack([ds[order], shard[order]], axis=1)
@@ -80,23 +85,30 @@ def read_chunk(spec: PipelineSpec, g: int) -> tuple[np.ndarray, list[dict]]:
         if not len(group):
             continue
         d, s = int(ds[group[0]]), int(shard[group[0]])
-        dataset = spec.datasets[d]
+        dataset = datasets[d]
         try:
             got = dataset.read(s, offset[group])
         except Exception as exc:
-            _note(exc, f"reading dataset {dataset.name!r}, shard {s}, chunk {g}")
+            _note(exc, f"reading dataset {dataset.name!r}, shard {s}, {where}")
             raise
         for i, rec in zip(group.tolist(), got, strict=True):
             records[i] = rec
-    return np.stack([ds, shard, offset], axis=1), records
+    return records
 
 
 def compute_chunk(spec: PipelineSpec, g: int) -> ChunkOutput:
     """Read chunk ``g`` and apply the record operators, in chain order (pure)."""
     pointers, records = read_chunk(spec, g)
-    ctx = ChunkContext(g, spec.source.names, pointers, {"records": len(records)})
+    return apply_record_ops(spec.record_ops, spec.source.names, g, pointers, records)
+
+
+def apply_record_ops(record_ops, dataset_names: tuple[str, ...], g: int, pointers: np.ndarray,
+                     records: list[dict]) -> ChunkOutput:
+    """The record operators over ``records`` (at ``pointers``, labelled chunk ``g``), in chain
+    order, as one document per output record (pure)."""
+    ctx = ChunkContext(g, dataset_names, pointers, {"records": len(records)})
     rows = [Row(i, 0, rec) for i, rec in enumerate(records)]
-    for op in spec.record_ops:
+    for op in record_ops:
         rows = op.apply_chunk(rows, ctx)
 
     arrays, masks = [], []

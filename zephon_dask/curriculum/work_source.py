@@ -9,6 +9,7 @@ seed and the indices, never by walking earlier chunks.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from fractions import Fraction
 from functools import cached_property
 from typing import NamedTuple, Protocol, cast
 
@@ -27,6 +28,7 @@ from . import routing
 from .mixture import Mixture, exact_weight, interleave
 from .order import DatasetOrder
 from .seeding import check_seed
+from .token_weights import WEIGHT_BY, as_config, exact_tokens_per_sample, sample_weights
 
 EXHAUSTED_POLICIES = (None, "stop", "repeat")
 
@@ -121,6 +123,10 @@ class MixtureWorkSource:
     passes; ``exhausted_policy="stop"`` ends it before the first chunk that
     would need a sample beyond any dataset's first pass (``max_repeats`` more
     passes with ``"repeat"``; no ``max_repeats`` means the stream never ends).
+    ``weight_by="tokens"`` reads the weights as shares of tokens: each dataset's sample
+    weight becomes ``weight / tokens_per_sample`` (exact), where ``tokens_per_sample``
+    is given or, when ``None``, measured by the :class:`~zephon_dask.Pipeline` the source
+    goes into (:meth:`with_tokens_per_sample` gives the measured source).
 
     Example:
         >>> source = zephon_dask.MixtureWorkSource([web, code], {"web": 0.7, "code": 0.3},  # doctest: +SKIP
@@ -141,6 +147,8 @@ class MixtureWorkSource:
         max_repeats: int | None = None,
         reshuffle_on_repeat: bool = True,
         lane_assignment: str = "permute",
+        weight_by: str = "samples",
+        tokens_per_sample: Mapping[str, object] | None = None,
     ):
         if hasattr(datasets, "shard_sizes"):
             datasets = [cast(SizedDataset, datasets)]
@@ -164,8 +172,14 @@ class MixtureWorkSource:
         )
         self.sizes = tuple(int(sum(d.shard_sizes)) for d in self.datasets)
         raw = self._raw_weights(weights)
-        self.mixture = Mixture(raw, self.chunk_size, self.names)
-        self.weights = self.mixture.weights
+        self.weight_by, self.tokens_per_sample = self._check_weight_by(weight_by, tokens_per_sample)
+        total = sum(raw, Fraction(0))
+        self.target_weights: tuple[Fraction, ...] = tuple(w / total for w in raw)  # in weight_by units
+        self._mixture: Mixture | None = None  # None until the tokens per sample are known
+        if not self.unmeasured:
+            if self.tokens_per_sample is not None:
+                raw = sample_weights(raw, self.tokens_per_sample)
+            self._mixture = Mixture(raw, self.chunk_size, self.names)
         self.orders = tuple(
             DatasetOrder(
                 d.name,
@@ -178,7 +192,7 @@ class MixtureWorkSource:
             )
             for d in self.datasets
         )
-        if self.num_chunks == 0:
+        if not self.unmeasured and self.num_chunks == 0:
             smallest = min(
                 range(len(self.names)), key=lambda c: self.sizes[c] / self.weights[c]
             )
@@ -228,6 +242,15 @@ class MixtureWorkSource:
                                     hint="None for an endless stream")
         return policy, max_repeats
 
+    def _check_weight_by(self, weight_by, tokens_per_sample):
+        weight_by = check_choice(weight_by, WEIGHT_BY, "weight_by")
+        if tokens_per_sample is None:
+            return weight_by, None
+        if weight_by != "tokens":
+            raise ConfigError("tokens_per_sample is only used with weight_by='tokens'; drop it or "
+                              "set weight_by='tokens'")
+        return weight_by, exact_tokens_per_sample(tokens_per_sample, self.names)
+
     def _raw_weights(self, weights):
         if weights is None:
             return [exact_weight(n, name) for n, name in zip(self.sizes, self.names, strict=True)]
@@ -244,6 +267,35 @@ class MixtureWorkSource:
                 f"the datasets are {list(self.names)}"
             )
         return [exact_weight(weights[n], n) for n in self.names]
+
+    # -- weights ------------------------------------------------------------------
+
+    @property
+    def unmeasured(self) -> bool:
+        """Weighted by tokens with no tokens per sample yet: no chunk can be computed."""
+        return self.weight_by == "tokens" and self.tokens_per_sample is None
+
+    @property
+    def mixture(self) -> Mixture:
+        """The sample allocation ``A_c(g)`` (token weights already converted to sample weights)."""
+        if self._mixture is None:
+            raise ConfigError(
+                "this MixtureWorkSource weighs by tokens and its tokens per sample are not measured: "
+                "a Pipeline measures them on first use (use pipeline.work_source), or pass "
+                "tokens_per_sample={name: tokens} to MixtureWorkSource"
+            )
+        return self._mixture
+
+    @property
+    def weights(self) -> tuple[Fraction, ...]:
+        """Normalised sample weights: the share of each chunk's samples per dataset."""
+        return self.mixture.weights
+
+    def with_tokens_per_sample(self, tokens_per_sample: Mapping[str, object]) -> MixtureWorkSource:
+        """The same token-weighted mixture with these tokens per sample (a new source)."""
+        if self.weight_by != "tokens":
+            raise ConfigError("with_tokens_per_sample() needs a source with weight_by='tokens'")
+        return MixtureWorkSource(**{**self._arguments, "tokens_per_sample": tokens_per_sample})
 
     # -- stream length ----------------------------------------------------------
 
@@ -358,7 +410,7 @@ class MixtureWorkSource:
                 d.identity() if hasattr(d, "identity") else {"name": d.name, "shard_sizes": list(d.shard_sizes)}
                 for d in self.datasets
             ],
-            "weights": {n: f"{w.numerator}/{w.denominator}" for n, w in zip(self.names, self.weights, strict=True)},
+            "weights": as_config(self.names, self.target_weights),
             "chunk_size": self.chunk_size,
             "seed": self.seed,
             "shuffle_shards": self.shuffle_shards,
@@ -369,11 +421,20 @@ class MixtureWorkSource:
             "max_repeats": self.max_repeats,
             "reshuffle_on_repeat": self.reshuffle_on_repeat,
             "lane_assignment": self.lane_assignment,
+            # absent means samples: the configs (and fingerprints) written before weight_by existed
+            **({} if self.weight_by == "samples" else {
+                "weight_by": self.weight_by,
+                "tokens_per_sample": None if self.tokens_per_sample is None
+                else as_config(self.names, self.tokens_per_sample),
+            }),
         }
 
     def __repr__(self) -> str:
-        mix = ", ".join(f"{n}={float(w):.3g}" for n, w in zip(self.names, self.weights, strict=True))
-        size = "endless" if self.num_chunks is None else f"{self.num_chunks} chunks"
+        mix = ", ".join(f"{n}={float(w):.3g}" for n, w in zip(self.names, self.target_weights, strict=True))
+        if self.weight_by == "tokens":
+            mix += " of tokens"
+        size = ("tokens per sample not measured" if self.unmeasured
+                else "endless" if self.num_chunks is None else f"{self.num_chunks} chunks")
         return f"MixtureWorkSource({mix}; chunk_size={self.chunk_size}, seed={self.seed}, {size})"
 
     def _repr_html_(self) -> str:

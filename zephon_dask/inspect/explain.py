@@ -107,17 +107,22 @@ def _fraction(w) -> str:
 
 
 def _datasets(source) -> Section:
-    """The datasets with their sizes and weights, then the files each one chose."""
+    """The datasets with their sizes and weights, then the files each one chose. Weighted by tokens:
+    the token weight, the measured tokens per sample and the sample weight they give."""
     rows, notes = [], []
-    for ds, size, weight in zip(source.datasets, source.sizes, source.weights, strict=True):
+    by_tokens = source.weight_by == "tokens"
+    for c, (ds, size) in enumerate(zip(source.datasets, source.sizes, strict=True)):
         shards = getattr(ds, "num_shards", len(ds.shard_sizes))
-        rows.append((ds.name, getattr(ds, "format", "?"), str(shards), f"{size:,}",
-                     getattr(ds, "text_field", "?"), _fraction(weight)))
+        row = [ds.name, getattr(ds, "format", "?"), str(shards), f"{size:,}", getattr(ds, "text_field", "?")]
+        if by_tokens:
+            row += [_fraction(source.target_weights[c]), f"{float(source.tokens_per_sample[c]):,.1f}"]
+        rows.append((*row, _fraction(source.weights[c])))
         chosen = ds.chosen_files() if hasattr(ds, "chosen_files") else ""
         if chosen:
             notes.append((f"{ds.name} files", chosen))
-    return Section("datasets", headers=("name", "format", "shards", "samples", "text field", "weight"),
-                   rows=tuple(rows), notes=tuple(notes))
+    headers: tuple[str, ...] = ("name", "format", "shards", "samples", "text field")
+    headers += ("token weight", "tokens/sample", "sample weight") if by_tokens else ("weight",)
+    return Section("datasets", headers=headers, rows=tuple(rows), notes=tuple(notes))
 
 
 def _stream_end(source) -> str:
@@ -137,7 +142,12 @@ def _mixture(source) -> Section:
                                       ("within shards", source.shuffle_within_shard)) if on]
     if source.shuffle_block_size:
         shuffles.append(f"blocks of {source.shuffle_block_size}")
+    by_tokens = source.weight_by == "tokens"
+    weight_by = ("tokens: weights are shares of tokens; sample weight = token weight / tokens per sample "
+                 "(measured once, kept in checkpoints)" if by_tokens
+                 else "samples: weights are shares of each chunk's samples")
     return Section("mixture", pairs=(
+        ("weight_by", weight_by),
         ("chunk_size", str(source.chunk_size)),
         ("seed", str(source.seed)),
         ("stream length", length),

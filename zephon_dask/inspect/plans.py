@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .. import views
 from ..curriculum import routing
@@ -53,6 +53,7 @@ class PlanTable:
     batches_per_step: int | None
     entries: tuple[PlanEntry, ...]
     global_batches: int | None = None
+    mixture: str | None = None  # a pipeline's weights, in words (none for a recipe's options alone)
 
     def __repr__(self) -> str:
         return str(self)
@@ -63,10 +64,14 @@ class PlanTable:
             head += f", global_batches_per_step={self.global_batches}"
         if self.batches_per_step is not None:
             head += f", batches_per_step={self.batches_per_step}"
+        if self.mixture is not None:
+            head += f"\nmixture: {self.mixture}"
         return head + "\n" + text_table(HEADERS, [e.cells() for e in self.entries])
 
     def _repr_html_(self) -> str:
         caption = f"lane plans for canonical_replicas={self.canonical_replicas}"
+        if self.mixture is not None:
+            caption += f"; mixture: {self.mixture}"
         return html_block(html_table(HEADERS, [e.cells() for e in self.entries], caption=caption))
 
 
@@ -117,7 +122,19 @@ def lane_plans(canonical_replicas: int, dp_degrees: Iterable[int],
 @views.register("plan_table")
 def plan_table(pipeline, dp_degrees: Iterable[int] = (1, 2, 4, 8),
                mappings: Sequence[str] = routing.MAPPING_STRATEGIES) -> PlanTable:
-    """:func:`lane_plans` for a pipeline's ``canonical_replicas`` and ``batches_per_step``."""
+    """:func:`lane_plans` for a pipeline's ``canonical_replicas`` and ``batches_per_step``, with its
+    mixture's weights (and, weighted by tokens, the tokens per sample) in a header line."""
     options = pipeline.settings
-    return lane_plans(options["canonical_replicas"], dp_degrees, mappings, options.get("batches_per_step"),
-                      options.get("global_batches_per_step"))
+    table = lane_plans(options["canonical_replicas"], dp_degrees, mappings, options.get("batches_per_step"),
+                       options.get("global_batches_per_step"))
+    return replace(table, mixture=mixture_line(pipeline.work_source))
+
+
+def mixture_line(source) -> str:
+    """``"weighted by tokens: web 0.7 (812.5 tokens/sample), ..."`` or by samples."""
+    if source.weight_by == "tokens":
+        parts = [f"{n} {float(w):.3g} ({float(s):,.1f} tokens/sample)"
+                 for n, w, s in zip(source.names, source.target_weights, source.tokens_per_sample, strict=True)]
+    else:
+        parts = [f"{n} {float(w):.3g}" for n, w in zip(source.names, source.weights, strict=True)]
+    return f"weighted by {source.weight_by}: " + ", ".join(parts)

@@ -25,19 +25,22 @@ def _axes(ax):
 
 @views.register("plot_mixture")
 def plot_mixture(stats, ax=None):
-    """Stacked share of real tokens per dataset at each global step, with the target as dashes."""
+    """Stacked share per dataset at each global step, with the target as dashes, in the mixture's
+    ``weight_by`` unit (real tokens, or samples counted where a record's first token lands)."""
     ax = _axes(ax)
+    unit = "tokens" if stats.weight_by == "tokens" else "samples"
     steps = [h["global_step"] for h in stats.history]
     names = [m["dataset"] for m in stats.mixture]
-    totals = [max(sum(h["dataset_tokens"].values()), 1) for h in stats.history]
-    shares = [[h["dataset_tokens"][n] / t for h, t in zip(stats.history, totals, strict=True)] for n in names]
+    counts = [h[f"dataset_{unit}"] for h in stats.history]
+    totals = [max(sum(c.values()), 1) for c in counts]
+    shares = [[c[n] / t for c, t in zip(counts, totals, strict=True)] for n in names]
     ax.stackplot(steps, shares, labels=names, alpha=0.8)
     level = 0.0
     for m in stats.mixture[:-1]:
         level += m["target"]
         ax.axhline(level, color="black", linestyle="--", linewidth=0.8)
-    ax.set(xlabel="global step", ylabel="share of real tokens", ylim=(0, 1),
-           title="realized mixture per step (dashes: target sample weights)")
+    ax.set(xlabel="global step", ylabel=f"share of {'real tokens' if unit == 'tokens' else 'samples'}",
+           ylim=(0, 1), title=f"realized mixture per step (dashes: target {unit[:-1]} weights)")
     ax.legend(loc="upper right", fontsize=8)
     return ax
 

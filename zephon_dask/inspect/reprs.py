@@ -41,20 +41,36 @@ def dataset_html(dataset) -> str:
 
 @views.register("source_html")
 def source_html(source) -> str:
-    """A work source: mixture, stream length and the datasets with their exact weights."""
-    chunks = "endless" if source.num_chunks is None else f"{source.num_chunks:,}"
+    """A work source: mixture, stream length and the datasets with their exact weights (and, weighted
+    by tokens, the token weights and tokens per sample; sample weights once those are known)."""
+    if source.unmeasured:
+        chunks = "tokens per sample not measured (a Pipeline measures them)"
+    else:
+        chunks = "endless" if source.num_chunks is None else f"{source.num_chunks:,}"
     pairs = [("chunk_size", str(source.chunk_size)), ("seed", str(source.seed)), ("chunks", chunks),
+             ("weight_by", source.weight_by),
              ("stop_after_passes", str(source.stop_after_passes)),
              ("exhausted_policy", str(source.exhausted_policy)),
              ("shuffle_shards", str(source.shuffle_shards)),
              ("shuffle_within_shard", str(source.shuffle_within_shard)),
              ("shuffle_block_size", str(source.shuffle_block_size)),
              ("lane_assignment", source.lane_assignment)]
-    rows = [(name, f"{size:,}", f"{w.numerator}/{w.denominator}", f"{float(w):.2%}",
-             f"{float(w * source.chunk_size):.2f}")
-            for name, size, w in zip(source.names, source.sizes, source.weights, strict=True)]
-    return html_block(html_title("MixtureWorkSource"), html_pairs(pairs),
-                      html_table(("dataset", "samples", "weight", "share", "samples per chunk"), rows))
+    rows: list[tuple[str, ...]]
+    if source.weight_by == "tokens":
+        tps = source.tokens_per_sample or (None,) * len(source.names)
+        rows = [(name, f"{size:,}", f"{w.numerator}/{w.denominator}", f"{float(w):.2%}",
+                 "?" if s is None else f"{float(s):,.1f}",
+                 "?" if s is None else f"{float(source.weights[c] * source.chunk_size):.2f}")
+                for c, (name, size, w, s) in enumerate(zip(source.names, source.sizes, source.target_weights, tps,
+                                                           strict=True))]
+        headers: tuple[str, ...] = ("dataset", "samples", "token weight", "token share", "tokens/sample",
+                                    "samples per chunk")
+    else:
+        rows = [(name, f"{size:,}", f"{w.numerator}/{w.denominator}", f"{float(w):.2%}",
+                 f"{float(w * source.chunk_size):.2f}")
+                for name, size, w in zip(source.names, source.sizes, source.weights, strict=True)]
+        headers = ("dataset", "samples", "weight", "share", "samples per chunk")
+    return html_block(html_title("MixtureWorkSource"), html_pairs(pairs), html_table(headers, rows))
 
 
 def _identity(pipeline) -> str:
@@ -86,16 +102,41 @@ def _short(op) -> str:
     return f"{op.name}({', '.join(parts)})"
 
 
+def _token_weight(source, c: int) -> str:
+    """``", 0.3 of tokens at 812.5 tokens/sample"`` for a token-weighted source, else ``""``."""
+    if source.weight_by != "tokens":
+        return ""
+    return (f"; {float(source.target_weights[c]):.3g} of tokens at "
+            f"{float(source.tokens_per_sample[c]):,.1f} tokens/sample")
+
+
+def _unmeasured_summary(pipeline) -> Section:
+    """The summary of a token-weighted pipeline that does not tokenize yet (nothing to measure)."""
+    source = pipeline.session.base_source
+    datasets = ", ".join(f"{n} ({size:,} samples, {float(w):.3g} of tokens)"
+                         for n, size, w in zip(source.names, source.sizes, source.target_weights, strict=True))
+    return Section("zephon_dask Pipeline", pairs=(
+        ("fingerprint", "not yet: weight_by='tokens' measures tokens per sample once the pipeline tokenizes"),
+        ("datasets", datasets),
+        ("operators", " -> ".join(_short(op) for op in pipeline.record_ops) or "none"),
+        ("identity", _identity(pipeline)),
+        ("runner", _runner(pipeline)),
+    ))
+
+
 @views.register("pipeline_summary")
 def pipeline_summary(pipeline) -> Section:
     """One screen about ``pipeline``: fingerprint, datasets with sizes, stream, lanes and
     windows, operators, batch shape, DP identity and runner (reads only; starts nothing)."""
+    if pipeline.session.base_source.unmeasured and not pipeline.has_tokens():
+        return _unmeasured_summary(pipeline)
     spec = pipeline.spec
     source = spec.source
     datasets = ", ".join(
         f"{d.name} ({getattr(d, 'format', '?')}, {getattr(d, 'num_shards', len(d.shard_sizes))} shards, "
-        f"{size:,} samples, weight {float(w):.3g})"
-        for d, size, w in zip(source.datasets, source.sizes, source.weights, strict=True))
+        f"{size:,} samples, {'sample ' if source.weight_by == 'tokens' else ''}weight {float(w):.3g}"
+        f"{_token_weight(source, c)})"
+        for c, (d, size, w) in enumerate(zip(source.datasets, source.sizes, source.weights, strict=True)))
     chunks = "endless" if source.num_chunks is None else f"{source.num_chunks:,}"
     replicas, k = spec.canonical_replicas, spec.flush_every_k_chunks
     if source.num_chunks is None:

@@ -3,8 +3,10 @@
 Per-lane progress (what was delivered), windows fetched and in flight,
 tokens/s since the iteration started, padding efficiency of the delivered
 batches, packing efficiency of the computed windows, and the realized mixture
-(share of real tokens per dataset) against the target weights (share of
-samples per chunk).
+against its targets in both units: the share of samples (source records whose
+first token was delivered) against the sample weights, and the share of real
+tokens against the token weights (known with ``weight_by="tokens"``). The
+headline pair (``target``/``realized``) is in the source's ``weight_by`` unit.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ class PipelineStats:
     windows_in_flight: int
     mixture: list[dict]
     history: list[dict] = field(repr=False)
+    weight_by: str = "samples"
 
     @property
     def tokens_per_s(self) -> float:
@@ -51,9 +54,20 @@ class PipelineStats:
             ("windows fetched / in flight", f"{self.windows_done} / {self.windows_in_flight}"),
         ]
 
+    _MIXTURE_HEADER = ["dataset", "sample target", "sample share", "token target", "token share", "samples",
+                       "tokens"]
+
     def _mixture_rows(self):
-        return [(m["dataset"], f"{m['target']:.3f}", f"{m['realized']:.3f}", f"{m['tokens']:,}")
-                for m in self.mixture]
+        def share(x):
+            return "n/a" if x is None else f"{x:.3f}"
+
+        return [(m["dataset"], share(m["sample_target"]), share(m["sample_share"]), share(m["token_target"]),
+                 share(m["token_share"]), f"{m['samples']:,}", f"{m['tokens']:,}") for m in self.mixture]
+
+    @property
+    def _mixture_caption(self) -> str:
+        return (f"mixture, weighted by {self.weight_by} (targets: the weights; shares: what was delivered, "
+                "samples counted where a record's first token lands)")
 
     def _lane_rows(self):
         return [(p["lane"], p["window"], p["offset"], p["batches_delivered"], "yes" if p["finished"] else "")
@@ -65,8 +79,8 @@ class PipelineStats:
     def __str__(self) -> str:
         return "\n".join([
             "zephon_dask stats", text_pairs(self._summary()),
-            "mixture (target: samples per chunk; realized: real tokens delivered)",
-            text_table(["dataset", "target", "realized", "tokens"], self._mixture_rows()),
+            self._mixture_caption,
+            text_table(self._MIXTURE_HEADER, self._mixture_rows()),
             "lanes", text_table(["lane", "window", "offset", "batches", "finished"], self._lane_rows()),
         ])
 
@@ -74,8 +88,7 @@ class PipelineStats:
         return html_block(
             html_title("zephon_dask stats"),
             html_pairs(self._summary()),
-            html_table(["dataset", "target", "realized", "tokens"], self._mixture_rows(),
-                       caption="mixture (target: samples per chunk; realized: real tokens delivered)"),
+            html_table(self._MIXTURE_HEADER, self._mixture_rows(), caption=self._mixture_caption),
             html_table(["lane", "window", "offset", "batches", "finished"], self._lane_rows(), caption="lanes"),
         )
 
@@ -88,11 +101,9 @@ def stats(pipeline) -> PipelineStats:
     source = pipeline.work_source
     pack = stream.stats if stream is not None else {}
     fetcher = stream.fetcher if stream is not None else None
-    total = max(int(progress.dataset_tokens.sum()), 1)
-    mixture = [{"dataset": name, "target": float(weight), "realized": int(n) / total, "tokens": int(n)}
-               for name, weight, n in zip(source.names, source.weights, progress.dataset_tokens, strict=True)]
     history = [{"global_step": h["global_step"], "tokens": h["tokens"], "slots": h["slots"],
-                "dataset_tokens": dict(zip(source.names, h["dataset_tokens"].tolist(), strict=True))}
+                "dataset_tokens": dict(zip(source.names, h["dataset_tokens"].tolist(), strict=True)),
+                "dataset_samples": dict(zip(source.names, h["dataset_samples"].tolist(), strict=True))}
                for h in progress.history]
     return PipelineStats(
         lanes=[{"lane": lane, **progress.lane[lane].as_dict()} for lane in progress.lanes],
@@ -104,6 +115,25 @@ def stats(pipeline) -> PipelineStats:
         packing_efficiency=pack["pack.tokens"] / pack["pack.slots"] if pack.get("pack.slots") else None,
         windows_done=fetcher.windows_done if fetcher else 0,
         windows_in_flight=len(fetcher.inflight) if fetcher else 0,
-        mixture=mixture,
+        mixture=mixture_rows(source, progress.dataset_samples, progress.dataset_tokens),
         history=history,
+        weight_by=source.weight_by,
     )
+
+
+def mixture_rows(source, samples, tokens) -> list[dict]:
+    """Per dataset: targets and realized shares in samples and tokens, and the headline pair
+    ``target``/``realized`` in the source's ``weight_by`` unit (a token target is ``None`` when
+    the source weighs by samples)."""
+    sample_total, token_total = max(int(samples.sum()), 1), max(int(tokens.sum()), 1)
+    by_tokens = source.weight_by == "tokens"
+    rows = []
+    for c, name in enumerate(source.names):
+        row = {"dataset": name, "samples": int(samples[c]), "tokens": int(tokens[c]),
+               "sample_target": float(source.weights[c]), "sample_share": int(samples[c]) / sample_total,
+               "token_target": float(source.target_weights[c]) if by_tokens else None,
+               "token_share": int(tokens[c]) / token_total}
+        unit = "token" if by_tokens else "sample"
+        row.update(target=row[f"{unit}_target"], realized=row[f"{unit}_share"])
+        rows.append(row)
+    return rows

@@ -84,7 +84,7 @@ class Pipeline:
         new._accumulators = changes.get("accumulators", self._accumulators)
         new._batch = changes.get("batch", self._batch)
         new._settings = MappingProxyType(dict(changes.get("settings", self._settings)))
-        new._session = Session(new, self._session.source)
+        new._session = Session(new, self._session.base_source)  # measured again if its operators need it
         resume = self._session.resume
         if resume is not None:
             if new.spec.fingerprint == self.spec.fingerprint:
@@ -282,7 +282,7 @@ class Pipeline:
         op = Pack(max_length, algorithm, pad_id, num_bins)
         for tok in (o for o in self._record_ops if isinstance(o, Tokenize)):
             tok.check_id(pad_id, "pad_id")  # a pad id outside the vocabulary breaks the embedding
-        for ds in self.work_source.datasets:  # token stores: their vocabulary, when known
+        for ds in self._source.datasets:  # token stores: their vocabulary, when known
             vocab = getattr(ds, "vocab_size", None)
             if vocab is not None:
                 check_int(pad_id, "pad_id", 0, below=vocab, call="pack",
@@ -338,9 +338,22 @@ class Pipeline:
             raise ConfigError(f"an accumulator named {name!r} exists already; names are unique")
         return self._add_accumulator(Stateful(name, init, push, flush, version))
 
+    def has_tokens(self) -> bool:
+        """Whether the records carry token ids after the record operators: a tokenizer, or every
+        dataset a token store.
+
+        Returns:
+            ``True`` when ``pack``, ``shuffle``, ``stateful`` and a token-weighted mixture can run.
+
+        Example:
+            >>> pipeline.tokenize().has_tokens()  # doctest: +SKIP
+            True
+        """
+        pre_tokenized = all(getattr(d, "format", None) == "tokens" for d in self._source.datasets)
+        return pre_tokenized or any(isinstance(o, Tokenize) for o in self._record_ops)
+
     def _check_tokens(self, op: str) -> None:
-        pre_tokenized = all(getattr(d, "format", None) == "tokens" for d in self.work_source.datasets)
-        if not pre_tokenized and not any(isinstance(o, Tokenize) for o in self._record_ops):
+        if not self.has_tokens():
             raise ConfigError(
                 f".{op}() needs token ids: call .tokenize(...) first (or read a token store "
                 "with Dataset.from_tokens)"
@@ -434,6 +447,10 @@ class Pipeline:
     @property
     def work_source(self) -> MixtureWorkSource:
         """The work source: this pipeline's, or after ``load_state_dict`` one with the state's seed.
+
+        With ``weight_by="tokens"`` and no ``tokens_per_sample``, the first access measures
+        them with this pipeline's record operators (see :mod:`zephon_dask.pipeline.measure`);
+        after ``load_state_dict`` they are the checkpoint's.
 
         Returns:
             The :class:`~zephon_dask.curriculum.MixtureWorkSource` the batches come from.
@@ -661,6 +678,7 @@ class Pipeline:
         """
         from .torch_data import PipelineDataset
 
+        _ = self.work_source  # weight_by="tokens": measured here once, not in every worker
         self._session.handed_out = True
         return PipelineDataset(self)
 
@@ -789,9 +807,13 @@ class Pipeline:
         """
         state, source = self.check_resumable(state, self.owned_lanes())
         self.shape_for(state, self.identity()[0])  # refuses a step the checkpoint's would not match
-        if source is not self.work_source:
+        if source.seed != self._session.base_source.seed:
             warnings.warn(f"resuming with the checkpoint's seed {source.seed}, not this pipeline's seed "
-                          f"{self.work_source.seed}", ZephonWarning, stacklevel=2)
+                          f"{self._session.base_source.seed}", ZephonWarning, stacklevel=2)
+        given = self._session.base_source.tokens_per_sample
+        if given is not None and given != source.tokens_per_sample:
+            warnings.warn("resuming with the checkpoint's tokens_per_sample, not the ones this pipeline's "
+                          "work source was given", ZephonWarning, stacklevel=2)
         self._session.load(state, source)
         lanes = {int(k): v for k, v in state["lanes"].items()}
         logger.info("resuming at global step %d: lane frontiers (window, offset) %s",
@@ -801,7 +823,9 @@ class Pipeline:
 
     def check_resumable(self, state: dict, lanes: list[int]):
         """``(state, work source)``: ``state`` validated (and migrated) for ``lanes`` of this data,
-        with the work source carrying the state's seed. Changes nothing.
+        with the work source carrying the state's seed and its tokens per sample (with
+        ``weight_by="tokens"``: the checkpoint's measurement is reused, never redone). Changes
+        nothing.
 
         Args:
             state: a state dict.
@@ -822,10 +846,11 @@ class Pipeline:
                 f"canonical_replicas={self._settings['canonical_replicas']}; lanes are fixed for a run's "
                 f"lifetime: set .options(canonical_replicas={replicas})"
             )
-        source = self.work_source
+        source = self._session.base_source
         seed = saved.get("source", {}).get("seed")
         if isinstance(seed, int) and seed != source.seed:
             source = source.with_seed(seed)
+        source = self._checkpoint_measurement(source, saved.get("source", {}))
         spec = PipelineSpec(source, self._record_ops, self._accumulators,
                             self._settings["canonical_replicas"], self._settings["flush_every_k_chunks"])
         diff = config_diff(saved, spec.config())
@@ -838,6 +863,18 @@ class Pipeline:
         check_covers(state, lanes)
         self._check_positions(spec, state)
         return state, source
+
+    def _checkpoint_measurement(self, source: MixtureWorkSource, saved: dict) -> MixtureWorkSource:
+        """``source`` with the tokens per sample ``saved`` (a checkpoint's source config) holds, if
+        both weigh by tokens; else ``source`` (a different ``weight_by`` shows in the config diff)."""
+        numbers = saved.get("tokens_per_sample")
+        if source.weight_by != "tokens" or saved.get("weight_by") != "tokens" or not isinstance(numbers, dict):
+            return source
+        try:
+            return source.with_tokens_per_sample(numbers)
+        except ConfigError as exc:
+            raise StateError(f"the checkpoint's tokens_per_sample {numbers!r} do not fit this pipeline's "
+                             f"datasets: {exc}") from None
 
     @staticmethod
     def _check_positions(spec: PipelineSpec, state: dict) -> None:

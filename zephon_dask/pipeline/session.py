@@ -4,8 +4,10 @@ A :class:`~zephon_dask.pipeline.Pipeline` is an immutable description; the
 session it owns is everything that happens when it runs:
 
 * the **runner** (started on first use, closed by :meth:`Session.close`);
-* the **resume point**: the state given to ``load_state_dict`` (validated),
-  and the work source carrying that state's seed;
+* the **work source**: the pipeline's, or one carrying a loaded state's seed
+  and tokens per sample; a token-weighted source without them is measured
+  once, on first use, with the pipeline's record operators (:mod:`.measure`);
+* the **resume point**: the state given to ``load_state_dict`` (validated);
 * the **iteration**: its :class:`~zephon_dask.consumer.BatchStream` and the
   :class:`~zephon_dask.state.progress.Progress` of what the caller received.
   Each new iteration (``iter()``, ``to_torch()``, a loader's ``iter()``, or a
@@ -21,10 +23,11 @@ from __future__ import annotations
 import copy
 
 from ..consumer.stream import BatchStream
-from ..errors import ClosedError, StateError
+from ..errors import ClosedError, ConfigError, StateError
 from ..execution import make_runner
 from ..state.ledger import LedgerWriter
 from ..state.progress import Progress, StepShape, resume_point
+from .measure import measured
 
 _END = object()  # the end of an iterator (next()'s default)
 
@@ -42,7 +45,8 @@ class Session:
 
     def __init__(self, pipeline, source):
         self.pipeline = pipeline  # the description (immutable) this session runs
-        self.source = source  # the work source: the pipeline's, or one with a checkpoint's seed (settable)
+        self.base_source = source  # the pipeline's source, or one with a checkpoint's seed and measurement
+        self._measured = None  # base_source with its tokens per sample measured, once needed
         self.resume: dict | None = None  # the validated state given to load_state_dict
         self.progress: Progress | None = None  # what the current iteration delivered
         self.stream: BatchStream | None = None
@@ -51,6 +55,25 @@ class Session:
         self.closed = False
         self._runner = None
         self._runner_fp: str | None = None
+
+    # -- the work source -----------------------------------------------------------------
+
+    @property
+    def source(self):
+        """The work source the batches come from: :attr:`base_source`, measured if it weighs by
+        tokens and has no tokens per sample yet (measured once per session)."""
+        if self._measured is None:
+            if self.base_source.unmeasured and not self.pipeline.has_tokens():
+                raise ConfigError(
+                    "the work source weighs by tokens (weight_by='tokens'), measured with the pipeline's "
+                    "tokenizer: call .tokenize(...) before using the pipeline's data"
+                )
+            self._measured = measured(self.base_source, self.pipeline.record_ops)
+        return self._measured
+
+    @source.setter
+    def source(self, source) -> None:
+        self.base_source, self._measured = source, None
 
     # -- the runner ---------------------------------------------------------------------
 

@@ -156,7 +156,8 @@ class _Delivering:
         out = next(self.base)
         window, offset = (int(v) for v in out["position"])
         self.progress.observe(int(out["lane"]), int(out["index_in_lane"]), window, offset,
-                              bool(out["last"]), out["tokens"].numpy(), out["dataset_tokens"].numpy())
+                              bool(out["last"]), out["tokens"].numpy(), out["dataset_tokens"].numpy(),
+                              out["dataset_samples"].numpy())
         return out
 
 

@@ -106,7 +106,8 @@ class Progress:
         self.started = time.perf_counter()
         self.tokens = self.slots = self.batches = 0
         self.dataset_tokens = np.zeros(len(spec.source.names), dtype=np.int64)
-        self.history: deque[dict] = deque(maxlen=HISTORY_STEPS)  # per step: tokens per dataset, real, slots
+        self.dataset_samples = np.zeros(len(spec.source.names), dtype=np.int64)  # records started
+        self.history: deque[dict] = deque(maxlen=HISTORY_STEPS)  # per step: tokens and samples per dataset, real, slots
 
     @property
     def batches_per_step(self) -> int:
@@ -127,8 +128,9 @@ class Progress:
         return self.start_step + self.delivered // self.shape.per_rank
 
     def observe(self, lane: int, index_in_lane: int, window: int, offset: int, last: bool,
-                tokens, dataset_tokens) -> None:
-        """Record one batch handed to the caller (its token matrix, real tokens per dataset)."""
+                tokens, dataset_tokens, dataset_samples) -> None:
+        """Record one batch handed to the caller (its token matrix, real tokens and records started
+        per dataset)."""
         step = self.global_step
         if self.ledger is not None:
             self.ledger.write(step, lane, index_in_lane, tokens)
@@ -137,13 +139,16 @@ class Progress:
         self.slots += int(np.size(tokens))
         self.batches += 1
         self.dataset_tokens += dataset_tokens
+        self.dataset_samples += dataset_samples
         if not self.history or self.history[-1]["global_step"] != step:
             self.history.append({"global_step": step, "tokens": 0, "slots": 0,
-                                 "dataset_tokens": np.zeros_like(self.dataset_tokens)})
+                                 "dataset_tokens": np.zeros_like(self.dataset_tokens),
+                                 "dataset_samples": np.zeros_like(self.dataset_samples)})
         entry = self.history[-1]
         entry["tokens"] += real
         entry["slots"] += int(np.size(tokens))
         entry["dataset_tokens"] += dataset_tokens
+        entry["dataset_samples"] += dataset_samples
         p = self.lane[lane]
         self._undo.append((lane, index_in_lane, p.as_tuple(), self.next_lane))
         p.window, p.offset, p.batches_delivered = window, offset, index_in_lane + 1
@@ -156,7 +161,7 @@ class Progress:
     def observe_batch(self, batch) -> None:
         window, offset = batch.position
         self.observe(batch.lane, batch.index_in_lane, window, offset, batch.last,
-                     batch["tokens"], batch.dataset_tokens())
+                     batch["tokens"], batch.dataset_tokens(), batch.dataset_samples())
 
     # -- consumed, not fetched ------------------------------------------------------------
 
