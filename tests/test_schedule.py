@@ -257,3 +257,64 @@ def test_a_schedule_may_be_appended_to_a_run_without_one(corpus):
     state, _ = run_steps(pipe, 2)
     later = pipeline(corpus, [(0, {"web": 3, "code": 1, "math": 1}), (20, {"web": 1, "code": 1, "math": 1})])
     assert later.load_state_dict(state).work_source.phase_chunks == (0, 20 * R * MB // 6 // R * R)
+
+
+def test_explain_plan_and_stats_show_the_phases(corpus):
+    pipe = pipeline(corpus)
+    for text in (str(pipe.explain()), str(pipe.plan(dp_degrees=(1, 2)))):
+        assert "mixture schedule" in text
+        assert "step 6           3            12           6" in text
+    assert "(estimated: rows are not samples)" in str(pipeline(corpus, pack=True).explain())
+    run_steps(pipe, 10)
+    stats = pipe.stats()
+    first, second = stats.phases
+    assert (first["from_step"], first["to_step"], second["from_step"]) == (0, 6, 6)
+    assert first["realized"]["math"] == 0 and second["realized"]["math"] > 0.2
+    assert second["target"] == {"web": 1 / 3, "code": 1 / 3, "math": 1 / 3}
+    assert "mixture by schedule phase" in str(stats)
+
+
+def _recipe(tmp_path, corpus, phases_toml, weights=""):
+    datasets = "".join(f'[[datasets]]\nname = "{d.name}"\npath = "{d.source}"\n{weights}\n' for d in corpus)
+    text = (datasets + phases_toml + "\n[source]\nchunk_size = 6\nseed = 5\n[tokenize]\n[batch]\nmicrobatch_size = 3\n"
+            "[options]\ncanonical_replicas = 4\nflush_every_k_chunks = 2\n")
+    path = tmp_path / "recipe.toml"
+    path.write_text(text)
+    return path
+
+
+SCHEDULE_TOML = """
+[[mixture.schedule]]
+step = 0
+weights = { web = 3, code = 1 }
+
+[[mixture.schedule]]
+step = 6
+weights = { web = 1, code = 1, math = 1 }
+"""
+
+
+def test_a_recipe_schedule_builds_the_same_pipeline(corpus, tmp_path):
+    from zephon_dask.recipe import load_recipe
+
+    recipe = load_recipe(_recipe(tmp_path, corpus, SCHEDULE_TOML))
+    assert recipe.schedule == tuple(SCHEDULE) and recipe.schedule_unit == "step"
+    assert recipe.pipeline().fingerprint() == pipeline(corpus).options(runner="distributed").fingerprint()
+
+
+@pytest.mark.parametrize("toml, weights, error, match", [
+    (SCHEDULE_TOML.replace("step = 6", "step = 0"), "", "RecipeError", "repeats"),
+    (SCHEDULE_TOML.replace("step = 0", "step = 2"), "", "RecipeError", "first phase must start at 0"),
+    (SCHEDULE_TOML.replace("math = 1", "maths = 1"), "", "RecipeError", r"unknown datasets \['maths'\]"),
+    (SCHEDULE_TOML.replace("code = 1 }\n\n", 'code = "1" }\n\n'), "", "RecipeTypeError", "must be an integer or a number"),
+    (SCHEDULE_TOML.replace("web = 3", "web = -3"), "", "RecipeError", "must be > 0"),
+    (SCHEDULE_TOML.replace("step = 6", "chunk = 8"), "", "RecipeKeyError", "mixes step = and chunk ="),
+    (SCHEDULE_TOML, "weight = 1", "RecipeKeyError", "both set the mixture"),
+    (SCHEDULE_TOML.replace("step = 6\n", ""), "", "RecipeKeyError", "needs a start"),
+])
+def test_bad_recipe_schedules_are_refused_on_load(corpus, tmp_path, toml, weights, error, match):
+    from zephon_dask import errors
+    from zephon_dask.recipe import load_recipe
+
+    with pytest.raises(getattr(errors, error), match=match):
+        load_recipe(_recipe(tmp_path, corpus, toml, weights))

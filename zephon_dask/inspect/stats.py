@@ -4,7 +4,9 @@ Per-lane progress (what was delivered), windows fetched and in flight,
 tokens/s since the iteration started, padding efficiency of the delivered
 batches, packing efficiency of the computed windows, and the realized mixture
 (share of real tokens per dataset) against the target weights (share of
-samples per chunk).
+samples per chunk). With a mixture schedule, the realized mixture is also
+given per phase, over the global steps each phase covers (exact bounds when
+rows are samples, estimated otherwise; from the kept per-step history).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ class PipelineStats:
     windows_in_flight: int
     mixture: list[dict]
     history: list[dict] = field(repr=False)
+    phases: list[dict] = field(default_factory=list)
 
     @property
     def tokens_per_s(self) -> float:
@@ -55,6 +58,16 @@ class PipelineStats:
         return [(m["dataset"], f"{m['target']:.3f}", f"{m['realized']:.3f}", f"{m['tokens']:,}")
                 for m in self.mixture]
 
+    def _phase_rows(self):
+        rows = []
+        for ph in self.phases:
+            span = f"{ph['from_step']}-{'' if ph['to_step'] is None else ph['to_step'] - 1}"
+            if not ph["exact"]:
+                span += " (estimated)"
+            for name, target in ph["target"].items():
+                rows.append((ph["phase"], span, name, f"{target:.3f}", f"{ph['realized'].get(name, 0.0):.3f}"))
+        return rows
+
     def _lane_rows(self):
         return [(p["lane"], p["window"], p["offset"], p["batches_delivered"], "yes" if p["finished"] else "")
                 for p in self.lanes]
@@ -67,6 +80,8 @@ class PipelineStats:
             "zephon_dask stats", text_pairs(self._summary()),
             "mixture (target: samples per chunk; realized: real tokens delivered)",
             text_table(["dataset", "target", "realized", "tokens"], self._mixture_rows()),
+            *(["mixture by schedule phase (over the global steps each phase covers)",
+               text_table(PHASE_HEADERS, self._phase_rows())] if self.phases else []),
             "lanes", text_table(["lane", "window", "offset", "batches", "finished"], self._lane_rows()),
         ])
 
@@ -76,8 +91,37 @@ class PipelineStats:
             html_pairs(self._summary()),
             html_table(["dataset", "target", "realized", "tokens"], self._mixture_rows(),
                        caption="mixture (target: samples per chunk; realized: real tokens delivered)"),
+            *([html_table(PHASE_HEADERS, self._phase_rows(), caption="mixture by schedule phase")]
+              if self.phases else []),
             html_table(["lane", "window", "offset", "batches", "finished"], self._lane_rows(), caption="lanes"),
         )
+
+
+PHASE_HEADERS = ["phase", "global steps", "dataset", "target", "realized"]
+
+
+def _phases(pipeline, history: list[dict]) -> list[dict]:
+    """The realized mixture per schedule phase, over the history steps each phase covers."""
+    source = pipeline.work_source
+    plans = pipeline.phase_plan()
+    out = []
+    for i, plan in enumerate(plans):
+        if plan.begin_step is None:
+            continue
+        start = int(plan.begin_step)
+        nxt = plans[i + 1].begin_step if i + 1 < len(plans) else None
+        stop = None if nxt is None else int(nxt)
+        tokens = {name: 0 for name in source.names}
+        for h in history:
+            if h["global_step"] >= start and (stop is None or h["global_step"] < stop):
+                for name, n in h["dataset_tokens"].items():
+                    tokens[name] += n
+        total = max(sum(tokens.values()), 1)
+        assert source.phases is not None
+        out.append({"phase": i, "from_step": start, "to_step": stop, "exact": plan.exact,
+                    "target": {n: float(w) for n, w in zip(source.names, source.phases[i].weights, strict=True)},
+                    "realized": {n: tokens[n] / total for n in source.names}, "tokens": sum(tokens.values())})
+    return out
 
 
 @views.register("stats")
@@ -106,4 +150,5 @@ def stats(pipeline) -> PipelineStats:
         windows_in_flight=len(fetcher.inflight) if fetcher else 0,
         mixture=mixture,
         history=history,
+        phases=_phases(pipeline, history),
     )
