@@ -125,9 +125,9 @@ class Recipe:
             with _context(self.path, f"[[datasets]] #{i + 1} (name {entry.name!r})"):
                 datasets.append(entry.open())
         with _context(self.path, "[source], [mixture] and the datasets' weights"):
-            scheduled = {} if self.schedule is None else {"schedule": list(self.schedule),
-                                                          "schedule_unit": self.schedule_unit}
-            pipeline = Pipeline(MixtureWorkSource(datasets, self.weights, **self.source, **scheduled))
+            schedule = None if self.schedule is None else list(self.schedule)
+            pipeline = Pipeline(MixtureWorkSource(datasets, self.weights, **self.source, schedule=schedule,
+                                                  schedule_unit=self.schedule_unit))
         for name in ("tokenize", "shuffle", "pack", "batch"):
             kwargs = getattr(self, name)
             if kwargs is not None:
