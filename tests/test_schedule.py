@@ -272,6 +272,8 @@ def test_explain_plan_and_stats_show_the_phases(corpus):
     assert first["realized"]["math"] == 0 and second["realized"]["math"] > 0.2
     assert second["target"] == {"web": 1 / 3, "code": 1 / 3, "math": 1 / 3}
     assert "mixture by schedule phase" in str(stats)
+    overall = {m["dataset"]: m["target"] for m in stats.mixture}
+    assert overall["math"] == pytest.approx(second["tokens"] / (first["tokens"] + second["tokens"]) / 3)
 
 
 def _recipe(tmp_path, corpus, phases_toml, weights=""):

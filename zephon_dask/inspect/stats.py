@@ -4,8 +4,8 @@ Per-lane progress (what was delivered), windows fetched and in flight,
 tokens/s since the iteration started, padding efficiency of the delivered
 batches, packing efficiency of the computed windows, and the realized mixture
 (share of real tokens per dataset) against the target weights (share of
-samples per chunk). With a mixture schedule, the realized mixture is also
-given per phase, over the global steps each phase covers (exact bounds when
+samples per chunk; with a mixture schedule, the phases' targets weighted by
+the tokens each delivered). The realized mixture is also given per phase, over the global steps each phase covers (exact bounds when
 rows are samples, estimated otherwise; from the kept per-step history).
 """
 
@@ -124,6 +124,16 @@ def _phases(pipeline, history: list[dict]) -> list[dict]:
     return out
 
 
+def _blend(mixture: list[dict], phases: list[dict]) -> list[dict]:
+    """With a schedule, each dataset's overall target is the phases' targets weighted by the
+    tokens each phase delivered (the first phase's weights before any)."""
+    total = sum(ph["tokens"] for ph in phases)
+    if not total:
+        return mixture
+    return [{**m, "target": sum(ph["target"][m["dataset"]] * ph["tokens"] for ph in phases) / total}
+            for m in mixture]
+
+
 @views.register("stats")
 def stats(pipeline) -> PipelineStats:
     """Snapshot the pipeline's current (or last) iteration; zeros before the first."""
@@ -138,6 +148,7 @@ def stats(pipeline) -> PipelineStats:
     history = [{"global_step": h["global_step"], "tokens": h["tokens"], "slots": h["slots"],
                 "dataset_tokens": dict(zip(source.names, h["dataset_tokens"].tolist(), strict=True))}
                for h in progress.history]
+    phases = _phases(pipeline, history)
     return PipelineStats(
         lanes=[{"lane": lane, **progress.lane[lane].as_dict()} for lane in progress.lanes],
         global_step=progress.global_step,
@@ -148,7 +159,7 @@ def stats(pipeline) -> PipelineStats:
         packing_efficiency=pack["pack.tokens"] / pack["pack.slots"] if pack.get("pack.slots") else None,
         windows_done=fetcher.windows_done if fetcher else 0,
         windows_in_flight=len(fetcher.inflight) if fetcher else 0,
-        mixture=mixture,
+        mixture=_blend(mixture, phases),
         history=history,
-        phases=_phases(pipeline, history),
+        phases=phases,
     )
