@@ -124,6 +124,8 @@ def test_a_step_schedule_needs_a_pipeline_or_chunk_starts():
     with pytest.raises(ConfigError, match="a Pipeline converts them"):
         source.chunk(0)
     assert source.with_phase_chunks([0, 8]).schedule.chunks == (0, 8)
+    assert "length set by a Pipeline, 2 phases" in repr(source)
+    assert "set by a Pipeline" in source._repr_html_() and "mixture schedule" in source._repr_html_()
 
 
 # -- pipelines: steps -> chunk blocks, elastic resumes, changes on resume ---------------------------

@@ -42,7 +42,10 @@ def dataset_html(dataset) -> str:
 @views.register("source_html")
 def source_html(source) -> str:
     """A work source: mixture, stream length and the datasets with their exact weights."""
-    chunks = "endless" if source.num_chunks is None else f"{source.num_chunks:,}"
+    if not source.resolved:
+        chunks = "set by a Pipeline (the schedule starts at global steps)"
+    else:
+        chunks = "endless" if source.num_chunks is None else f"{source.num_chunks:,}"
     pairs = [("chunk_size", str(source.chunk_size)), ("seed", str(source.seed)), ("chunks", chunks),
              ("stop_after_passes", str(source.stop_after_passes)),
              ("exhausted_policy", str(source.exhausted_policy)),
@@ -53,8 +56,16 @@ def source_html(source) -> str:
     rows = [(name, f"{size:,}", f"{w.numerator}/{w.denominator}", f"{float(w):.2%}",
              f"{float(w * source.chunk_size):.2f}")
             for name, size, w in zip(source.names, source.sizes, source.weights, strict=True)]
-    return html_block(html_title("MixtureWorkSource"), html_pairs(pairs),
-                      html_table(("dataset", "samples", "weight", "share", "samples per chunk"), rows))
+    parts = [html_title("MixtureWorkSource"), html_pairs(pairs),
+             html_table(("dataset", "samples", "weight", "share", "samples per chunk"), rows,
+                        caption=None if source.phases is None else "the first schedule phase")]
+    if source.phases is not None:
+        starts = source.phase_chunks or (None,) * len(source.phases)
+        phase_rows = [(str(p), f"{source.schedule_unit} {ph.start:,}", "-" if g is None else f"{g:,}",
+                       ", ".join(f"{n} {float(w):.3g}" for n, w in zip(source.names, ph.weights, strict=True) if w > 0))
+                      for p, (ph, g) in enumerate(zip(source.phases, starts, strict=True))]
+        parts.append(html_table(("phase", "start", "first chunk", "weights"), phase_rows, caption="mixture schedule"))
+    return html_block(*parts)
 
 
 def _identity(pipeline) -> str:

@@ -1,4 +1,7 @@
-"""Mixture schedules in a pipeline: global steps -> chunk blocks, and what a resume may change. Pure.
+"""Mixture schedules in a pipeline: global steps -> chunk blocks, and what a resume may change.
+
+Pure functions of the data config; measuring rows per sample (below) reads one
+window of data per phase, and its results are cached by fingerprint.
 
 A schedule phase starts at a **chunk block** (``R = canonical_replicas``
 consecutive chunks, one per lane), so every lane switches at the same point of
@@ -8,12 +11,13 @@ its own stream. A start given in global steps is converted here:
   per step; the samples per step are kept by every resume);
 * when every row is one sample of the mixture (no ``filter``, ``pack``,
   ``stateful`` or ``tokenize(split_long=True)``), ``rows_per_sample`` is 1;
-  otherwise it is **measured**: the rows that lane 0's first window gives,
-  over the samples it reads, under the phase's own weights (a deterministic
-  estimate, computed once per phase);
-* phase ``p`` starts at lane sample ``S_p = S_{p-1} + (s_p - s_{p-1}) x
-  rows per lane-step / rows_per_sample_{p-1}``, rounded to the nearest whole
-  chunk block (halves up): chunk ``R x round(S_p / chunk_size)``.
+  otherwise it is **measured** for each phase: the rows that lane 0's first
+  window gives under the phase's weights alone, over the samples it reads (a
+  deterministic estimate, computed once per phase);
+* phase ``p`` starts at lane sample ``S_p = S_{p-1} + (s_p - T_{p-1}) x rows
+  per lane-step / rows_per_sample_{p-1}``, rounded to the nearest whole chunk
+  block (halves up): chunk ``R x round(S_p / chunk_size)``; ``T_{p-1}`` is the
+  global step where phase ``p - 1`` begins (after its own rounding).
 
 The resolved chunk starts enter the data config (and so every checkpoint), and a
 resume takes them from the checkpoint: they are never recomputed for a phase the
@@ -53,8 +57,8 @@ class PhasePlan:
 
 
 def one_to_one(record_ops, accumulators) -> bool:
-    """Whether every delivered row is exactly one sample of the mixture, in stream order
-    (``shuffle`` keeps the count, so it passes; it only reorders inside a window)."""
+    """Whether every delivered row is exactly one sample of the mixture (``shuffle`` keeps the
+    count, so it passes; it only reorders samples inside a window)."""
     ops_ok = all(isinstance(op, Map | DecodeText | TokenizeChat)
                  or (isinstance(op, Tokenize) and not op.split_long) for op in record_ops)
     return ops_ok and all(isinstance(a, Shuffle) for a in accumulators)
