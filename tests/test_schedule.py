@@ -113,6 +113,18 @@ def test_bad_schedules_are_refused_at_construction(schedule, unit, match):
                           schedule_unit=unit, chunk_size=4)
 
 
+def test_zero_weights_of_any_number_type_and_chunk_sizes_per_phase():
+    import numpy as np
+
+    web, math = Sized("web", [40]), Sized("math", [30])
+    source = MixtureWorkSource([web, math], chunk_size=4, schedule=[(0, {"web": 1, "math": np.int64(0)}),
+                                                                    (5, {"web": 0.5, "math": np.float64(0.5)})])
+    assert source.phases[0].weights == (1, 0)
+    with pytest.raises(ConfigError, match=r"too small for schedule phase 1's 3 datasets[\s\S]*chunk_size >= 6"):
+        MixtureWorkSource([web, math, Sized("code", [9])], chunk_size=2,
+                          schedule=[(0, {"web": 1}), (5, {"web": 1, "math": 1, "code": 1})])
+
+
 def test_weights_and_schedule_together_are_refused():
     with pytest.raises(ConfigError, match="not both"):
         MixtureWorkSource([Sized("web", [40])], {"web": 1}, schedule=[(0, {"web": 1})])

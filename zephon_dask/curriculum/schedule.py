@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import bisect
 import math
+import numbers
 from collections.abc import Mapping, Sequence
 from fractions import Fraction
 from typing import NamedTuple
@@ -43,7 +44,7 @@ class Phase(NamedTuple):
 
 def _weight(value: object, name: str, where: str) -> Fraction:
     """A schedule weight: like :func:`exact_weight`, but 0 is allowed (the dataset sits the phase out)."""
-    if isinstance(value, int | float | Fraction) and not isinstance(value, bool) and value == 0:
+    if isinstance(value, numbers.Real) and not isinstance(value, bool) and value == 0:
         return Fraction(0)
     try:
         return exact_weight(value, name)
@@ -100,11 +101,24 @@ def min_chunk_size(weights: Sequence[Fraction]) -> int:
     return Mixture.min_chunk_size([w for w in weights if w > 0])
 
 
+def check_chunk_size(phases: Sequence[Phase], chunk_size: int) -> None:
+    """Refuse a chunk size too small for some phase's allocation to be monotone."""
+    for p, phase in enumerate(phases):
+        need = min_chunk_size(phase.weights)
+        if chunk_size < need:
+            active = sum(1 for w in phase.weights if w > 0)
+            raise ConfigError(
+                f"chunk_size={chunk_size} is too small for schedule phase {p}'s {active} datasets (largest "
+                f"weight {float(max(phase.weights)):.4g}): its allocation would not be monotone. "
+                f"Use chunk_size >= {need}")
+
+
 class Schedule:
     """Phases with chunk starts: the allocation ``A_c(g)`` across phases (immutable).
 
     ``chunks[p]`` is phase ``p``'s first global chunk (``chunks[0] == 0``, strictly
-    increasing); ``weights[p]`` its normalised weights in dataset order.
+    increasing); ``weights[p]`` its normalised weights in dataset order. Check the chunk
+    size first with :func:`check_chunk_size` (for a message naming the phase).
     """
 
     def __init__(self, chunks: Sequence[int], weights: Sequence[Sequence[Fraction]], chunk_size: int,
@@ -120,13 +134,7 @@ class Schedule:
         self.active: tuple[tuple[int, ...], ...] = tuple(
             tuple(c for c, w in enumerate(ws) if w > 0) for ws in self.weights)
         self.mixtures: list[Mixture] = []
-        for p, (ws, active) in enumerate(zip(self.weights, self.active, strict=True)):
-            need = min_chunk_size(ws)
-            if chunk_size < need:
-                raise ConfigError(
-                    f"chunk_size={chunk_size} is too small for phase {p}'s {len(active)} datasets (largest "
-                    f"weight {float(max(ws)):.4g}): its allocation would not be monotone. "
-                    f"Use chunk_size >= {need}")
+        for ws, active in zip(self.weights, self.active, strict=True):  # each checks its chunk size
             self.mixtures.append(Mixture([ws[c] for c in active], chunk_size, [names[c] for c in active]))
         self.bases: list[list[int]] = [[0] * len(self.names)]  # A_c(g_p)
         for p in range(1, len(self.chunks)):

@@ -266,6 +266,7 @@ class MixtureWorkSource:
             raise ConfigError("give weights= or schedule=, not both: the schedule's first phase holds "
                               "the starting weights")
         phases = schedules.parse(schedule, self.names, unit)
+        schedules.check_chunk_size(phases, self.chunk_size)
         if unit == "chunk":
             if chunks is not None and tuple(chunks) != tuple(p.start for p in phases):
                 raise ConfigError(f"phase_chunks={list(chunks)} contradicts a chunk schedule's own starts")
