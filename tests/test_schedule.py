@@ -334,3 +334,43 @@ def test_bad_recipe_schedules_are_refused_on_load(corpus, tmp_path, toml, weight
 
     with pytest.raises(getattr(errors, error), match=match):
         load_recipe(_recipe(tmp_path, corpus, toml, weights))
+
+
+def test_cli_chain_dp1_dp2_dp4_across_a_phase_boundary_verifies(tmp_path, capsys):
+    """The example recipe with an annealing phase: dp 1 -> 2 -> 4 with the CLI, the phase
+    beginning during the dp 2 leg, verified with ``zephon-dask verify``."""
+    from pathlib import Path
+
+    from zephon_dask.cli import main as cli
+
+    example = Path(__file__).parent.parent / "examples" / "recipe.toml"
+    text = example.read_text().replace('path = "data/', f'path = "{example.parent}/data/')
+    text = "\n".join(x for x in text.splitlines() if not x.startswith("weight ="))
+    recipe = tmp_path / "recipe.toml"
+    recipe.write_text(text + "\n[[mixture.schedule]]\nstep = 0\nweights = { prose = 0.6, code = 0.4 }\n"
+                      "[[mixture.schedule]]\nstep = 14\nweights = { prose = 0.1, code = 0.9 }\n")
+    phase = z.Pipeline.from_config(recipe).phase_plan()[1]
+    assert 10 < phase.begin_step < 20
+
+    def run(*args):
+        return cli(["run", str(recipe), "--runner", "synchronous", "--steps", "10", *args])
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    assert cli(["run", str(recipe), "--runner", "synchronous", "--steps", "30", "--ledger", str(a)]) == 0
+    assert run("--ledger", str(b), "--checkpoint", str(tmp_path / "dp1.json")) == 0
+    for group in (0, 1):
+        assert run("--ledger", str(b), "--resume", str(tmp_path / "dp1.json"), "--dp-degree", "2",
+                   "--dp-group-id", str(group), "--checkpoint", str(tmp_path / f"dp2-{group}.json")) == 0
+    merged = z.merge_states([z.load_state(tmp_path / f"dp2-{g}.json") for g in (0, 1)])
+    z.save_state(tmp_path / "dp2.json", merged)
+    assert merged["config"]["source"]["schedule"][1] == {"step": 14, "chunk": phase.chunk,
+                                                         "weights": {"prose": "1/10", "code": "9/10"}}
+    assert phases.frontier(merged, 2) > phase.block  # the dp 2 leg crossed into the new phase
+    for group in range(4):
+        assert run("--ledger", str(b), "--resume", str(tmp_path / "dp2.json"), "--dp-degree", "4",
+                   "--dp-group-id", str(group)) == 0
+    capsys.readouterr()
+    assert cli(["verify", str(a), str(b)]) == 0
+    assert "OK: 30 global steps (0..29), 120 batches: identical" in capsys.readouterr().out
+    assert cli(["explain", str(recipe)]) == 0
+    assert "mixture schedule" in capsys.readouterr().out
