@@ -280,16 +280,19 @@ class MixtureWorkSource:
         """Whether every chunk is defined: no schedule, or one whose starts are chunks."""
         return self.phases is None or self.phase_chunks is not None
 
-    def _allocated(self, g: int) -> list[int]:
-        if self.mixture is not None:
-            return self.mixture.allocated(g)
+    def _resolved_schedule(self) -> schedules.Schedule:
         if self.schedule is None:
             raise ConfigError(
                 "this source's schedule starts at global steps, which depend on the batch shape: a "
                 "Pipeline converts them into chunk starts (pipeline.work_source is resolved), or give "
                 "phase_chunks=[...] / schedule_unit='chunk' (see docs/concepts.md, mixture schedules)"
             )
-        return self.schedule.allocated(g)
+        return self.schedule
+
+    def _allocated(self, g: int) -> list[int]:
+        if self.mixture is not None:
+            return self.mixture.allocated(g)
+        return self._resolved_schedule().allocated(g)
 
     def with_phase_chunks(self, chunks: Sequence[int]) -> MixtureWorkSource:
         """This source with its step schedule's phases starting at these global chunks (a new source)."""
@@ -306,7 +309,7 @@ class MixtureWorkSource:
 
     def phase_of(self, g: int) -> int:
         """The schedule phase that owns chunk ``g`` (0 without a schedule)."""
-        return 0 if self.schedule is None else self.schedule.phase_of(g)
+        return 0 if self.phases is None else self._resolved_schedule().phase_of(g)
 
     def _raw_weights(self, weights):
         if weights is None:
