@@ -212,3 +212,51 @@ def batch_rows(batch):
     """``(lane, index_in_lane, rows)`` of a delivered batch, padding stripped."""
     rows = [row[:n].tolist() for row, n in zip(batch["tokens"], batch["lengths"])]
     return (batch.lane, batch.index_in_lane, rows)
+
+
+def ref_schedule_stream(datasets, phases, chunk_size, seed, passes=1, policy=None, max_repeats=None,
+                        max_chunks=200, **order):
+    """A mixture schedule walked chunk by chunk with explicit cursors.
+
+    ``phases`` is a list of ``(first chunk, weights)``, weights one int or Fraction per dataset
+    (0: the dataset sits the phase out). Inside a phase the counts come from the phase's own
+    allocation counted from its first chunk; the cursors carry over phase boundaries, so each
+    dataset's samples are taken in its usual order. Returns the chunks, as ``ref_stream`` does.
+    """
+    totals = [sum(sizes) for _, sizes in datasets]
+    cursors = [0] * len(datasets)
+    epochs: dict = {}
+
+    def sample(c, p):
+        name, sizes = datasets[c]
+        e, i = divmod(p, totals[c])
+        if (c, e) not in epochs:
+            epochs[c, e] = ref_epoch(name, sizes, seed, e, order.get("shuffle_shards", True),
+                                     order.get("shuffle_within", True), order.get("block"),
+                                     order.get("reshuffle", True))
+        return (name, *epochs[c, e][i])
+
+    chunks = []
+    g = 0
+    phase, at_phase_start = 0, [0] * len(datasets)
+    while g < max_chunks:
+        if policy is None and all(cursors[c] >= passes * totals[c] for c in range(len(totals))):
+            break
+        if phase + 1 < len(phases) and g == phases[phase + 1][0]:
+            phase, at_phase_start = phase + 1, list(cursors)
+        first, weights = phases[phase]
+        active = [c for c, w in enumerate(weights) if w > 0]
+        within = ref_allocation(g + 1 - first, chunk_size, [weights[c] for c in active])
+        want = list(at_phase_start)
+        for c, n in zip(active, within):
+            want[c] += n
+        if policy is not None:
+            limit = 1 if policy == "stop" else (None if max_repeats is None else 1 + max_repeats)
+            if limit is not None and any(want[c] > limit * totals[c] for c in range(len(totals))):
+                break
+        counts = [want[c] - cursors[c] for c in range(len(totals))]
+        taken = {c: [sample(c, cursors[c] + i) for i in range(counts[c])] for c in range(len(totals))}
+        chunks.append([taken[c].pop(0) for c in ref_swrr(counts)])
+        cursors = want
+        g += 1
+    return chunks

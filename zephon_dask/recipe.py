@@ -23,11 +23,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .curriculum import MixtureWorkSource
+from .curriculum.schedule import parse as parse_schedule
 from .data import Dataset
 from .data.formats import READERS
 from .data.formats import get as format_reader
 from .data.paths import has_glob
-from .errors import RecipeError, RecipeKeyError, RecipePathError, RecipeTypeError
+from .errors import ConfigError, RecipeError, RecipeKeyError, RecipePathError, RecipeTypeError
 from .options import BY_NAME as OPTIONS
 from .pipeline import Pipeline
 from .views import register
@@ -67,7 +68,8 @@ REQUIRED = {"shuffle": ("buffer_size",), "pack": ("max_length",), "batch": ("mic
 # [options] takes every option a recipe can set (all but client, a live object), typed as its
 # definition says (zephon_dask.options); the values are then checked by Pipeline.options.
 OPTION_TYPES: dict[str, tuple[type, ...]] = {o.name: o.toml for o in OPTIONS.values() if o.toml is not None}
-TOP_LEVEL = ("datasets", *TABLES, "options")
+TOP_LEVEL = ("datasets", "mixture", *TABLES, "options")
+SCHEDULE_KEYS = ("step", "chunk", "weights")  # one [[mixture.schedule]] table: a start and the weights
 
 _TYPE_NAMES = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
 _EXAMPLES = {int: "8", float: "0.5", bool: "true", str: '"..."'}
@@ -107,6 +109,8 @@ class Recipe:
     pack: dict[str, Any] | None = None
     batch: dict[str, Any] | None = None
     options: dict[str, Any] = field(default_factory=dict)
+    schedule: tuple[tuple[int, dict[str, int | float]], ...] | None = None  # [[mixture.schedule]]
+    schedule_unit: str = "step"
 
     @property
     def weights(self) -> dict[str, int | float] | None:
@@ -120,8 +124,10 @@ class Recipe:
         for i, entry in enumerate(self.datasets):
             with _context(self.path, f"[[datasets]] #{i + 1} (name {entry.name!r})"):
                 datasets.append(entry.open())
-        with _context(self.path, "[source] and the datasets' weights"):
-            pipeline = Pipeline(MixtureWorkSource(datasets, self.weights, **self.source))
+        with _context(self.path, "[source], [mixture] and the datasets' weights"):
+            schedule = None if self.schedule is None else list(self.schedule)
+            pipeline = Pipeline(MixtureWorkSource(datasets, self.weights, **self.source, schedule=schedule,
+                                                  schedule_unit=self.schedule_unit))
         for name in ("tokenize", "shuffle", "pack", "batch"):
             kwargs = getattr(self, name)
             if kwargs is not None:
@@ -164,9 +170,13 @@ def load_recipe(path: str | os.PathLike) -> Recipe:
     if tables["tokenize"] is not None and tables["tokenize"].get("tokenizer", "bytes") != "bytes":
         tok = tables["tokenize"]["tokenizer"]
         tables["tokenize"]["tokenizer"] = _existing_path(file, base, "[tokenize]", "tokenizer", tok)
+    datasets = _datasets(file, base, doc.get("datasets"))
+    schedule, unit = _schedule(file, _table(file, "mixture", doc.get("mixture")), datasets)
     return Recipe(
         path=file,
-        datasets=_datasets(file, base, doc.get("datasets")),
+        datasets=datasets,
+        schedule=schedule,
+        schedule_unit=unit,
         source=tables["source"] or {},
         tokenize=tables["tokenize"],
         shuffle=tables["shuffle"],
@@ -276,6 +286,46 @@ def _datasets(file: str, base: str, value: Any) -> tuple[DatasetEntry, ...]:
             "every [[datasets]] table, or in none (weights proportional to size)"
         )
     return tuple(entries)
+
+
+def _schedule(file: str, table: dict | None, datasets: tuple[DatasetEntry, ...]):
+    """``[[mixture.schedule]]`` as ``((start, weights), ...)`` and its unit, checked like the
+    Python ``schedule=`` (sorted starts from 0, known datasets, weights >= 0), or ``(None, "step")``."""
+    if table is None:
+        return None, "step"
+    _check_known(file, "[mixture]", table, ("schedule",))
+    phases = table.get("schedule")
+    if not isinstance(phases, list) or not phases or not all(isinstance(t, dict) for t in phases):
+        raise RecipeTypeError(f"{file}: mixture.schedule must be an array of tables: write each phase as "
+                              "[[mixture.schedule]] with step = ... and weights = { name = weight, ... }")
+    if any(d.weight is not None for d in datasets):
+        raise RecipeKeyError(f"{file}: [[datasets]] weights and [[mixture.schedule]] both set the mixture; "
+                             "remove weight = ... from the datasets (the first phase holds the starting weights)")
+    units = set()
+    out = []
+    for i, phase in enumerate(phases):
+        where = f"[[mixture.schedule]] #{i + 1}"
+        _check_known(file, where, phase, SCHEDULE_KEYS)
+        starts = [k for k in ("step", "chunk") if k in phase]
+        if len(starts) != 1 or "weights" not in phase:
+            raise RecipeKeyError(f"{file}: {where} needs a start, step = ... (a global step) or chunk = ... "
+                                 "(a chunk index), and weights = { name = weight, ... }")
+        units.add(starts[0])
+        _check_type(file, where, starts[0], phase[starts[0]], _INT)
+        if not isinstance(phase["weights"], dict):
+            raise RecipeTypeError(f"{file}: {where} weights = {phase['weights']!r} must be an inline table, "
+                                  "e.g. weights = { web = 0.7, code = 0.3 }")
+        for name, w in sorted(phase["weights"].items()):
+            _check_type(file, f"{where} weights", name, w, _NUMBER)
+        out.append((phase[starts[0]], dict(phase["weights"])))
+    if len(units) > 1:
+        raise RecipeKeyError(f"{file}: [[mixture.schedule]] mixes step = and chunk = starts; use one kind")
+    unit = units.pop()
+    try:
+        parse_schedule(out, [d.name for d in datasets], unit)
+    except ConfigError as exc:
+        raise RecipeError(f"{file}: [[mixture.schedule]]: {exc}") from None
+    return tuple(out), unit
 
 
 def _options(file: str, table: dict) -> dict[str, Any]:

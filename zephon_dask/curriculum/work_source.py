@@ -25,6 +25,7 @@ from ..errors import (
 )
 from ..validate import check_choice, check_int
 from . import routing
+from . import schedule as schedules
 from .mixture import Mixture, exact_weight, interleave
 from .order import DatasetOrder
 from .seeding import check_seed
@@ -128,6 +129,14 @@ class MixtureWorkSource:
     is given or, when ``None``, measured by the :class:`~zephon_dask.Pipeline` the source
     goes into (:meth:`with_tokens_per_sample` gives the measured source).
 
+    ``schedule=[(start, {name: weight}), ...]`` (instead of ``weights``) changes the
+    weights at given starts (see :mod:`.schedule`): global training steps by default
+    (``schedule_unit="step"``; a :class:`~zephon_dask.Pipeline` converts them into chunk
+    starts and records them in ``phase_chunks``), or global chunk indices
+    (``schedule_unit="chunk"``: exact, usable without a pipeline). With
+    ``weight_by="tokens"`` every phase's weights are token shares, converted with the
+    same ``tokens_per_sample``.
+
     Example:
         >>> source = zephon_dask.MixtureWorkSource([web, code], {"web": 0.7, "code": 0.3},  # doctest: +SKIP
         ...                                        chunk_size=64, seed=1234)
@@ -149,6 +158,9 @@ class MixtureWorkSource:
         lane_assignment: str = "permute",
         weight_by: str = "samples",
         tokens_per_sample: Mapping[str, object] | None = None,
+        schedule: Sequence | None = None,
+        schedule_unit: str = "step",
+        phase_chunks: Sequence[int] | None = None,
     ):
         if hasattr(datasets, "shard_sizes"):
             datasets = [cast(SizedDataset, datasets)]
@@ -171,15 +183,24 @@ class MixtureWorkSource:
             exhausted_policy, max_repeats, self.stop_after_passes
         )
         self.sizes = tuple(int(sum(d.shard_sizes)) for d in self.datasets)
-        raw = self._raw_weights(weights)
         self.weight_by, self.tokens_per_sample = self._check_weight_by(weight_by, tokens_per_sample)
-        total = sum(raw, Fraction(0))
-        self.target_weights: tuple[Fraction, ...] = tuple(w / total for w in raw)  # in weight_by units
-        self._mixture: Mixture | None = None  # None until the tokens per sample are known
+        self.phases, self.schedule_unit, self.phase_chunks = self._check_schedule(
+            schedule, schedule_unit, phase_chunks, weights)
+        targets = ([self._normalised(self._raw_weights(weights))] if self.phases is None
+                   else [p.weights for p in self.phases])
+        self.target_weights: tuple[Fraction, ...] = targets[0]  # as stated (weight_by units); a schedule's first
+        self._phase_weights: tuple[tuple[Fraction, ...], ...] | None = None  # sample weights, once measured
+        self._mixture: Mixture | None = None  # without a schedule
+        self._schedule: schedules.Schedule | None = None  # with one whose chunk starts are known
         if not self.unmeasured:
-            if self.tokens_per_sample is not None:
-                raw = sample_weights(raw, self.tokens_per_sample)
-            self._mixture = Mixture(raw, self.chunk_size, self.names)
+            self._phase_weights = tuple(self._sample_weights(t) for t in targets)
+            if self.phases is None:
+                self._mixture = Mixture(self._phase_weights[0], self.chunk_size, self.names)
+            else:
+                schedules.check_chunk_size(self._phase_weights, self.chunk_size)
+                if self.phase_chunks is not None:
+                    self._schedule = schedules.Schedule(self.phase_chunks, self._phase_weights,
+                                                        self.chunk_size, self.names)
         self.orders = tuple(
             DatasetOrder(
                 d.name,
@@ -192,14 +213,23 @@ class MixtureWorkSource:
             )
             for d in self.datasets
         )
-        if not self.unmeasured and self.num_chunks == 0:
+        if self.resolved and not self.unmeasured and self.num_chunks == 0:
             smallest = min(
-                range(len(self.names)), key=lambda c: self.sizes[c] / self.weights[c]
+                (c for c in range(len(self.names)) if self.weights[c] > 0),
+                key=lambda c: self.sizes[c] / self.weights[c]
             )
             raise ConfigError(
                 f"the stream has no chunk: one chunk of {self.chunk_size} needs more than the "
                 f"{self.sizes[smallest]} samples of {self.names[smallest]!r} at its weight. "
                 "Lower chunk_size or use stop_after_passes / exhausted_policy='repeat'"
+            )
+        if self._schedule is not None and self.num_chunks is not None and self._schedule.chunks[-1] >= self.num_chunks:
+            p = len(self._schedule.chunks) - 1
+            raise ConfigError(
+                f"schedule phase {p} (start {self.phases[p].start} {self.schedule_unit}s) begins at chunk "
+                f"{self._schedule.chunks[p]:,}, but the stream ends after {self.num_chunks:,} chunks: it would "
+                "never be reached. Start it earlier, or lengthen the stream (stop_after_passes, "
+                "exhausted_policy='repeat')"
             )
 
     # -- validation -------------------------------------------------------------
@@ -251,6 +281,41 @@ class MixtureWorkSource:
                               "set weight_by='tokens'")
         return weight_by, exact_tokens_per_sample(tokens_per_sample, self.names)
 
+    def _check_schedule(self, schedule, unit, chunks, weights):
+        """``(phases, unit, phase chunk starts)``: all ``None`` without a schedule."""
+        if schedule is None:
+            if chunks is not None:
+                raise ConfigError("phase_chunks needs a schedule=; pass the schedule it resolves")
+            return None, None, None
+        if weights is not None:
+            raise ConfigError("give weights= or schedule=, not both: the schedule's first phase holds "
+                              "the starting weights")
+        phases = schedules.parse(schedule, self.names, unit)
+        if unit == "chunk":
+            if chunks is not None and tuple(chunks) != tuple(p.start for p in phases):
+                raise ConfigError(f"phase_chunks={list(chunks)} contradicts a chunk schedule's own starts")
+            return phases, unit, tuple(p.start for p in phases)
+        if chunks is not None:  # the Schedule checks their order and count
+            chunks = tuple(check_int(g, "phase_chunks", 0, hint="a chunk index") for g in chunks)
+        return phases, unit, chunks
+
+    def with_phase_chunks(self, chunks: Sequence[int]) -> MixtureWorkSource:
+        """This source with its step schedule's phases starting at these global chunks (a new source)."""
+        return MixtureWorkSource(**{**self._arguments, "phase_chunks": tuple(int(g) for g in chunks)})
+
+    def phase_source(self, p: int) -> MixtureWorkSource:
+        """Schedule phase ``p``'s weights alone, from chunk 0, never ending (a new source)."""
+        if self.phases is None:
+            raise ConfigError("phase_source() needs a schedule=")
+        weights = dict(zip(self.names, self.phases[p].weights, strict=True))
+        return MixtureWorkSource(**{**self._arguments, "schedule": [(0, weights)], "schedule_unit": "chunk",
+                                    "phase_chunks": None, "stop_after_passes": 1, "exhausted_policy": "repeat",
+                                    "max_repeats": None})
+
+    def phase_of(self, g: int) -> int:
+        """The schedule phase that owns chunk ``g`` (0 without a schedule)."""
+        return 0 if self.phases is None else self._resolved_schedule().phase_of(g)
+
     def _raw_weights(self, weights):
         if weights is None:
             return [exact_weight(n, name) for n, name in zip(self.sizes, self.names, strict=True)]
@@ -268,7 +333,20 @@ class MixtureWorkSource:
             )
         return [exact_weight(weights[n], n) for n in self.names]
 
-    # -- weights ------------------------------------------------------------------
+    # -- weights and allocation ----------------------------------------------------
+
+    @staticmethod
+    def _normalised(raw: Sequence[Fraction]) -> tuple[Fraction, ...]:
+        total = sum(raw, Fraction(0))
+        return tuple(w / total for w in raw)
+
+    def _sample_weights(self, targets: Sequence[Fraction]) -> tuple[Fraction, ...]:
+        """The normalised sample weights that give the shares ``targets`` (``weight_by`` units):
+        ``targets`` themselves for samples, ``t_c / s_c`` normalised for tokens. Every mixture
+        and schedule phase is converted here."""
+        if self.tokens_per_sample is None:
+            return tuple(targets)
+        return self._normalised(sample_weights(targets, self.tokens_per_sample))
 
     @property
     def unmeasured(self) -> bool:
@@ -276,20 +354,58 @@ class MixtureWorkSource:
         return self.weight_by == "tokens" and self.tokens_per_sample is None
 
     @property
-    def mixture(self) -> Mixture:
-        """The sample allocation ``A_c(g)`` (token weights already converted to sample weights)."""
-        if self._mixture is None:
+    def resolved(self) -> bool:
+        """Whether every phase start is known: no schedule, or one whose starts are chunks."""
+        return self.phases is None or self.phase_chunks is not None
+
+    @property
+    def phase_weights(self) -> tuple[tuple[Fraction, ...], ...]:
+        """Each schedule phase's normalised sample weights (one entry without a schedule): the
+        stated weights (:attr:`target_weights`, ``phases[p].weights``) converted by ``weight_by``."""
+        self._require_measured()
+        assert self._phase_weights is not None
+        return self._phase_weights
+
+    def _require_measured(self) -> None:
+        if self.unmeasured:
             raise ConfigError(
                 "this MixtureWorkSource weighs by tokens and its tokens per sample are not measured: "
                 "a Pipeline measures them on first use (use pipeline.work_source), or pass "
                 "tokens_per_sample={name: tokens} to MixtureWorkSource"
             )
-        return self._mixture
 
     @property
     def weights(self) -> tuple[Fraction, ...]:
-        """Normalised sample weights: the share of each chunk's samples per dataset."""
-        return self.mixture.weights
+        """Normalised sample weights: the share of each chunk's samples per dataset (with a
+        schedule, its first phase's)."""
+        return self.phase_weights[0]
+
+    @property
+    def mixture(self) -> Mixture | None:
+        """The sample allocation ``A_c(g)`` without a schedule (``None`` with one: see :attr:`schedule`)."""
+        self._require_measured()
+        return self._mixture
+
+    @property
+    def schedule(self) -> schedules.Schedule | None:
+        """The sample allocation across phases once their chunk starts are known (else ``None``)."""
+        self._require_measured()
+        return self._schedule
+
+    def _resolved_schedule(self) -> schedules.Schedule:
+        if self.schedule is None:
+            raise ConfigError(
+                "this source's schedule starts at global steps, which depend on the batch shape: a "
+                "Pipeline converts them into chunk starts (pipeline.work_source is resolved), or give "
+                "phase_chunks=[...] / schedule_unit='chunk' (see docs/concepts.md, mixture schedules)"
+            )
+        return self.schedule
+
+    def _allocated(self, g: int) -> list[int]:
+        """``[A_c(g) for c]``: the mixture's, or the schedule's across phases."""
+        if self.mixture is not None:
+            return self.mixture.allocated(g)
+        return self._resolved_schedule().allocated(g)
 
     def with_tokens_per_sample(self, tokens_per_sample: Mapping[str, object]) -> MixtureWorkSource:
         """The same token-weighted mixture with these tokens per sample (a new source)."""
@@ -306,15 +422,27 @@ class MixtureWorkSource:
             return None
         if self.exhausted_policy is None:
             need = [self.stop_after_passes * n for n in self.sizes]
+            if self.schedule is not None:
+                self._check_reaches(need)
             return _first_true(
-                lambda g: all(a >= b for a, b in zip(self.mixture.allocated(g), need, strict=True))
+                lambda g: all(a >= b for a, b in zip(self._allocated(g), need, strict=True))
             )
         passes = 1 if self.exhausted_policy == "stop" else 1 + self.max_repeats
         limit = [passes * n for n in self.sizes]
         too_far = _first_true(
-            lambda g: any(a > b for a, b in zip(self.mixture.allocated(g), limit, strict=True))
+            lambda g: any(a > b for a, b in zip(self._allocated(g), limit, strict=True))
         )
         return too_far - 1
+
+    def _check_reaches(self, need: list[int]) -> None:
+        """Refuse a schedule whose last phase leaves out a dataset that still owes passes."""
+        assert self.schedule is not None
+        for name, have, want in zip(self.names, self.schedule.final_limit(), need, strict=True):
+            if have < want:
+                raise ConfigError(
+                    f"the stream would never end: stop_after_passes={self.stop_after_passes} waits for "
+                    f"{want:,} samples of {name!r}, but the schedule's last phase gives it weight 0 after "
+                    f"{int(have):,}. Give it a weight in the last phase, or use exhausted_policy='stop'")
 
     def __len__(self) -> int:
         if self.num_chunks is None:
@@ -336,12 +464,12 @@ class MixtureWorkSource:
 
     def allocation(self, g: int) -> dict[str, int]:
         """``{dataset: samples consumed by chunks 0..g-1}``."""
-        return dict(zip(self.names, self.mixture.allocated(g), strict=True))
+        return dict(zip(self.names, self._allocated(g), strict=True))
 
     def chunk_arrays(self, g: int) -> ChunkPointers:
         """Chunk ``g``'s pointers as arrays, in their interleaved order."""
         g = self._check_chunk(g)
-        lo, hi = self.mixture.allocated(g), self.mixture.allocated(g + 1)
+        lo, hi = self._allocated(g), self._allocated(g + 1)
         seq = interleave(tuple(b - a for a, b in zip(lo, hi, strict=True)))
         shard = np.empty(len(seq), dtype=np.int64)
         offset = np.empty(len(seq), dtype=np.int64)
@@ -427,15 +555,30 @@ class MixtureWorkSource:
                 "tokens_per_sample": None if self.tokens_per_sample is None
                 else as_config(self.names, self.tokens_per_sample),
             }),
+            **({} if self.phases is None else {"schedule": self.schedule_config()}),
         }
+
+    def schedule_config(self) -> list[dict]:
+        """The schedule's phases, JSON-native: ``{"step" or "chunk", "chunk", "weights"}`` each
+        (``"chunk"`` is ``None`` while a step schedule is unresolved)."""
+        phases = self.phases or ()
+        chunks = self.phase_chunks or (None,) * len(phases)
+        return [{**({"step": p.start} if self.schedule_unit == "step" else {}), "chunk": g,
+                 "weights": as_config(self.names, p.weights)}
+                for p, g in zip(phases, chunks, strict=True)]
 
     def __repr__(self) -> str:
         mix = ", ".join(f"{n}={float(w):.3g}" for n, w in zip(self.names, self.target_weights, strict=True))
         if self.weight_by == "tokens":
             mix += " of tokens"
-        size = ("tokens per sample not measured" if self.unmeasured
-                else "endless" if self.num_chunks is None else f"{self.num_chunks} chunks")
-        return f"MixtureWorkSource({mix}; chunk_size={self.chunk_size}, seed={self.seed}, {size})"
+        if self.unmeasured:
+            size = "tokens per sample not measured"
+        elif not self.resolved:
+            size = "length set by a Pipeline"
+        else:
+            size = "endless" if self.num_chunks is None else f"{self.num_chunks} chunks"
+        phases = "" if self.phases is None else f", {len(self.phases)} phases"
+        return f"MixtureWorkSource({mix}; chunk_size={self.chunk_size}, seed={self.seed}, {size}{phases})"
 
     def _repr_html_(self) -> str:
         return views.show("source_html", self)

@@ -1,9 +1,14 @@
 """``explain(pipeline)``: a readable plan of what a pipeline will do. Pure.
 
 It reads the pipeline's configuration and the curriculum's direct answers
-(stream length, chunks per lane); it opens no data file, computes no window
-and never starts a runner: the dashboard link shows only once a runner is
-running.
+(stream length, chunks per lane); it never starts a runner (the dashboard link
+shows only once a runner is running), and opens no data file nor computes a
+window, with two exceptions: a mixture weighted by tokens whose tokens per
+sample are not measured yet is measured first (once per pipeline; see
+:mod:`zephon_dask.pipeline.measure`), and for a mixture schedule in global steps
+in a pipeline whose rows are not samples (``pack``, ``filter``, ...) each phase's
+rows per sample are measured once on lane 0's first window (see
+:mod:`zephon_dask.pipeline.phases`).
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from ..errors import ConfigError, ElasticityWarning, NotFoundError, ZephonError
 from ..execution import choose_runner
 from ..graph.keys import FP_CHARS
 from ..pipeline import steps
+from .plans import PHASE_HEADERS, phase_rows
 from .render import (
     html_block,
     html_pairs,
@@ -278,6 +284,8 @@ def explain(pipeline) -> Explanation:
     lanes, lane_notes = _lanes(spec)
     group, group_notes = _group(pipeline, spec.canonical_replicas, options)
     batch = Section("batches", pairs=tuple((k, str(v)) for k, v in pipeline.batch_options.config().items()))
-    sections = (_datasets(spec.source), _mixture(spec.source), lanes, group, _operators(spec), batch,
+    schedule = phase_rows(pipeline)
+    phases = (Section("mixture schedule", headers=PHASE_HEADERS, rows=schedule),) if schedule else ()
+    sections = (_datasets(spec.source), _mixture(spec.source), *phases, lanes, group, _operators(spec), batch,
                 _execution(pipeline, options, fingerprint))
     return Explanation(fingerprint, sections, tuple(lane_notes + group_notes))

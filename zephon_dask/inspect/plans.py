@@ -5,7 +5,8 @@ Each entry is :func:`zephon_dask.curriculum.routing.plan` for one
 entry with its problem instead of failing the whole table. With a global
 step set (``global_batches_per_step``, see :mod:`zephon_dask.pipeline.steps`)
 each entry says how many batches a rank takes per step, or that the degree
-cannot keep the steps.
+cannot keep the steps. A pipeline with a mixture schedule adds a table of its
+phases (:func:`phase_rows`): where each one begins in chunk blocks and in global steps.
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ class PlanTable:
     entries: tuple[PlanEntry, ...]
     global_batches: int | None = None
     mixture: str | None = None  # a pipeline's weights, in words (none for a recipe's options alone)
+    phases: tuple[tuple[str, ...], ...] = ()
 
     def __repr__(self) -> str:
         return str(self)
@@ -66,13 +68,48 @@ class PlanTable:
             head += f", batches_per_step={self.batches_per_step}"
         if self.mixture is not None:
             head += f"\nmixture: {self.mixture}"
-        return head + "\n" + text_table(HEADERS, [e.cells() for e in self.entries])
+        text = head + "\n" + text_table(HEADERS, [e.cells() for e in self.entries])
+        if self.phases:
+            text += "\nmixture schedule (the same at every degree)\n" + text_table(PHASE_HEADERS, self.phases)
+        return text
 
     def _repr_html_(self) -> str:
         caption = f"lane plans for canonical_replicas={self.canonical_replicas}"
         if self.mixture is not None:
             caption += f"; mixture: {self.mixture}"
-        return html_block(html_table(HEADERS, [e.cells() for e in self.entries], caption=caption))
+        parts = [html_table(HEADERS, [e.cells() for e in self.entries], caption=caption)]
+        if self.phases:
+            parts.append(html_table(PHASE_HEADERS, self.phases, caption="mixture schedule (the same at every degree)"))
+        return html_block(*parts)
+
+
+PHASE_HEADERS = ("phase", "requested start", "chunk block", "first chunk", "begins at global step", "weights")
+
+
+def _begins(plan) -> str:
+    if plan.phase == 0:
+        return "0"
+    if plan.begin_step is None:
+        return "unknown"
+    if not plan.exact:
+        return f"~{float(plan.begin_step):,.1f} (estimated: rows are not samples)"
+    whole = int(plan.begin_step)
+    return f"{whole:,}" if whole == plan.begin_step else f"{whole:,} (mid-step)"
+
+
+def phase_rows(pipeline) -> tuple[tuple[str, ...], ...]:
+    """One row per schedule phase of ``pipeline`` (none without a schedule)."""
+    source = pipeline.work_source
+    rows = []
+    for plan in pipeline.phase_plan():
+        assert source.phases is not None
+        requested = f"step {plan.step:,}" if plan.step is not None else f"chunk {source.phases[plan.phase].start:,}"
+        weights = ", ".join(f"{n} {float(w):.3g}" for n, w in zip(source.names, source.phases[plan.phase].weights,
+                                                                   strict=True) if w > 0)
+        if source.weight_by == "tokens":
+            weights += " (of tokens)"
+        rows.append((str(plan.phase), requested, f"{plan.block:,}", f"{plan.chunk:,}", _begins(plan), weights))
+    return tuple(rows)
 
 
 def _entry(replicas: int, degree: int, mapping: str, batches_per_step: int | None,
@@ -127,7 +164,7 @@ def plan_table(pipeline, dp_degrees: Iterable[int] = (1, 2, 4, 8),
     options = pipeline.settings
     table = lane_plans(options["canonical_replicas"], dp_degrees, mappings, options.get("batches_per_step"),
                        options.get("global_batches_per_step"))
-    return replace(table, mixture=mixture_line(pipeline.work_source))
+    return replace(table, mixture=mixture_line(pipeline.work_source), phases=phase_rows(pipeline))
 
 
 def mixture_line(source) -> str:
@@ -137,4 +174,5 @@ def mixture_line(source) -> str:
                  for n, w, s in zip(source.names, source.target_weights, source.tokens_per_sample, strict=True)]
     else:
         parts = [f"{n} {float(w):.3g}" for n, w in zip(source.names, source.weights, strict=True)]
-    return f"weighted by {source.weight_by}: " + ", ".join(parts)
+    first = "" if source.phases is None else " (the first schedule phase)"
+    return f"weighted by {source.weight_by}{first}: " + ", ".join(parts)

@@ -42,9 +42,12 @@ def dataset_html(dataset) -> str:
 @views.register("source_html")
 def source_html(source) -> str:
     """A work source: mixture, stream length and the datasets with their exact weights (and, weighted
-    by tokens, the token weights and tokens per sample; sample weights once those are known)."""
+    by tokens, the token weights and tokens per sample; sample weights once those are known), and
+    a schedule's phases."""
     if source.unmeasured:
         chunks = "tokens per sample not measured (a Pipeline measures them)"
+    elif not source.resolved:
+        chunks = "set by a Pipeline (the schedule starts at global steps)"
     else:
         chunks = "endless" if source.num_chunks is None else f"{source.num_chunks:,}"
     pairs = [("chunk_size", str(source.chunk_size)), ("seed", str(source.seed)), ("chunks", chunks),
@@ -70,7 +73,16 @@ def source_html(source) -> str:
                  f"{float(w * source.chunk_size):.2f}")
                 for name, size, w in zip(source.names, source.sizes, source.weights, strict=True)]
         headers = ("dataset", "samples", "weight", "share", "samples per chunk")
-    return html_block(html_title("MixtureWorkSource"), html_pairs(pairs), html_table(headers, rows))
+    parts = [html_title("MixtureWorkSource"), html_pairs(pairs),
+             html_table(headers, rows, caption=None if source.phases is None else "the first schedule phase")]
+    if source.phases is not None:
+        starts = source.phase_chunks or (None,) * len(source.phases)
+        phase_rows = [(str(p), f"{source.schedule_unit} {ph.start:,}", "-" if g is None else f"{g:,}",
+                       ", ".join(f"{n} {float(w):.3g}" for n, w in zip(source.names, ph.weights, strict=True) if w > 0))
+                      for p, (ph, g) in enumerate(zip(source.phases, starts, strict=True))]
+        weights = "token weights" if source.weight_by == "tokens" else "weights"
+        parts.append(html_table(("phase", "start", "first chunk", weights), phase_rows, caption="mixture schedule"))
+    return html_block(*parts)
 
 
 def _identity(pipeline) -> str:

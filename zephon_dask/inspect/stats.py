@@ -7,6 +7,11 @@ against its targets in both units: the share of samples (source records whose
 first token was delivered) against the sample weights, and the share of real
 tokens against the token weights (known with ``weight_by="tokens"``). The
 headline pair (``target``/``realized``) is in the source's ``weight_by`` unit.
+With a mixture schedule the same comparison is given per phase, over the global
+steps each phase covers (exact bounds when rows are samples, estimated
+otherwise; from the kept per-step history), and the overall targets are the
+phases' targets weighted by what each phase delivered (samples for sample
+targets, tokens for token targets).
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ class PipelineStats:
     mixture: list[dict]
     history: list[dict] = field(repr=False)
     weight_by: str = "samples"
+    phases: list[dict] = field(default_factory=list)
 
     @property
     def tokens_per_s(self) -> float:
@@ -69,6 +75,21 @@ class PipelineStats:
         return (f"mixture, weighted by {self.weight_by} (targets: the weights; shares: what was delivered, "
                 "samples counted where a record's first token lands)")
 
+    def _phase_rows(self):
+        def share(x):
+            return "n/a" if x is None else f"{x:.3f}"
+
+        rows = []
+        for ph in self.phases:
+            span = f"{ph['from_step']}-{'' if ph['to_step'] is None else ph['to_step'] - 1}"
+            if not ph["exact"]:
+                span += " (estimated)"
+            token_target = ph["token_target"] or {}
+            for name in ph["sample_target"]:
+                rows.append((ph["phase"], span, name, share(ph["sample_target"][name]), share(ph["sample_share"][name]),
+                             share(token_target.get(name)), share(ph["token_share"][name])))
+        return rows
+
     def _lane_rows(self):
         return [(p["lane"], p["window"], p["offset"], p["batches_delivered"], "yes" if p["finished"] else "")
                 for p in self.lanes]
@@ -81,6 +102,8 @@ class PipelineStats:
             "zephon_dask stats", text_pairs(self._summary()),
             self._mixture_caption,
             text_table(self._MIXTURE_HEADER, self._mixture_rows()),
+            *([f"mixture by schedule phase, weighted by {self.weight_by} (over the global steps each "
+               "phase covers)", text_table(PHASE_HEADERS, self._phase_rows())] if self.phases else []),
             "lanes", text_table(["lane", "window", "offset", "batches", "finished"], self._lane_rows()),
         ])
 
@@ -89,8 +112,68 @@ class PipelineStats:
             html_title("zephon_dask stats"),
             html_pairs(self._summary()),
             html_table(self._MIXTURE_HEADER, self._mixture_rows(), caption=self._mixture_caption),
+            *([html_table(PHASE_HEADERS, self._phase_rows(),
+                          caption=f"mixture by schedule phase, weighted by {self.weight_by}")]
+              if self.phases else []),
             html_table(["lane", "window", "offset", "batches", "finished"], self._lane_rows(), caption="lanes"),
         )
+
+
+PHASE_HEADERS = ["phase", "global steps", "dataset", "sample target", "sample share", "token target",
+                 "token share"]
+
+
+def _shares(counts: dict[str, int]) -> dict[str, float]:
+    total = max(sum(counts.values()), 1)
+    return {name: n / total for name, n in counts.items()}
+
+
+def _phases(pipeline, history: list[dict]) -> list[dict]:
+    """The realized mixture per schedule phase, over the history steps each phase covers: sample
+    and token shares against the phase's sample and token targets (the latter with
+    ``weight_by="tokens"``; the headline ``target``/``realized`` in the ``weight_by`` unit)."""
+    source = pipeline.work_source
+    plans = pipeline.phase_plan()
+    unit = "token" if source.weight_by == "tokens" else "sample"
+    out = []
+    for i, plan in enumerate(plans):
+        if plan.begin_step is None:
+            continue
+        start = int(plan.begin_step)
+        nxt = plans[i + 1].begin_step if i + 1 < len(plans) else None
+        stop = None if nxt is None else int(nxt)
+        tokens = {name: 0 for name in source.names}
+        samples = {name: 0 for name in source.names}
+        for h in history:
+            if h["global_step"] >= start and (stop is None or h["global_step"] < stop):
+                for name in source.names:
+                    tokens[name] += h["dataset_tokens"][name]
+                    samples[name] += h["dataset_samples"][name]
+        assert source.phases is not None
+        entry = {"phase": i, "from_step": start, "to_step": stop, "exact": plan.exact,
+                 "sample_target": dict(zip(source.names, map(float, source.phase_weights[i]), strict=True)),
+                 "sample_share": _shares(samples),
+                 "token_target": dict(zip(source.names, map(float, source.phases[i].weights), strict=True))
+                 if unit == "token" else None,
+                 "token_share": _shares(tokens),
+                 "samples": sum(samples.values()), "tokens": sum(tokens.values())}
+        out.append({**entry, "target": entry[f"{unit}_target"], "realized": entry[f"{unit}_share"]})
+    return out
+
+
+def _blend(mixture: list[dict], phases: list[dict], weight_by: str) -> list[dict]:
+    """With a schedule, each dataset's overall targets are the phases' targets weighted by what each
+    phase delivered: sample targets by samples, token targets by tokens (the first phase's
+    targets before any); the headline ``target`` in the ``weight_by`` unit."""
+    out = []
+    for m in mixture:
+        row = dict(m)
+        for unit, amount in (("sample", "samples"), ("token", "tokens")):
+            total = sum(ph[amount] for ph in phases)
+            if total and row[f"{unit}_target"] is not None:
+                row[f"{unit}_target"] = sum(ph[f"{unit}_target"][m["dataset"]] * ph[amount] for ph in phases) / total
+        out.append({**row, "target": row["token_target" if weight_by == "tokens" else "sample_target"]})
+    return out
 
 
 @views.register("stats")
@@ -105,6 +188,7 @@ def stats(pipeline) -> PipelineStats:
                 "dataset_tokens": dict(zip(source.names, h["dataset_tokens"].tolist(), strict=True)),
                 "dataset_samples": dict(zip(source.names, h["dataset_samples"].tolist(), strict=True))}
                for h in progress.history]
+    phases = _phases(pipeline, history)
     return PipelineStats(
         lanes=[{"lane": lane, **progress.lane[lane].as_dict()} for lane in progress.lanes],
         global_step=progress.global_step,
@@ -115,9 +199,11 @@ def stats(pipeline) -> PipelineStats:
         packing_efficiency=pack["pack.tokens"] / pack["pack.slots"] if pack.get("pack.slots") else None,
         windows_done=fetcher.windows_done if fetcher else 0,
         windows_in_flight=len(fetcher.inflight) if fetcher else 0,
-        mixture=mixture_rows(source, progress.dataset_samples, progress.dataset_tokens),
+        mixture=_blend(mixture_rows(source, progress.dataset_samples, progress.dataset_tokens), phases,
+                       source.weight_by),
         history=history,
         weight_by=source.weight_by,
+        phases=phases,
     )
 
 

@@ -33,6 +33,7 @@ from ..errors import ConfigError, StateError, ZephonWarning
 from ..log import logger
 from ..operators.base import Accumulator, RecordOp
 from ..operators.chat import ROLES, TokenizeChat
+from ..operators.identity import sha256_json
 from ..operators.pack import Pack
 from ..operators.records import DecodeText, Filter, Map
 from ..operators.shuffle import Shuffle
@@ -44,7 +45,7 @@ from ..state.progress import StepShape
 from ..state.schema import check_state, config_diff, describe_diff
 from ..validate import check_int
 from ..views import show
-from . import steps
+from . import phases, steps
 from .session import Session, check_covers
 
 
@@ -74,6 +75,7 @@ class Pipeline:
         self._batch = BatchOptions()
         self._settings: Mapping[str, Any] = MappingProxyType(dict(DEFAULTS))
         self._session = Session(self, work_source)
+        self._resolved: tuple | None = None  # (source, (G, microbatch), its schedule resolved)
 
     def _derive(self, **changes) -> Pipeline:
         """A new pipeline: this description with ``changes`` (``record_ops``, ``accumulators``,
@@ -85,6 +87,7 @@ class Pipeline:
         new._batch = changes.get("batch", self._batch)
         new._settings = MappingProxyType(dict(changes.get("settings", self._settings)))
         new._session = Session(new, self._session.base_source)  # measured again if its operators need it
+        new._resolved = None
         resume = self._session.resume
         if resume is not None:
             if new.spec.fingerprint == self.spec.fingerprint:
@@ -446,7 +449,9 @@ class Pipeline:
 
     @property
     def work_source(self) -> MixtureWorkSource:
-        """The work source: this pipeline's, or after ``load_state_dict`` one with the state's seed.
+        """The work source: this pipeline's, or after ``load_state_dict`` one with the state's seed;
+        a schedule given in global steps has its phases resolved to chunk blocks (see
+        :mod:`.phases`; after ``load_state_dict``, the checkpoint's).
 
         With ``weight_by="tokens"`` and no ``tokens_per_sample``, the first access measures
         them with this pipeline's record operators (see :mod:`zephon_dask.pipeline.measure`);
@@ -454,8 +459,43 @@ class Pipeline:
 
         Returns:
             The :class:`~zephon_dask.curriculum.MixtureWorkSource` the batches come from.
+
+        Raises:
+            ConfigError: the schedule's phases cannot start at distinct whole chunk blocks.
         """
-        return self._session.source
+        source = self._session.source
+        if source.phases is None:
+            return source
+        shape = self.step_shape()
+        key = (shape.global_batches, self._batch.microbatch_size)
+        if self._resolved is None or self._resolved[0] is not source or self._resolved[1] != key:
+            resolved = phases.resolve(source, self._record_ops, self._accumulators,
+                                      self._settings["canonical_replicas"], self._settings["flush_every_k_chunks"],
+                                      *key, known=dict(enumerate(source.phase_chunks or ())))
+            self._resolved = (source, key, resolved)
+        return self._resolved[2]
+
+    def phase_plan(self, estimate: bool = True) -> list[phases.PhasePlan]:
+        """Where each schedule phase begins: requested step, chunk block, and the global step
+        (exact when rows are samples in stream order, else estimated; see ``docs/concepts.md``).
+
+        Args:
+            estimate: measure every phase's rows per sample, so each begin step is set.
+
+        Returns:
+            A list of :class:`~zephon_dask.pipeline.phases.PhasePlan` (empty without a schedule).
+
+        Example:
+            >>> [(p.step, p.block, p.begin_step) for p in pipeline.phase_plan()]  # doctest: +SKIP
+            [(0, 0, Fraction(0, 1)), (50000, 4883, Fraction(50000, 1))]
+        """
+        source = self.work_source
+        if source.phases is None:
+            return []
+        shape = self.step_shape()
+        return phases.plan(source, self._record_ops, self._accumulators, self._settings["canonical_replicas"],
+                           self._settings["flush_every_k_chunks"], shape.global_batches,
+                           self._batch.microbatch_size, dict(enumerate(source.phase_chunks or ())), estimate)
 
     @property
     def record_ops(self) -> tuple[RecordOp, ...]:
@@ -823,9 +863,10 @@ class Pipeline:
 
     def check_resumable(self, state: dict, lanes: list[int]):
         """``(state, work source)``: ``state`` validated (and migrated) for ``lanes`` of this data,
-        with the work source carrying the state's seed and its tokens per sample (with
-        ``weight_by="tokens"``: the checkpoint's measurement is reused, never redone). Changes
-        nothing.
+        with the work source carrying the state's seed, its tokens per sample (with
+        ``weight_by="tokens"``: the checkpoint's measurement is reused, never redone) and its
+        schedule's phase starts (reconciled by :func:`.phases.reconcile`, with those tokens per
+        sample). Changes nothing.
 
         Args:
             state: a state dict.
@@ -846,20 +887,28 @@ class Pipeline:
                 f"canonical_replicas={self._settings['canonical_replicas']}; lanes are fixed for a run's "
                 f"lifetime: set .options(canonical_replicas={replicas})"
             )
-        source = self._session.base_source
+        source = self._source
         seed = saved.get("source", {}).get("seed")
         if isinstance(seed, int) and seed != source.seed:
             source = source.with_seed(seed)
-        source = self._checkpoint_measurement(source, saved.get("source", {}))
-        spec = PipelineSpec(source, self._record_ops, self._accumulators,
-                            self._settings["canonical_replicas"], self._settings["flush_every_k_chunks"])
-        diff = config_diff(saved, spec.config())
+        replicas, k = self._settings["canonical_replicas"], self._settings["flush_every_k_chunks"]
+        saved_source = saved.get("source", {})
+        source = self._checkpoint_measurement(source, saved_source)  # before the phases: they may measure
+        scheduled = source.phases is not None or "schedule" in saved_source
+        if scheduled and not source.unmeasured:  # the phases by the schedule's rules, the rest as below
+            shape = self.shape_for(state, self.identity()[0])
+            source = phases.reconcile(saved_source, state, source, self._record_ops, self._accumulators,
+                                      replicas, k, shape.global_batches, self._batch.microbatch_size)
+        spec = PipelineSpec(source, self._record_ops, self._accumulators, replicas, k)
+        current = spec.config()
+        diff = config_diff(_unscheduled(saved) if scheduled else saved,
+                           _unscheduled(current) if scheduled else current)
         if diff:
             raise StateError("the checkpoint was written by a different data configuration:\n"
                              + describe_diff(diff))
-        if spec.fingerprint != state["fingerprint"]:
+        if sha256_json(saved) != state["fingerprint"]:
             raise StateError(f"the checkpoint's fingerprint {state['fingerprint'][:16]} does not match its "
-                             f"own config ({spec.fingerprint[:16]}): the file was edited or corrupted")
+                             f"own config ({sha256_json(saved)[:16]}): the file was edited or corrupted")
         check_covers(state, lanes)
         self._check_positions(spec, state)
         return state, source
@@ -1049,3 +1098,9 @@ Pipeline.options.__signature__ = inspect.Signature(  # type: ignore[attr-defined
        for o in OPTIONS],
     return_annotation="Pipeline",
 )
+
+
+def _unscheduled(config: dict) -> dict:
+    """A data config without its mixture weights and schedule (compared by :func:`phases.reconcile`)."""
+    source = {k: v for k, v in config.get("source", {}).items() if k not in ("weights", "schedule")}
+    return {**config, "source": source}

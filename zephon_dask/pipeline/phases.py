@@ -1,0 +1,218 @@
+"""Mixture schedules in a pipeline: global steps -> chunk blocks, and what a resume may change.
+
+Pure functions of the data config; measuring rows per sample (below) reads one
+window of data per phase, and its results are cached by fingerprint.
+
+A schedule phase starts at a **chunk block** (``R = canonical_replicas``
+consecutive chunks, one per lane), so every lane switches at the same point of
+its own stream. A start given in global steps is converted here:
+
+* a global step takes ``G x microbatch / R`` rows from each lane (G batches
+  per step; the samples per step are kept by every resume);
+* when every row is one sample of the mixture (no ``filter``, ``pack``,
+  ``stateful`` or ``tokenize(split_long=True)``), ``rows_per_sample`` is 1;
+  otherwise it is **measured** for each phase: the rows that lane 0's first
+  window gives under the phase's weights alone, over the samples it reads (a
+  deterministic estimate, computed once per phase);
+* phase ``p`` starts at lane sample ``S_p = S_{p-1} + (s_p - T_{p-1}) x rows
+  per lane-step / rows_per_sample_{p-1}``, rounded to the nearest whole chunk
+  block (halves up): chunk ``R x round(S_p / chunk_size)``; ``T_{p-1}`` is the
+  global step where phase ``p - 1`` begins (after its own rounding).
+
+The resolved chunk starts enter the data config (and so every checkpoint), and a
+resume takes them from the checkpoint: they are never recomputed for a phase the
+checkpoint knows. :func:`reconcile` decides what a resume may change.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from fractions import Fraction
+
+from ..core.spec import PipelineSpec
+from ..core.window import compute_window
+from ..curriculum import MixtureWorkSource
+from ..errors import ConfigError, StateError
+from ..operators.chat import TokenizeChat
+from ..operators.records import DecodeText, Map
+from ..operators.shuffle import Shuffle
+from ..operators.tokenize import Tokenize
+from ..state.schema import describe_diff
+
+
+@dataclass(frozen=True)
+class PhasePlan:
+    """Where one phase begins: requested (step, when given in steps), resolved chunk and block,
+    and the global step where it begins (``exact`` when rows are samples and nothing reorders
+    them; otherwise an estimate), and the phase's measured rows per sample (``None`` for the
+    last phase, which no later start depends on)."""
+
+    phase: int
+    step: int | None
+    chunk: int
+    block: int
+    begin_step: Fraction | None
+    exact: bool
+    rows_per_sample: Fraction | None
+
+
+def one_to_one(record_ops, accumulators) -> bool:
+    """Whether every delivered row is exactly one sample of the mixture (``shuffle`` keeps the
+    count, so it passes; it only reorders samples inside a window)."""
+    ops_ok = all(isinstance(op, Map | DecodeText | TokenizeChat)
+                 or (isinstance(op, Tokenize) and not op.split_long) for op in record_ops)
+    return ops_ok and all(isinstance(a, Shuffle) for a in accumulators)
+
+
+_MEASURED: dict[str, Fraction] = {}  # phase spec fingerprint -> rows per sample (a cache of pure values)
+
+
+def rows_per_sample(source: MixtureWorkSource, record_ops, accumulators, replicas: int, k: int, p: int) -> Fraction:
+    """Rows per mixture sample under phase ``p``: 1 for a one-to-one pipeline, else measured on
+    lane 0's first window (deterministic: a pure function of the data config; cached)."""
+    if one_to_one(record_ops, accumulators):
+        return Fraction(1)
+    spec = PipelineSpec(source.phase_source(p), record_ops, accumulators, replicas, k)
+    if spec.fingerprint in _MEASURED:
+        return _MEASURED[spec.fingerprint]
+    out = compute_window(spec, 0, 0)
+    read = len(out.chunks) * source.chunk_size
+    if len(out) == 0:
+        raise ConfigError(
+            f"schedule phase {p}: lane 0's first window gives no rows, so its steps cannot be converted "
+            "into chunks; give the schedule in chunks (schedule_unit='chunk')")
+    if len(_MEASURED) > 256:
+        _MEASURED.clear()
+    _MEASURED[spec.fingerprint] = Fraction(len(out), read)
+    return _MEASURED[spec.fingerprint]
+
+
+def _round(x: Fraction) -> int:
+    return int((2 * x + 1) // 2)  # nearest, halves up
+
+
+def plan(source: MixtureWorkSource, record_ops, accumulators, replicas: int, k: int,
+         global_batches: int, microbatch: int, known: dict[int, int] | None = None,
+         estimate: bool = False) -> list[PhasePlan]:
+    """Each phase's resolved start; ``known`` maps phases to chunk starts already fixed (from a
+    checkpoint), which are kept. Rows per sample are measured only where a step start needs
+    converting, or for every phase with ``estimate`` (then every ``begin_step`` is set).
+    Raises :class:`ConfigError` for chunk starts that are not whole blocks, or step starts too
+    close to share a block."""
+    assert source.phases is not None
+    known = known or {}
+    q = Fraction(global_batches * microbatch, replicas)  # rows one lane gives per global step
+    exact = one_to_one(record_ops, accumulators) and not accumulators
+    cs = source.chunk_size
+    plans: list[PhasePlan] = [PhasePlan(0, 0 if source.schedule_unit == "step" else None, 0, 0,
+                                        Fraction(0), exact, None)]
+    samples = Fraction(0)  # S_{p-1}: lane samples before the previous phase
+    begin: Fraction | None = Fraction(0)  # T_{p-1}: the global step where the previous phase begins
+    converted = [p for p in range(1, len(source.phases)) if source.schedule_unit == "step" and p not in known]
+    last = len(source.phases) - 1 if estimate else max(converted, default=0)  # measure phases before it
+    for p in range(1, len(source.phases)):
+        phase, prev = source.phases[p], source.phases[p - 1]
+        step = phase.start if source.schedule_unit == "step" else None
+        rho = rows_per_sample(source, record_ops, accumulators, replicas, k, p - 1) if p <= last else None
+        if p in known:
+            chunk = known[p]
+        elif step is None:
+            chunk = phase.start
+        else:
+            assert rho is not None and begin is not None and step is not None
+            target = samples + (step - begin) * q / rho
+            chunk = _round(target / cs) * replicas
+        if chunk % replicas:
+            raise ConfigError(
+                f"schedule phase {p} starts at chunk {chunk}, not a whole block of canonical_replicas="
+                f"{replicas} chunks, so lanes would switch at different points; use chunk "
+                f"{chunk // replicas * replicas} or {(chunk // replicas + 1) * replicas}")
+        if chunk <= plans[-1].chunk:
+            raise ConfigError(
+                f"schedule phases {p - 1} and {p} (starts {prev.start} and {phase.start} "
+                f"{source.schedule_unit}s) land on the same chunk block {plans[-1].block}: a block is "
+                f"about {float(cs / q * (rho or 1)):.4g} global steps here; space the phases further apart")
+        block = chunk // replicas
+        begin = None if rho is None or begin is None else begin + (block * cs - samples) * rho / q
+        samples = Fraction(block * cs)
+        plans[-1] = replace(plans[-1], rows_per_sample=rho)
+        plans.append(PhasePlan(p, step, chunk, block, begin, exact, None))
+    return plans
+
+
+def resolve(source: MixtureWorkSource, record_ops, accumulators, replicas: int, k: int,
+            global_batches: int, microbatch: int, known: dict[int, int] | None = None) -> MixtureWorkSource:
+    """``source`` with every phase start a chunk block (itself when it needs no conversion)."""
+    if source.phases is None:
+        return source
+    plans = plan(source, record_ops, accumulators, replicas, k, global_batches, microbatch, known)
+    if source.schedule_unit == "chunk":
+        return source
+    return source.with_phase_chunks([pl.chunk for pl in plans])
+
+
+def _requests(source_config: dict) -> list[dict]:
+    """A source config's phases as ``{"start", "chunk", "weights"}`` (a plain mixture: one phase)."""
+    phases = source_config.get("schedule")
+    if phases is None:
+        return [{"start": None, "chunk": 0, "weights": source_config.get("weights")}]
+    return [{"start": None if i == 0 else (("step", ph["step"]) if "step" in ph else ("chunk", ph["chunk"])),
+             "chunk": ph["chunk"], "weights": ph["weights"]} for i, ph in enumerate(phases)]
+
+
+def frontier(state: dict, k: int) -> int:
+    """The chunk blocks a state's delivered samples come from: every block below this (a lane's
+    ``j``-th chunk lies in block ``j``; a window begun counts whole, it is recomputed whole)."""
+    return max((p["window"] * k + (k if p["offset"] else 0) for p in state["lanes"].values()), default=0)
+
+
+def _phase_diff(i: int, old: dict | None, new: dict | None) -> list[tuple[str, object, object]]:
+    where = f"source.schedule[{i}]"
+    if old is None or new is None:
+        return [(where, "<absent>" if old is None else old, "<absent>" if new is None else new)]
+    diff: list[tuple[str, object, object]] = []
+    if old["start"] != new["start"]:
+        diff.append((f"{where}.start", old["start"], new["start"]))
+    for name in sorted(set(old["weights"]) | set(new["weights"])):
+        a, b = old["weights"].get(name, "0/1"), new["weights"].get(name, "0/1")
+        if a != b:
+            diff.append((f"{where}.weights[{name}]", a, b))
+    return diff
+
+
+def reconcile(saved_source: dict, state: dict, base: MixtureWorkSource, record_ops, accumulators,
+              replicas: int, k: int, global_batches: int, microbatch: int) -> MixtureWorkSource:
+    """``base`` resolved for a resume from ``state`` (whose source config is ``saved_source``).
+
+    Phases the checkpoint has started (their first block lies below :func:`frontier`) must be
+    unchanged, and keep the checkpoint's chunk starts; a phase the checkpoint knows, unchanged
+    and with every earlier phase unchanged, keeps its chunk start too. New or edited phases
+    must start at or after the frontier. Raises :class:`StateError` with the diff otherwise.
+    """
+    old = _requests(saved_source)
+    new = _requests({"weights": base.config()["weights"], **({"schedule": base.schedule_config()}
+                                                             if base.phases is not None else {})})
+    reached = frontier(state, k)
+    started = [i for i, ph in enumerate(old) if i == 0 or ph["chunk"] // replicas < reached]
+    diff = [d for i in started for d in _phase_diff(i, old[i], new[i] if i < len(new) else None)]
+    if diff:
+        raise StateError(
+            "the schedule changes a phase this checkpoint has already started (its samples were "
+            "delivered):\n" + describe_diff(diff) + f"\nKeep the started phases as they are; a phase "
+            f"that starts after the checkpoint (chunk block {reached} or later) may be added or edited")
+    known: dict[int, int] = {}
+    for i in range(min(len(old), len(new))):
+        if _phase_diff(i, old[i], new[i]):
+            break
+        known[i] = old[i]["chunk"]
+    if base.phases is None:
+        return base
+    resolved = resolve(base, record_ops, accumulators, replicas, k, global_batches, microbatch, known)
+    assert resolved.phase_chunks is not None
+    for i, chunk in enumerate(resolved.phase_chunks):
+        if i not in known and chunk // replicas < reached:
+            raise StateError(
+                f"schedule phase {i} would start at chunk block {chunk // replicas}, but this checkpoint "
+                f"already delivered samples up to block {reached}: the delivered data would change. "
+                "Start the phase later")
+    return resolved
