@@ -2,7 +2,9 @@
 
 The oracle is ``ref_token_allocation`` (token weights over tokens per sample,
 chunks walked one by one); the accuracy check is a full pass over a corpus whose
-datasets differ tenfold in document length, read from real JSONL files.
+datasets differ tenfold in document length, read from real JSONL files. With a
+mixture schedule, every phase's token shares are checked the same way, and a
+resume across the phase boundary reuses the checkpoint's numbers.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import zephon_dask as z
 from zephon_dask.curriculum import MixtureWorkSource
 from zephon_dask.curriculum.mixture import Mixture
 from zephon_dask.errors import ConfigError, StateError, ZephonWarning
-from zephon_dask.pipeline import measure
+from zephon_dask.pipeline import measure, phases
 
 WORDS = "a bb ccc dddd eeeee".split()
 
@@ -203,6 +205,91 @@ def test_elastic_resume_dp1_to_dp2_keeps_every_step(skewed):
     assert head + run(two, 5, 2) == truth
 
 
+# -- with a mixture schedule --------------------------------------------------------------------
+
+
+def scheduled(root, schedule, R=2, k=4, pack=False, microbatch=8, **options):
+    source = z.MixtureWorkSource(datasets(root), schedule=schedule, chunk_size=16, seed=0, weight_by="tokens",
+                                 exhausted_policy="stop")
+    pipe = z.Pipeline(source).tokenize()
+    if pack:
+        pipe = pipe.pack(256)
+    return pipe.batch(microbatch).options(canonical_replicas=R, flush_every_k_chunks=k, runner="synchronous",
+                                          **options)
+
+
+def test_each_schedule_phase_meets_its_token_shares_over_a_pass(skewed):
+    """Phase 0 asks 30% of the tokens from short documents, phase 1 (from step 30) 70%; both are
+    converted with the same measured tokens per sample. Rows are samples here, so each phase's
+    steps are exact and its realized token shares are compared with its own targets."""
+    pipe = scheduled(skewed, [(0, {"short": 0.3, "long": 0.7}), (30, {"short": 0.7, "long": 0.3})])
+    source = pipe.work_source
+    tps = source.tokens_per_sample
+    assert source.phase_chunks == (0, 30) and 8 < tps[1] / tps[0] < 12  # 30 steps x 16 samples = 30 chunks
+    for p, phase in enumerate(source.phases):
+        mass = [w / s for w, s in zip(phase.weights, tps)]
+        assert source.phase_weights[p] == tuple(m / sum(mass) for m in mass)  # t_c / s_c, normalised
+        assert source.phase_source(p).weights == source.phase_weights[p]  # what step resolution measures under
+    for _ in pipe:
+        pass
+    s = pipe.stats()
+    first, second = s.phases
+    assert (first["to_step"], second["from_step"]) == (30, 30) and first["samples"] == 30 * 16
+    assert second["samples"] > 800  # both phases long enough for a 2-point check
+    for ph in (first, second):
+        assert ph["realized"] == ph["token_share"] and ph["target"] == ph["token_target"]
+        for name in source.names:
+            assert abs(ph["token_share"][name] - ph["token_target"][name]) < 0.02, s
+            assert abs(ph["sample_share"][name] - ph["sample_target"][name]) < 0.01, s
+    overall = {m["dataset"]: m for m in s.mixture}  # token targets blended by the tokens of each phase
+    blend = (0.3 * first["tokens"] + 0.7 * second["tokens"]) / (first["tokens"] + second["tokens"])
+    assert overall["short"]["token_target"] == pytest.approx(blend)
+    assert abs(overall["short"]["token_share"] - blend) < 0.02
+    text = str(s)
+    assert "mixture by schedule phase, weighted by tokens" in text and "token target" in text
+    assert "(of tokens)" in str(pipe.explain()) and "the first schedule phase" in str(pipe.plan((1, 2)))
+    pipe.close()
+
+
+def test_resume_across_the_phase_boundary_reuses_the_measurement(skewed, monkeypatch):
+    """R=4, packed rows (so steps become chunks through a measured rows-per-sample): checkpoint
+    dp=1 after 3 global steps, before phase 1 begins; resume on dp=2 across the boundary without
+    measuring anything again. Every step's batches equal the uninterrupted run's."""
+    schedule = [(0, {"short": 0.3, "long": 0.7}), (6, {"short": 0.8, "long": 0.2})]
+
+    def make(**options):
+        return scheduled(skewed, schedule, R=4, k=2, pack=True, microbatch=2, **options)
+
+    def run(pipes, steps, per_rank):
+        its = [iter(p) for p in pipes]
+        return [Counter(tuple(map(tuple, batch_rows(next(it))[2])) for it in its for _ in range(per_rank))
+                for _ in range(steps)]
+
+    whole = make(batches_per_step=4)
+    begin = whole.phase_plan()[1].begin_step
+    assert 3 < begin < 10
+    truth = run([whole], 10, 4)
+    one = make(batches_per_step=4)
+    head = run([one], 3, 4)
+    state = z.load_state(z.save_state(skewed / "sched-state.json", one.state_dict()))
+    saved = state["config"]["source"]
+    assert saved["tokens_per_sample"] and [ph["chunk"] for ph in saved["schedule"]] == list(
+        whole.work_source.phase_chunks)
+    assert phases.frontier(state, 2) <= whole.work_source.phase_chunks[1] // 4  # phase 1 not started yet
+
+    def never(*args):
+        raise AssertionError("a resume must not measure")
+
+    monkeypatch.setattr(measure, "measure_tokens_per_sample", never)
+    monkeypatch.setattr(phases, "rows_per_sample", never)  # the phase starts come from the checkpoint too
+    two = [make(dp_degree=2, dp_group_id=g, batches_per_step=2).load_state_dict(state) for g in range(2)]
+    assert all(p.work_source.tokens_per_sample == whole.work_source.tokens_per_sample for p in two)
+    assert head + run(two, 7, 2) == truth
+    merged = z.merge_states([p.state_dict() for p in two])
+    assert phases.frontier(merged, 2) > whole.work_source.phase_chunks[1] // 4  # the dp 2 leg crossed
+    assert merged["fingerprint"] == whole.fingerprint()
+
+
 # -- the pure conversion against the oracle ---------------------------------------------------
 
 
@@ -238,6 +325,25 @@ def test_token_weights_allocate_like_the_oracle(parts, chunk_size, g, seed):
     chunks = ref_stream([(n, s) for n, s in zip(names, sizes)], list(w), chunk_size, seed, max_chunks=3,
                         policy="repeat")
     assert [[tuple(p) for p in source.chunk(j)] for j in range(3)] == chunks
+
+
+def test_a_token_schedule_is_the_sample_schedule_of_its_converted_weights():
+    data = [Sized("a", [40, 30]), Sized("b", [50])]
+    tps = {"a": 3, "b": Fraction(25, 2)}
+    stated = [(0, {"a": 1, "b": 1}), (4, {"a": 1, "b": 0}), (8, {"a": 1, "b": 3})]
+    kw = {"schedule_unit": "chunk", "chunk_size": 8, "seed": 3, "exhausted_policy": "repeat"}
+    token = MixtureWorkSource(data, schedule=stated, weight_by="tokens", tokens_per_sample=tps, **kw)
+    converted = [(g, dict(zip(token.names, w))) for (g, _), w in zip(stated, token.phase_weights)]
+    samples = MixtureWorkSource(data, schedule=converted, **kw)
+    assert token.phase_weights[0] == (Fraction(25, 31), Fraction(6, 31)) and token.weights == token.phase_weights[0]
+    assert all(token.chunk(g) == samples.chunk(g) for g in range(16))
+    assert token.target_weights == (Fraction(1, 2), Fraction(1, 2))  # as stated, like the config
+    assert token.config()["schedule"][2]["weights"] == {"a": "1/4", "b": "3/4"}
+    unmeasured = MixtureWorkSource(data, schedule=stated, weight_by="tokens", **kw)
+    assert "tokens per sample not measured, 3 phases" in repr(unmeasured)
+    with pytest.raises(ConfigError, match="not measured"):
+        unmeasured.chunk(0)
+    assert unmeasured.with_tokens_per_sample(tps).config() == token.config()
 
 
 # -- bad input ----------------------------------------------------------------------------------
