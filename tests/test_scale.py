@@ -1,0 +1,88 @@
+"""Scale: the consumer's work per batch does not grow with the lanes, and the scale benchmark's
+quickest run keeps batches byte-identical and windows in flight bounded."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from oracles import ref_submissions
+
+from zephon_dask.consumer.fetcher import WindowFetcher
+
+
+class FakeSpec:
+    """What a fetcher reads of a spec: windows per lane, the fingerprint, a window's chunks."""
+
+    fingerprint = "0" * 64
+
+    def __init__(self, num_windows: dict):
+        self.windows = num_windows
+
+    def num_windows(self, lane):
+        return self.windows[lane]
+
+    def window_chunks(self, lane, window):
+        return []
+
+
+class Handle:
+    def __init__(self, pair):
+        self.pair = pair
+
+    def result(self):
+        return self.pair
+
+    def release(self):
+        pass
+
+    def done(self):
+        return True
+
+
+class RecordingRunner:
+    def __init__(self):
+        self.submitted = []
+
+    def submit(self, graph, priority):
+        self.submitted.append((graph.lane, graph.window))
+        return Handle((graph.lane, graph.window))
+
+
+@settings(max_examples=150, deadline=None)
+@given(data=st.data())
+def test_fetcher_submits_in_the_reference_order(data):
+    """The fetcher's heap submits exactly what a scan over every lane at each submission would."""
+    n = data.draw(st.integers(1, 8))
+    lanes = data.draw(st.permutations(range(12)))[:n]
+    num_windows = {lane: data.draw(st.one_of(st.none(), st.integers(0, 6))) for lane in lanes}
+    start = {lane: data.draw(st.integers(0, 3)) for lane in lanes}
+    prefetch = data.draw(st.integers(1, 10))
+    gets = data.draw(st.lists(st.sampled_from(lanes), max_size=40))
+    runner = RecordingRunner()
+    fetcher = WindowFetcher(FakeSpec(num_windows), runner, lanes, prefetch, start_windows=start, fused=True)
+    for lane in gets:
+        out = fetcher.get(lane)
+        assert out is None or out[0] == lane
+    assert runner.submitted == ref_submissions(num_windows, start, prefetch, gets)
+
+
+def test_bench_scale_quickest_run(tmp_path):
+    """64 lanes on 8 thread workers: batches equal the synchronous runner's, and the scheduler never
+    held more windows than prefetch_windows plus the one just taken (its release reaches the
+    scheduler after the next submission). No time is asserted."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    try:
+        from bench_scale import build, docs_needed, reference_sha, run_config, write_corpus
+    finally:
+        sys.path.pop(0)
+    batches = 96
+    write_corpus(str(tmp_path), docs_needed(64, batches, 8, 2))
+    ref = reference_sha(build(str(tmp_path), 64), batches)
+    r = run_config(str(tmp_path), 64, 8, batches, batches, ref, idle_s=0.0)
+    assert r.sha_ok
+    assert r.prefetch == 2 * 8 + 4
+    assert 0 < r.max_in_flight <= r.prefetch + 1
+    assert r.windows > 0
