@@ -31,8 +31,8 @@ windows. Figures per configuration, over the run after its first batch:
 Every run hashes the ``tokens`` array of each batch (sha256, delivery order)
 and compares the first ``--check`` batches with the same pipeline on the
 ``synchronous`` runner (windows computed in this thread, no Dask). ``--ramp``
-then shrinks the windows (16 documents down to 1) at the most lanes and
-fewest workers, to find where windows/s stops growing and what saturates.
+then shrinks the windows (16 documents down to 1) at 256 lanes and the fewest
+workers, to find where windows/s stops growing and what saturates.
 Nothing asserts a time.
 
     python benchmarks/bench_scale.py [--quick] [--lanes 64,256,1024] [--workers 16,32,64]
@@ -73,6 +73,7 @@ MICROBATCH = 16
 CHUNK_SIZE = 8  # documents per chunk
 FLUSH_K = 2  # chunks per window: 16 documents, ~22 rows of 256 tokens, a few ms of work
 WINDOW_PREFIXES = ("zephon-fused-window-", "zephon-window-")
+RAMP_BATCHES = 384  # batches per run of --ramp
 IDLE_S = 1.0  # seconds the idle scheduler is timed before each run
 HERE = os.path.abspath(__file__)
 SCHEDULER_FLAG, WORKERS_FLAG = "--_scheduler", "--_workers"
@@ -217,7 +218,7 @@ async def serve_scheduler() -> None:
     """Child: a scheduler on 127.0.0.1 with :class:`WindowsInFlight`; prints its address, runs until killed."""
     from distributed import Scheduler
 
-    async with Scheduler(host="127.0.0.1", port=0, dashboard=False) as scheduler:
+    async with Scheduler(host="127.0.0.1", port=0, dashboard=False, dashboard_address="127.0.0.1:0") as scheduler:
         scheduler.add_plugin(WindowsInFlight(scheduler))
         print(scheduler.address, flush=True)
         await scheduler.finished()
@@ -418,7 +419,8 @@ def main(argv=None) -> list[Result]:
                     help="batches per run (default: max(2 x lanes, 768); --quick: max(lanes, 128))")
     ap.add_argument("--check", type=int, default=256, help="batches compared with the synchronous runner")
     ap.add_argument("--ramp", action="store_true",
-                    help="then shrink the windows (16 documents down to 1) at the most lanes and fewest workers")
+                    help=f"then shrink the windows (16 documents down to 1), {RAMP_BATCHES} batches each, at 256 "
+                         "lanes (or the most) and the fewest workers")
     ap.add_argument("--direct", action="store_true",
                     help="fetch results from the workers (Client(direct_to_workers=True)), not through the scheduler")
     ap.add_argument("--png", default=None, help="draw the curves here (needs matplotlib)")
@@ -435,7 +437,7 @@ def main(argv=None) -> list[Result]:
     ramp: list[Result] = []
     with tempfile.TemporaryDirectory(prefix="zephon-bench-scale-") as tmp:
         docs = max([docs_needed(n, batches_for(n), CHUNK_SIZE, FLUSH_K) for n in lanes_list]
-                   + [docs_needed(max(lanes_list), batches_for(max(lanes_list)), c, k) for c, k in ramp_sizes])
+                   + [docs_needed(n, RAMP_BATCHES, c, k) for n in lanes_list for c, k in ramp_sizes])
         t = time.perf_counter()
         write_corpus(tmp, docs)
         print(f"corpus: {docs:,} documents of 20-120 words in {SHARDS} JSONL files, written in "
@@ -449,13 +451,14 @@ def main(argv=None) -> list[Result]:
                 results.append(run_config(tmp, lanes, workers, batches_for(lanes), check, ref, direct=args.direct))
                 print(row(results[-1]), flush=True)
         if ramp_sizes:
-            lanes, workers = max(lanes_list), min(workers_list)
+            lanes = 256 if 256 in lanes_list else max(lanes_list)
+            workers = min(workers_list)
             print(f"\nsmaller windows: {lanes} lanes, {workers} workers")
             print(header(), flush=True)
             for chunk_size, flush_k in [(CHUNK_SIZE, FLUSH_K), *ramp_sizes]:
-                check = min(args.check, batches_for(lanes))
+                check = min(args.check, RAMP_BATCHES)
                 ref = reference_sha(build(tmp, lanes, chunk_size, flush_k), check)
-                ramp.append(run_config(tmp, lanes, workers, batches_for(lanes), check, ref, chunk_size, flush_k,
+                ramp.append(run_config(tmp, lanes, workers, RAMP_BATCHES, check, ref, chunk_size, flush_k,
                                        direct=args.direct))
                 print(row(ramp[-1]), flush=True)
     everything = results + ramp
