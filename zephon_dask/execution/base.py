@@ -48,7 +48,6 @@ class Runner:
     """
 
     name = "base"
-    shared = False  # whether other processes' pipelines may compute on the same workers
 
     def __init__(self, spec: PipelineSpec):
         self.spec = spec
@@ -66,6 +65,11 @@ class Runner:
 
     def submit(self, graph: WindowGraph, priority: int) -> WindowHandle:  # pragma: no cover
         raise NotImplementedError
+
+    @property
+    def shared(self) -> bool:
+        """Whether other processes' pipelines may compute on the same workers."""
+        return False
 
     @property
     def slots(self) -> int:
