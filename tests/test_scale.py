@@ -107,3 +107,64 @@ def test_ranks_sharing_a_cluster_split_its_threads_for_prefetch(tmp_path):
             next(iter(group))
             assert 0 < group.stats().windows_in_flight <= 2 * 2 + 4
             assert "auto: 8 " in str(group.explain())
+
+
+class SlowFuture:
+    """Done ``after`` seconds from creation; calls its callbacks then (from a timer thread)."""
+
+    def __init__(self, after: float):
+        import threading
+
+        self._done = threading.Event()
+        self._callbacks: list = []
+        timer = threading.Timer(after, self._finish)
+        timer.daemon = True
+        timer.start()
+
+    def _finish(self):
+        self._done.set()
+        for fn in self._callbacks:
+            fn(self)
+
+    def done(self):
+        return self._done.is_set()
+
+    def add_done_callback(self, fn):
+        self._callbacks.append(fn)
+        if self.done():
+            fn(self)
+
+
+class CountingClient:
+    """A running client whose scheduler answers liveness RPCs (counted)."""
+
+    status = "running"
+
+    def __init__(self):
+        self.rpcs = 0
+
+        class Scheduler:
+            address = "inproc://test"
+
+            def identity(self, **kwargs):
+                return {"n_workers": 1}
+
+        self.scheduler = Scheduler()
+
+    def sync(self, fn, *args, callback_timeout=None, **kwargs):
+        self.rpcs += 1
+        return fn(*args, **kwargs)
+
+
+def test_a_wait_that_ends_in_time_costs_the_scheduler_no_rpc():
+    """Waiting for a window that finishes within the slice sends no liveness RPC; a slice that ends
+    without it does."""
+    from zephon_dask.execution.watch import ClusterWatch
+
+    client = CountingClient()
+    watch = ClusterWatch(client, timeout=30)
+    fut = SlowFuture(0.05)
+    assert watch.wait([fut], timeout=5) is fut
+    assert client.rpcs == 0
+    assert watch.wait([SlowFuture(1)], timeout=0.05) is None
+    assert client.rpcs == 1
