@@ -260,3 +260,43 @@ def ref_schedule_stream(datasets, phases, chunk_size, seed, passes=1, policy=Non
         cursors = want
         g += 1
     return chunks
+
+
+def ref_submissions(num_windows: dict, start: dict, prefetch: int, gets: list[int]) -> list[tuple[int, int]]:
+    """The (lane, window) pairs a window fetcher submits, in order, when the consumer asks for
+    ``gets`` (a lane each time): at every submission, the lowest (window, lane position) not yet
+    submitted among the lanes that have it, recomputed over every lane; a window asked for before
+    it was submitted is submitted at once."""
+    lanes = list(num_windows)
+    next_submit, next_needed = dict(start), dict(start)
+    inflight: set[tuple[int, int]] = set()
+    out: list[tuple[int, int]] = []
+
+    def exists(lane, w):
+        return num_windows[lane] is None or w < num_windows[lane]
+
+    def submit(lane, w):
+        inflight.add((lane, w))
+        out.append((lane, w))
+        next_submit[lane] = w + 1
+
+    def top_up():
+        while len(inflight) < prefetch:
+            candidates = [(next_submit[lane], i, lane) for i, lane in enumerate(lanes)
+                          if exists(lane, next_submit[lane])]
+            if not candidates:
+                return
+            w, _, lane = min(candidates)
+            submit(lane, w)
+
+    top_up()
+    for lane in gets:
+        w = next_needed[lane]
+        if not exists(lane, w):
+            continue
+        if (lane, w) not in inflight:
+            submit(lane, w)
+        inflight.discard((lane, w))
+        next_needed[lane] = w + 1
+        top_up()
+    return out

@@ -128,7 +128,7 @@ OPTIONS: tuple[Option, ...] = (
            "use the Dask client this process made current, when there is one",
            check_bool),
     Option("prefetch_windows", None, "execution", _INT,
-           "windows kept in flight (default: 2 per worker thread + 4)",
+           "windows kept in flight (default: 2 per worker thread + 4; on a shared cluster, per thread of the group's share)",
            _optional_positive),
     Option("fuse", True, "execution", _BOOL,
            "one task per window (True) or a task per chunk plus one per window (False)",

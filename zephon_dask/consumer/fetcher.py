@@ -4,12 +4,14 @@ Windows are submitted in the order the consumer will need them: window index
 by window index, round-robin over the owned lanes (as the seed text says the
 pipeline is fed), with falling priorities so the next-needed window runs
 first. A window the consumer asks for that is not yet submitted jumps the
-queue. Each handle is released as soon as its result is local, so memory
+queue. The next window to submit comes from a heap of the lanes keyed on
+their next window, so a submission costs O(log lanes), not O(lanes). Each handle is released as soon as its result is local, so memory
 stays bounded however long the run is.
 """
 
 from __future__ import annotations
 
+import heapq
 from collections import OrderedDict
 
 from ..core.spec import PipelineSpec
@@ -30,6 +32,10 @@ class WindowFetcher:
         self.first = dict(self.next_needed)  # where each lane started (for stats)
         self.num_windows = {lane: spec.num_windows(lane) for lane in self.lanes}
         self.inflight: OrderedDict = OrderedDict()
+        # (next window to submit, position, lane) per lane that has one; an entry may lag behind
+        # next_submit after get() submitted out of turn, and is corrected when it comes up
+        self._queue = [(self.next_submit[lane], i, lane) for i, lane in enumerate(self.lanes)]
+        heapq.heapify(self._queue)
         self._seq = 0
         self._closed = False
         self._top_up()
@@ -46,13 +52,17 @@ class WindowFetcher:
         self.next_submit[lane] = w + 1
 
     def _top_up(self) -> None:
-        while len(self.inflight) < self.prefetch:
-            candidates = [(self.next_submit[lane], i, lane) for i, lane in enumerate(self.lanes)
-                          if self._exists(lane, self.next_submit[lane])]
-            if not candidates:
-                return
-            w, _, lane = min(candidates)
-            self.submit(lane, w)
+        """Submit the lowest (window, lane position) not yet submitted until ``prefetch`` are in flight."""
+        queue = self._queue
+        while len(self.inflight) < self.prefetch and queue:
+            w, i, lane = queue[0]
+            if w != self.next_submit[lane]:  # the lane moved on (next_submit only grows)
+                heapq.heapreplace(queue, (self.next_submit[lane], i, lane))
+            elif not self._exists(lane, w):  # past the lane's end, for good
+                heapq.heappop(queue)
+            else:
+                self.submit(lane, w)
+                heapq.heapreplace(queue, (w + 1, i, lane))
 
     def get(self, lane: int) -> WindowOutput | None:
         """The lane's next window (blocking: the runner's handle bounds the wait), or ``None`` past

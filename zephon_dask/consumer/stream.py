@@ -18,7 +18,7 @@ nothing, or their last window).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Protocol
 
 from ..core.spec import PipelineSpec
@@ -129,25 +129,34 @@ class BatchStream:
             self._verify_finished()
         while not all(self.finished.values()):
             self.fetcher.check_open()  # batches buffered before a close() are not served after it
-            lane = self._choose()
-            self.pointer = (self.lanes.index(lane) + 1) % len(self.lanes)
-            batch = self._emit(lane)
+            at = self._choose()
+            self.pointer = (at + 1) % len(self.lanes)
+            batch = self._emit(self.lanes[at])
             if batch is not None:
                 return batch
         self.close()
         raise StopIteration
 
-    def _choose(self) -> int:
+    def _order(self) -> Iterator[int]:
+        """Positions in ``self.lanes`` of the unfinished lanes, round-robin from the pointer; lazy,
+        so the deterministic choice costs the same with 16 lanes or 1,024."""
         n = len(self.lanes)
-        order = [self.lanes[(self.pointer + i) % n] for i in range(n)]
-        order = [lane for lane in order if not self.finished[lane]]
+        for k in range(n):
+            at = (self.pointer + k) % n
+            if not self.finished[self.lanes[at]]:
+                yield at
+
+    def _choose(self) -> int:
+        """The position in ``self.lanes`` of the lane that emits next (some lane is unfinished)."""
+        order = self._order()
+        first = next(order)
         if self.deterministic:
-            return order[0]
-        for lane in order:
-            if self.batchers[lane].ready():
-                return lane
+            return first
+        for at in (first, *order):
+            if self.batchers[self.lanes[at]].ready():
+                return at
         ready = self.fetcher.ready_lane()
-        return ready if ready is not None and not self.finished[ready] else order[0]
+        return self.lanes.index(ready) if ready is not None and not self.finished[ready] else first
 
     def close(self) -> None:
         self.fetcher.close()

@@ -9,6 +9,8 @@ a cluster client) until ``close()``; a handle holds its pending result until
 
 from __future__ import annotations
 
+import math
+
 import dask
 
 from ..core.spec import PipelineSpec
@@ -65,15 +67,29 @@ class Runner:
         raise NotImplementedError
 
     @property
+    def shared(self) -> bool:
+        """Whether other processes' pipelines may compute on the same workers."""
+        return False
+
+    @property
     def slots(self) -> int:
         """How many windows this runner computes at once."""
         return 1
 
-    def default_prefetch(self) -> int:
+    def default_prefetch(self, lanes: int | None = None) -> int:
         """Windows to keep in flight when ``prefetch_windows`` is not set: two per slot plus
         four, so that while the consumer waits for the window it needs next, every other
-        slot still has a window to compute (results are taken in order, computed out of it)."""
-        return 2 * self.slots + 4
+        slot still has a window to compute (results are taken in order, computed out of it).
+
+        On a :attr:`shared` runner, a consumer of ``lanes`` of the ``canonical_replicas``
+        lanes counts only its share of the slots: the ranks sharing one cluster then keep
+        about two windows per worker thread in flight between them, instead of each
+        sizing its prefetch on the whole cluster (512 ranks on 4,096 threads would
+        otherwise hold 512 x 8,196 windows)."""
+        slots = self.slots
+        if self.shared and lanes is not None:
+            slots = max(1, math.ceil(slots * lanes / self.spec.canonical_replicas))
+        return 2 * slots + 4
 
     def _run_local(self, graph: WindowGraph) -> WindowOutput:
         return dask.get(graph.to_dict(self.spec), graph.key)

@@ -351,6 +351,12 @@ class DistributedRunner(Runner):
         return sorted(busy), live, silent
 
     @property
+    def shared(self) -> bool:
+        """A cluster this runner did not start (``client=``, ``address=``, the session's client)
+        may serve other ranks' pipelines too."""
+        return self._cluster is None
+
+    @property
     def slots(self) -> int:
         """Worker threads on the cluster now (at least 1: an adaptive cluster may be empty)."""
         return max(1, int(self._identity(0).get("total_threads") or 0))

@@ -99,18 +99,20 @@ class ClusterWatch:
 
     def wait(self, futures: Sequence, timeout: float = POLL):
         """The first finished (or failed, or cancelled) future of ``futures`` (``None`` entries are
-        skipped), or ``None`` after ``timeout`` seconds. Checks liveness before each slice; fetches
-        no result."""
+        skipped), or ``None`` after ``timeout`` seconds. Checks liveness after a slice that ends
+        without one (not before: a consumer ahead of the workers waits for every window, and a
+        liveness RPC per wait would cost the scheduler a message per window per rank); fetches no
+        result."""
         live = [f for f in futures if f is not None]
         self.check_open()
         done = [f for f in live if f.done()]
         if done:
             return done[0]
-        self.check()
         event = threading.Event()
         for f in live:
             f.add_done_callback(lambda _: event.set())
-        event.wait(timeout)
+        if not event.wait(timeout):
+            self.check()
         return next((f for f in live if f.done()), None)
 
 

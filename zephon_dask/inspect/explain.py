@@ -234,12 +234,14 @@ def _operators(spec) -> Section:
     return Section("operators", headers=("#", "operator", "kind", "settings"), rows=tuple(rows))
 
 
-def _prefetch(given: int | None, runner) -> str:
+def _prefetch(given: int | None, runner, pipeline) -> str:
     if given is not None:
         return str(given)
+    per = "2 per worker thread + 4" + (", threads in proportion to this group's lanes on a shared cluster"
+                                       if runner is None or runner.shared else "")
     if runner is None:
-        return "auto: 2 per worker thread + 4"
-    return f"auto: {runner.default_prefetch()} (2 per worker thread + 4)"
+        return f"auto: {per}"
+    return f"auto: {runner.default_prefetch(len(pipeline.owned_lanes()))} ({per})"
 
 
 def _dashboard(link: str | None) -> str:
@@ -267,7 +269,7 @@ def _execution(pipeline, options: dict, fingerprint: str) -> Section:
         ("runner", state),
         ("dashboard", dashboard),
         ("n_workers", str(options["n_workers"] or "one per core")),
-        ("prefetch_windows", _prefetch(options["prefetch_windows"], runner)),
+        ("prefetch_windows", _prefetch(options["prefetch_windows"], runner, pipeline)),
         ("tasks", fuse),
         ("retries", str(options["retries"])),
         ("deterministic", str(options["deterministic"])),

@@ -105,7 +105,7 @@ class Session:
         settings = self.pipeline.settings
         return BatchStream(
             self.pipeline.spec, self.pipeline.batch_options, lanes, runner,
-            settings["prefetch_windows"] or runner.default_prefetch(),
+            settings["prefetch_windows"] or runner.default_prefetch(len(lanes)),
             deterministic=settings["deterministic"], fused=settings["fuse"],
             start=start, first_lane=first_lane,
         )

@@ -1,0 +1,170 @@
+"""Scale: the consumer's work per batch does not grow with the lanes, and the scale benchmark's
+quickest run keeps batches byte-identical and windows in flight bounded."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from oracles import ref_submissions
+
+from zephon_dask.consumer.fetcher import WindowFetcher
+
+
+class FakeSpec:
+    """What a fetcher reads of a spec: windows per lane, the fingerprint, a window's chunks."""
+
+    fingerprint = "0" * 64
+
+    def __init__(self, num_windows: dict):
+        self.windows = num_windows
+
+    def num_windows(self, lane):
+        return self.windows[lane]
+
+    def window_chunks(self, lane, window):
+        return []
+
+
+class Handle:
+    def __init__(self, pair):
+        self.pair = pair
+
+    def result(self):
+        return self.pair
+
+    def release(self):
+        pass
+
+    def done(self):
+        return True
+
+
+class RecordingRunner:
+    def __init__(self):
+        self.submitted = []
+
+    def submit(self, graph, priority):
+        self.submitted.append((graph.lane, graph.window))
+        return Handle((graph.lane, graph.window))
+
+
+@settings(max_examples=150, deadline=None)
+@given(data=st.data())
+def test_fetcher_submits_in_the_reference_order(data):
+    """The fetcher's heap submits exactly what a scan over every lane at each submission would."""
+    n = data.draw(st.integers(1, 8))
+    lanes = data.draw(st.permutations(range(12)))[:n]
+    num_windows = {lane: data.draw(st.one_of(st.none(), st.integers(0, 6))) for lane in lanes}
+    start = {lane: data.draw(st.integers(0, 3)) for lane in lanes}
+    prefetch = data.draw(st.integers(1, 10))
+    gets = data.draw(st.lists(st.sampled_from(lanes), max_size=40))
+    runner = RecordingRunner()
+    fetcher = WindowFetcher(FakeSpec(num_windows), runner, lanes, prefetch, start_windows=start, fused=True)
+    for lane in gets:
+        out = fetcher.get(lane)
+        assert out is None or out[0] == lane
+    assert runner.submitted == ref_submissions(num_windows, start, prefetch, gets)
+
+
+def test_bench_scale_quickest_run(tmp_path):
+    """64 lanes on 8 thread workers: batches equal the synchronous runner's, and the scheduler never
+    held more than prefetch_windows + 2 windows: a window asked for out of turn is submitted before
+    the one taken is released, and Dask delivers a release after the next submission. No time is
+    asserted."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    try:
+        from bench_scale import build, docs_needed, reference_sha, run_config, write_corpus
+    finally:
+        sys.path.pop(0)
+    batches = 96
+    write_corpus(str(tmp_path), docs_needed(64, batches, 8, 2))
+    ref = reference_sha(build(str(tmp_path), 64), batches)
+    r = run_config(str(tmp_path), 64, 8, batches, batches, ref, idle_s=0.0)
+    assert r.sha_ok
+    assert r.prefetch == 2 * 8 + 4
+    assert 0 < r.max_in_flight <= r.prefetch + 2
+    assert r.windows > 0
+
+
+def test_ranks_sharing_a_cluster_split_its_threads_for_prefetch(tmp_path):
+    """On a cluster the pipeline did not start, a group owning 2 of 8 lanes prefetches for a
+    quarter of the 8 worker threads (2 x 2 + 4 windows), not for all of them (2 x 8 + 4)."""
+    from distributed import Client, LocalCluster
+    from pipelines import build, write_corpus
+
+    write_corpus(tmp_path / "web", docs=400)  # 12 windows for the group's 2 lanes
+    write_corpus(tmp_path / "code", docs=400, prefix="code")
+    with LocalCluster(processes=False, n_workers=8, threads_per_worker=1, dashboard_address=None) as cluster, \
+            Client(cluster, set_as_default=False) as client:
+        whole = build(tmp_path, R=8, client=client)
+        group = build(tmp_path, R=8, client=client, dp_degree=4, dp_group_id=1)
+        with whole, group:
+            assert whole.runner().default_prefetch(8) == 2 * 8 + 4
+            assert group.runner().default_prefetch(len(group.owned_lanes())) == 2 * 2 + 4
+            next(iter(group))
+            assert 0 < group.stats().windows_in_flight <= 2 * 2 + 4
+            assert "auto: 8 " in str(group.explain())
+
+
+class SlowFuture:
+    """Done ``after`` seconds from creation; calls its callbacks then (from a timer thread)."""
+
+    def __init__(self, after: float):
+        import threading
+
+        self._done = threading.Event()
+        self._callbacks: list = []
+        timer = threading.Timer(after, self._finish)
+        timer.daemon = True
+        timer.start()
+
+    def _finish(self):
+        self._done.set()
+        for fn in self._callbacks:
+            fn(self)
+
+    def done(self):
+        return self._done.is_set()
+
+    def add_done_callback(self, fn):
+        self._callbacks.append(fn)
+        if self.done():
+            fn(self)
+
+
+class CountingClient:
+    """A running client whose scheduler answers liveness RPCs (counted)."""
+
+    status = "running"
+
+    def __init__(self):
+        self.rpcs = 0
+
+        class Scheduler:
+            address = "inproc://test"
+
+            def identity(self, **kwargs):
+                return {"n_workers": 1}
+
+        self.scheduler = Scheduler()
+
+    def sync(self, fn, *args, callback_timeout=None, **kwargs):
+        self.rpcs += 1
+        return fn(*args, **kwargs)
+
+
+def test_a_wait_that_ends_in_time_costs_the_scheduler_no_rpc():
+    """Waiting for a window that finishes within the slice sends no liveness RPC; a slice that ends
+    without it does."""
+    from zephon_dask.execution.watch import ClusterWatch
+
+    client = CountingClient()
+    watch = ClusterWatch(client, timeout=30)
+    fut = SlowFuture(0.05)
+    assert watch.wait([fut], timeout=5) is fut
+    assert client.rpcs == 0
+    assert watch.wait([SlowFuture(1)], timeout=0.05) is None
+    assert client.rpcs == 1
