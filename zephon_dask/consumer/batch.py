@@ -165,21 +165,26 @@ def make_batch(table: SampleTable, lane: int, index_in_lane: int, opts: BatchOpt
     lengths = table.lengths
     b = len(lengths)
     width = int(lengths.max()) if b else 0
-    rows = np.repeat(np.arange(b), lengths)
-    cols = segment_arange(lengths)
-    tokens = np.full((b, width), opts.pad_id, dtype=np.int64)
-    positions = np.zeros((b, width), dtype=np.int64)
-    doc_ids = np.full((b, width), -1, dtype=np.int64)
-    tokens[rows, cols] = table.tokens
-    positions[rows, cols] = table.positions
-    doc_ids[rows, cols] = table.document_ids
+
+    equal = not b or int(lengths.min()) == width  # packed rows: the flat arrays reshape, no scatter
+    rows, cols = (None, None) if equal else (np.repeat(np.arange(b), lengths), segment_arange(lengths))
+
+    def rectangle(flat: np.ndarray, fill: int, dtype) -> np.ndarray:
+        if equal:
+            return flat.reshape(b, width).astype(dtype)
+        out = np.full((b, width), fill, dtype=dtype)
+        out[rows, cols] = flat
+        return out
+
+    tokens = rectangle(table.tokens, opts.pad_id, np.int64)
+    positions = rectangle(table.positions, 0, np.int64)
+    doc_ids = rectangle(table.document_ids, -1, np.int64)
     arrays = {"tokens": tokens, "positions": positions, "document_ids": doc_ids,
               "lengths": lengths.astype(np.int64)}
     if opts.label_convention is not None:
         token_mask = None
         if table.loss_mask is not None:  # tokenize_chat: only the marked tokens are targets
-            token_mask = np.zeros((b, width), dtype=np.uint8)
-            token_mask[rows, cols] = table.loss_mask
+            token_mask = rectangle(table.loss_mask, 0, np.uint8)
         labels, trained = next_token_labels(tokens, doc_ids, opts.ignore_index, opts.mask_document_boundaries,
                                             token_mask)
         if opts.label_convention == "hf":  # the same targets, one column to the right

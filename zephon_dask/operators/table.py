@@ -121,7 +121,13 @@ class SampleTable:
         )
 
     def slice(self, start: int, stop: int) -> SampleTable:
-        return self.take(np.arange(start, stop))
+        """Samples ``start`` to ``stop``: views of this table's arrays (offsets rebased), no copy."""
+        o, lo = self.offsets, self.lineage_offsets
+        a, b, la, lb = int(o[start]), int(o[stop]), int(lo[start]), int(lo[stop])
+        return SampleTable(
+            self.tokens[a:b], o[start:stop + 1] - a, self.positions[a:b], self.document_ids[a:b],
+            self.lineage[la:lb], lo[start:stop + 1] - la, None if self.loss_mask is None else self.loss_mask[a:b],
+        )
 
     @staticmethod
     def concat(tables: list[SampleTable]) -> SampleTable:
