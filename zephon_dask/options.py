@@ -131,7 +131,8 @@ OPTIONS: tuple[Option, ...] = (
            "windows kept in flight (default: 2 per worker thread + 4; on a shared cluster, per thread of the group's share)",
            _optional_positive),
     Option("fuse", True, "execution", _BOOL,
-           "one task per window (True) or a task per chunk plus one per window (False)",
+           "one task per window, each lane's first window of an iteration split into chunk "
+           "tasks (True), or a task per chunk plus one per window throughout (False)",
            check_bool),
     Option("retries", 2, "execution", _INT,
            "times Dask reruns a failed task before the error reaches the iterator",
