@@ -208,8 +208,9 @@ class DistributedHandle(WindowHandle):
             finished = done.status == "finished"
             try:
                 return done.result(timeout=runner.stall) if finished else done.result()
-            except RuntimeError:  # "IOLoop is closed" when the client closed meanwhile; else the task's own
+            except RuntimeError as exc:  # "IOLoop is closed" when the client closed meanwhile; else the task's own
                 runner.watch.check_open()
+                exc.add_note(f"zephon_dask: while computing lane {self.graph.lane}, window {self.graph.window}")
                 raise
             except TimeoutError as exc:
                 if not finished:  # the task's own error
