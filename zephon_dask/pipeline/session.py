@@ -218,6 +218,7 @@ def check_covers(state: dict, lanes: list[int]) -> None:
         )
 
 
-def loader_shape(lanes: list[int]) -> StepShape:
-    """The step shape of a DataLoader worker's own iteration (steps are counted by its user)."""
-    return StepShape(len(lanes), len(lanes), 1, False)
+def loader_shape(lanes: list[int], microbatch: int) -> StepShape:
+    """The step shape of a DataLoader worker's own iteration (steps are counted by its user; its
+    batches hold ``microbatch`` samples, recorded so that a resume reads the step right)."""
+    return StepShape(len(lanes), len(lanes), 1, False, microbatch)

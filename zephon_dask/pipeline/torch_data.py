@@ -85,7 +85,9 @@ class PipelineDataset(IterableDataset):
         lanes, resume, first = self._serving()
         if not lanes:
             return None, None
-        return Progress(self._pipe().spec, lanes, resume, loader_shape(lanes), first_lane=first), resume
+        pipe = self._pipe()
+        shape = loader_shape(lanes, pipe.batch_options.microbatch_size)
+        return Progress(pipe.spec, lanes, resume, shape, first_lane=first), resume
 
     def __iter__(self):
         refuse_resharding()  # a framework wrapper splitting these rank-split lanes again
