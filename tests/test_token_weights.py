@@ -4,11 +4,13 @@ The oracle is ``ref_token_allocation`` (token weights over tokens per sample,
 chunks walked one by one); the accuracy check is a full pass over a corpus whose
 datasets differ tenfold in document length, read from real JSONL files. With a
 mixture schedule, every phase's token shares are checked the same way, and a
-resume across the phase boundary reuses the checkpoint's numbers.
+resume across the phase boundary (also through torchdata's StatefulDataLoader) reuses the
+checkpoint's numbers.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import random
 from collections import Counter
@@ -288,6 +290,63 @@ def test_resume_across_the_phase_boundary_reuses_the_measurement(skewed, monkeyp
     merged = z.merge_states([p.state_dict() for p in two])
     assert phases.frontier(merged, 2) > whole.work_source.phase_chunks[1] // 4  # the dp 2 leg crossed
     assert merged["fingerprint"] == whole.fingerprint()
+
+
+def test_stateful_dataloader_resumes_a_token_schedule_across_its_boundary(skewed, monkeypatch):
+    """Through torchdata's StatefulDataLoader (2 batches a step, phase 1 from step 4: item 8):
+    checkpoint just before, at and just after the boundary, restore into a fresh loader over a
+    fresh pipeline; the resumed items equal the uninterrupted run's byte for byte. A fresh
+    measurement now gives other numbers (and other batches), yet loading the state and the whole
+    resumed run measure nothing: the checkpoint's tokens per sample win. (Building the fresh loader
+    measures once, before any state is known: ``to_torch_dataset()`` measures eagerly.)"""
+    torch = pytest.importorskip("torch")
+    loader_class = pytest.importorskip("torchdata.stateful_dataloader").StatefulDataLoader
+    schedule = [(0, {"short": 0.3, "long": 0.7}), (4, {"short": 0.8, "long": 0.2})]
+    total, cuts = 20, (7, 8, 9)
+
+    def fresh():
+        pipe = scheduled(skewed, schedule)
+        return pipe, loader_class(pipe.to_torch_dataset(), batch_size=None)
+
+    def items(loader, n):
+        out = []
+        for item in loader:
+            out.append(tuple((key, str(t.dtype), tuple(t.shape), t.numpy().tobytes())
+                             for key, t in sorted(item.items())))
+            if len(out) == n:
+                break
+        return out
+
+    whole, loader = fresh()
+    truth = items(loader, total)
+    saved = whole.work_source.tokens_per_sample
+    assert whole.work_source.phase_chunks == (0, 4) and whole.phase_plan()[1].begin_step == 4
+    assert whole.step_shape().global_batches == 2  # phase 1 begins at item 4 x 2 = 8
+    heads, states = {}, {}
+    for k in cuts:
+        _, first = fresh()
+        heads[k] = items(first, k)
+        buffer = io.BytesIO()
+        torch.save(first.state_dict(), buffer)  # how frameworks store it
+        states[k] = torch.load(io.BytesIO(buffer.getvalue()), weights_only=True)
+
+    monkeypatch.setattr(measure, "SAMPLE_SIZE", 5)  # a measurement now gives other numbers...
+    drifted, loader = fresh()
+    assert drifted.work_source.tokens_per_sample != saved
+    drift = items(loader, total)
+
+    def never(*args):
+        raise AssertionError("a resume must not measure")
+
+    for k in cuts:
+        pipe, resumed = fresh()
+        with monkeypatch.context() as m:
+            m.setattr(measure, "measure_tokens_per_sample", never)  # ...and none is made on resume
+            resumed.load_state_dict(states[k])
+            tail = items(resumed, total - k)
+            assert pipe.work_source.tokens_per_sample == saved
+        assert heads[k] + tail == truth, f"cut at item {k}"
+        assert drift[k:] != truth[k:]  # a resume on the fresh numbers would have been caught
 
 
 # -- the pure conversion against the oracle ---------------------------------------------------
