@@ -349,6 +349,87 @@ def test_stateful_dataloader_resumes_a_token_schedule_across_its_boundary(skewed
         assert drift[k:] != truth[k:]  # a resume on the fresh numbers would have been caught
 
 
+def loader_items(loader, n, cuts=()):
+    """The first ``n`` items of ``loader`` as bytes, and its state after each of the first ``cut``
+    items (a JSON round trip: the state is plain builtins)."""
+    out, states = [], {}
+    for item in loader:
+        out.append(tuple((key, str(t.dtype), tuple(t.shape), t.numpy().tobytes())
+                         for key, t in sorted(item.items())))
+        if len(out) in cuts:
+            states[len(out)] = json.loads(json.dumps(loader.state_dict()))
+        if len(out) == n:
+            break
+    return out, states
+
+
+def dataset_steps(state):
+    """The ``step`` of every PipelineDataset state nested in a StatefulDataLoader state."""
+    if isinstance(state, dict):
+        if state.get("format") == "zephon_dask.dataset_state":
+            return [state["state"]["step"]] if state["state"] else []
+        return [s for v in state.values() for s in dataset_steps(v)]
+    return []
+
+
+@pytest.mark.parametrize("workers, per_step", [(0, 2), (0, 4), (2, 2), (2, 4)])
+def test_stateful_dataloader_state_records_the_global_step_of_a_schedule(skewed, workers, per_step):
+    """2 lanes; ``batches_per_step`` 2 or 4; no DataLoader workers (2 lanes each step) or 2
+    workers (1 lane each). The loader's state records the group's step (G batches of the
+    microbatch), not the lanes a worker serves, so a fresh loader over a fresh pipeline with the
+    same settings accepts it and continues the uninterrupted items byte for byte, from cuts
+    mid-step, just before, at and just after the phase boundary (step 2)."""
+    loader_class = pytest.importorskip("torchdata.stateful_dataloader").StatefulDataLoader
+    schedule = [(0, {"short": 0.3, "long": 0.7}), (2, {"short": 0.8, "long": 0.2})]
+    boundary = 2 * per_step  # items before phase 1
+    cuts, total = (1, boundary - 1, boundary, boundary + 1), boundary + 4
+
+    def fresh():
+        pipe = scheduled(skewed, schedule, batches_per_step=per_step)
+        return pipe, loader_class(pipe.to_torch_dataset(), batch_size=None, num_workers=workers,
+                                  multiprocessing_context="fork" if workers else None)
+
+    whole, loader = fresh()
+    plan = whole.phase_plan()
+    assert plan[1].exact and plan[1].begin_step == 2 and whole.step_shape().global_batches == per_step
+    truth, states = loader_items(loader, total, cuts)
+    del loader
+    steps = dataset_steps(states[boundary])
+    assert len(steps) == max(workers, 1)
+    assert all(s["global_batches"] == per_step and s["microbatch_size"] == 8 and s["dp_degree"] == 1
+               and (s["global_step"], s["batches_in_step"]) == (2, 0) for s in steps), steps
+    for k in cuts:
+        _, resumed = fresh()
+        resumed.load_state_dict(states[k])
+        assert truth[:k] + loader_items(resumed, total - k)[0] == truth, f"cut at item {k}"
+
+
+def test_stateful_dataloader_resume_keeps_the_global_step_of_its_state(skewed):
+    """A loader state taken with 4 batches a step resumes a pipeline that leaves the step unset
+    (it would default to 2): the state's G wins, so the phase keeps its chunk and the items go on
+    as before; a pipeline that asks for another G is refused with the diff, as a pipeline's own
+    state is."""
+    loader_class = pytest.importorskip("torchdata.stateful_dataloader").StatefulDataLoader
+    schedule = [(0, {"short": 0.3, "long": 0.7}), (2, {"short": 0.8, "long": 0.2})]
+
+    def fresh(**options):
+        pipe = scheduled(skewed, schedule, **options)
+        return pipe, loader_class(pipe.to_torch_dataset(), batch_size=None)
+
+    _, loader = fresh(batches_per_step=4)
+    truth, states = loader_items(loader, 12, (7,))
+    pipe, resumed = fresh()
+    assert pipe.step_shape().global_batches == 2
+    resumed.load_state_dict(states[7])
+    tail, after = loader_items(resumed, 5, (5,))
+    assert truth[:7] + tail == truth
+    assert [(s["global_step"], s["batches_in_step"], s["global_batches"]) for s in dataset_steps(after[5])] == [(3, 0, 4)]
+    _, refused = fresh(batches_per_step=2)
+    refused.load_state_dict(states[7])
+    with pytest.raises(StateError, match="step.global_batches: checkpoint 4, pipeline 2"):
+        next(iter(refused))
+
+
 # -- the pure conversion against the oracle ---------------------------------------------------
 
 
