@@ -174,3 +174,27 @@ def test_closing_while_the_cluster_starts_leaves_no_process(corpus_dir):
     p.close()
     time.sleep(0.5)
     assert not (child_pids() - before)
+
+
+def test_a_cluster_that_starts_after_close_gave_up_on_it_is_closed(corpus_dir, monkeypatch):
+    real = cluster_mod.local_cluster
+
+    def late(*args, **kwargs):
+        time.sleep(2.5)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(cluster_mod, "local_cluster", late)
+    before = child_pids()
+    p = build(corpus_dir, n_workers=1, cluster_timeout=1.0)
+    with pytest.raises(ClusterError, match="did not start within 1 s"):
+        p.runner().worker_pids()
+    p.close()  # gives up on the start at its deadline
+    deadline = time.monotonic() + 30
+    seen = False
+    while time.monotonic() < deadline:
+        now = child_pids() - before
+        seen = seen or bool(now)
+        if seen and not now:
+            break
+        time.sleep(0.2)
+    assert seen and not (child_pids() - before)  # started late, then closed: nothing left

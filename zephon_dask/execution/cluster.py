@@ -283,6 +283,8 @@ class DistributedRunner(Runner):
         self._spec_future: Any = None
         self._head: HeadStart | None = None  # until the embedded cluster takes the windows
         self._boot: Boot | None = None  # the embedded cluster's start, with head_start
+        self._adopt = threading.Lock()  # a cluster started late is closed, not kept, once close() gave up on it
+        self._abandoned = False
         self._own_client = client is None
         self._own_cluster = client is None and address is None
         self._live_only: list[str] | None = None  # the responsive workers, while some are silent
@@ -312,7 +314,12 @@ class DistributedRunner(Runner):
                         timeout: float) -> None:
         """Start the embedded cluster and connect to it; then the head start's queue goes to it."""
         try:
-            cluster = self._cluster = local_cluster(n_workers, threads_per_worker, dashboard_address=dashboard_address)
+            cluster = local_cluster(n_workers, threads_per_worker, dashboard_address=dashboard_address)
+            with self._adopt:
+                if self._abandoned:  # close() stopped waiting for this start
+                    cluster.close()
+                    raise ClosedError("this distributed runner was closed while its embedded cluster started")
+                self._cluster = cluster
             self._connect(Client(cluster, set_as_default=False), None, timeout)
             logger.info("started an embedded LocalCluster: %d worker(s), dashboard %s",
                         len(cluster.workers), self.dashboard_link)
@@ -450,10 +457,12 @@ class DistributedRunner(Runner):
         if self._boot is not None:
             try:
                 self._boot.wait()
-            except Exception:  # a start that failed left nothing to close but what it set
+            except Exception:  # a start that failed, or is past its deadline (then closed when it ends)
                 pass
-        client, cluster = self._client, self._cluster
-        self._client = self._cluster = None
+        with self._adopt:
+            self._abandoned = True
+            client, cluster = self._client, self._cluster
+            self._client = self._cluster = None
         if client is None:
             if cluster is not None:
                 cluster.close()
