@@ -1,9 +1,10 @@
 """The ``distributed`` runner: windows as Dask tasks on a cluster. Holds the client.
 
 This is the only module that imports ``distributed``. By default the runner
-starts an embedded ``LocalCluster`` (worker processes with one thread each, so
-a Hugging Face tokenizer never oversubscribes a core) and closes it on
-``close()``; an existing cluster is reached with ``client=`` or ``address=``
+starts an embedded cluster (worker processes with one thread each, so a
+Hugging Face tokenizer never oversubscribes a core; its scheduler in a process
+of its own, see :mod:`.spawned`), fetches windows straight from the workers
+and closes it on ``close()``; an existing cluster is reached with ``client=`` or ``address=``
 and left running. :func:`connect` and :func:`each_completed` do the same for
 jobs other than the pipeline (``prepare_tokens``).
 
@@ -27,7 +28,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import dask
-from distributed import CancelledError, Client, LocalCluster
+from distributed import CancelledError, Client, LocalCluster, SpecCluster
 from distributed.comm import CommClosedError
 
 from ..core.spec import PipelineSpec
@@ -36,6 +37,7 @@ from ..graph import WindowGraph
 from ..graph import keys as graph_keys
 from .base import Runner, WindowHandle
 from .head_start import HEAD_START_ALONE, Boot, HeadStart
+from .spawned import spawned_cluster
 from .watch import DEFAULT_STALL, DEFAULT_TIMEOUT, PROBE_TIMEOUT, ClusterWatch, probe_address
 
 logger = logging.getLogger(__name__)
@@ -124,17 +126,20 @@ def environment_kept() -> Iterator[None]:
 
 
 def local_cluster(n_workers: int | None, threads_per_worker: int = 1, processes: bool = True,
-                  dashboard_address: str | None = f"{LOCAL_HOST}:0") -> LocalCluster:
+                  dashboard_address: str | None = f"{LOCAL_HOST}:0") -> SpecCluster:
     """The embedded cluster: ``n_workers`` (default: one per core) with quiet logs and
-    :func:`embedded_config`; worker processes get :data:`WORKER_ENV` and do not import the
-    training script (threads of this process share its env). The scheduler, the workers and
-    the dashboard (``dashboard_address``; ``None``: no dashboard) listen on 127.0.0.1 only,
-    unless ``dashboard_address`` names another interface."""
-    extra = {"env": WORKER_ENV, "host": LOCAL_HOST} if processes else {}  # threads talk in-process
-    with dask.config.set(embedded_config()), script_not_reimported(), environment_kept():
-        return LocalCluster(n_workers=n_workers or os.cpu_count() or 1, threads_per_worker=threads_per_worker,
-                            processes=processes, dashboard_address=dashboard_address,
-                            silence_logs=logging.ERROR, **extra)
+    :func:`embedded_config`. With ``processes``, worker processes get :data:`WORKER_ENV` and do
+    not import the training script, and the scheduler runs in a process of its own
+    (:mod:`.spawned`); otherwise a ``LocalCluster`` of threads of this process (sharing its env).
+    The scheduler, the workers and the dashboard (``dashboard_address``; ``None``: no dashboard)
+    listen on 127.0.0.1 only, unless ``dashboard_address`` names another interface."""
+    n = n_workers or os.cpu_count() or 1
+    with dask.config.set(embedded_config()):
+        if not processes:  # threads talk in-process
+            return LocalCluster(n_workers=n, threads_per_worker=threads_per_worker, processes=False,
+                                dashboard_address=dashboard_address, silence_logs=logging.ERROR)
+        with script_not_reimported(), environment_kept():
+            return spawned_cluster(n, threads_per_worker, LOCAL_HOST, dashboard_address, WORKER_ENV)
 
 
 def open_client(address: str, timeout: float = DEFAULT_TIMEOUT) -> Client:
@@ -278,7 +283,7 @@ class DistributedRunner(Runner):
                  dashboard_address: str | None = f"{LOCAL_HOST}:0", head_start: bool = True):
         super().__init__(spec)
         self.retries, self.stall = retries, stall
-        self._cluster: LocalCluster | None = None
+        self._cluster: SpecCluster | None = None
         self._client: Any = None  # the Client, once connected
         self._spec_future: Any = None
         self._head: HeadStart | None = None  # until the embedded cluster takes the windows
@@ -320,8 +325,8 @@ class DistributedRunner(Runner):
                     cluster.close()
                     raise ClosedError("this distributed runner was closed while its embedded cluster started")
                 self._cluster = cluster
-            self._connect(Client(cluster, set_as_default=False), None, timeout)
-            logger.info("started an embedded LocalCluster: %d worker(s), dashboard %s",
+            self._connect(Client(cluster, set_as_default=False, direct_to_workers=True), None, timeout)
+            logger.info("started an embedded cluster: %d worker(s), dashboard %s",
                         len(cluster.workers), self.dashboard_link)
         except BaseException as exc:
             if self._head is not None:
@@ -480,10 +485,10 @@ class DistributedRunner(Runner):
 
     def describe(self) -> str:
         if self._boot is not None and not self._boot.done():
-            return (f"distributed (embedded LocalCluster starting, {self._planned_slots} worker threads; "
+            return (f"distributed (embedded cluster starting, {self._planned_slots} worker threads; "
                     "the first windows computed in this process meanwhile)")
         workers = self._identity(0).get("n_workers", 0)
-        where = "embedded LocalCluster" if self._own_cluster else self.watch.address
+        where = "embedded cluster" if self._own_cluster else self.watch.address
         return f"distributed ({where}, {workers} workers, dashboard {self.dashboard_link})"
 
 
@@ -491,8 +496,8 @@ class DistributedRunner(Runner):
 def connect(client=None, address: str | None = None, n_workers: int | None = None,
             processes: bool = True, timeout: float = DEFAULT_TIMEOUT) -> Iterator[Client]:
     """Yield ``client``, a client of the scheduler at ``address`` (see :func:`open_client`), or one
-    on an embedded ``LocalCluster`` (``n_workers`` or all cores, one thread each; worker processes
-    with :data:`WORKER_ENV`, or threads of this process with ``processes=False``). Closes only
+    on an embedded cluster (:func:`local_cluster`: ``n_workers`` or all cores, one thread each;
+    worker processes with :data:`WORKER_ENV`, or threads of this process with ``processes=False``). Closes only
     what it started."""
     if client is not None:
         yield client
@@ -501,7 +506,8 @@ def connect(client=None, address: str | None = None, n_workers: int | None = Non
         with open_client(address, timeout) as own:
             yield own
         return
-    with local_cluster(n_workers, 1, processes) as cluster, Client(cluster, set_as_default=False) as own:
+    with local_cluster(n_workers, 1, processes) as cluster, \
+            Client(cluster, set_as_default=False, direct_to_workers=processes) as own:
         yield own
 
 
