@@ -1,6 +1,7 @@
 """The embedded cluster's scheduler runs in a process of its own (execution/spawned.py): it gets
-the embedded settings and the user's Dask config, listens on 127.0.0.1, and neither it, its
-workers nor its scheduler file outlive the training process, closed or killed."""
+the embedded settings and the user's Dask config, writes to this process's stderr, and neither
+it, its workers nor its scheduler file outlive the training process, closed or killed (that it
+listens on 127.0.0.1 only: test_faults_cluster.py)."""
 
 from __future__ import annotations
 
@@ -82,7 +83,7 @@ def test_killed_training_process_leaves_no_process_nor_scheduler_file(corpus_dir
     assert not scheduler_file.exists()
 
 
-# by value, as above; 3,000 lines of ~160 bytes: more than the pipe and the reader's buffer hold
+# by value, as above; 3,000 lines of ~160 bytes: far more than a pipe holds, were stderr one
 _shout = lambda: [__import__("logging").getLogger("distributed.scheduler").error("zephon-test %s %d", "x" * 100, i)  # noqa: E731
                   for i in range(3000)] and "said"
 

@@ -126,12 +126,12 @@ def environment_kept() -> Iterator[None]:
 
 
 def local_cluster(n_workers: int | None, threads_per_worker: int = 1, processes: bool = True,
-                  dashboard_address: str | None = f"{LOCAL_HOST}:0") -> SpecCluster:
+                  dashboard_address: str | None = f"{LOCAL_HOST}:0", timeout: float = DEFAULT_TIMEOUT) -> SpecCluster:
     """The embedded cluster: ``n_workers`` (default: one per core) with quiet logs and
     :func:`embedded_config`. With ``processes``, worker processes get :data:`WORKER_ENV` and do
     not import the training script, and the scheduler runs in a process of its own
-    (:mod:`.spawned`); otherwise a ``LocalCluster`` of threads of this process (sharing its env).
-    The scheduler, the workers and the dashboard (``dashboard_address``; ``None``: no dashboard)
+    (:mod:`.spawned`, ``timeout`` seconds to start); otherwise a ``LocalCluster`` of threads of
+    this process (sharing its env). The scheduler, the workers and the dashboard (``dashboard_address``; ``None``: no dashboard)
     listen on 127.0.0.1 only, unless ``dashboard_address`` names another interface."""
     n = n_workers or os.cpu_count() or 1
     with dask.config.set(embedded_config()):
@@ -139,7 +139,7 @@ def local_cluster(n_workers: int | None, threads_per_worker: int = 1, processes:
             return LocalCluster(n_workers=n, threads_per_worker=threads_per_worker, processes=False,
                                 dashboard_address=dashboard_address, silence_logs=logging.ERROR)
         with script_not_reimported(), environment_kept():
-            return spawned_cluster(n, threads_per_worker, LOCAL_HOST, dashboard_address, WORKER_ENV)
+            return spawned_cluster(n, threads_per_worker, LOCAL_HOST, dashboard_address, WORKER_ENV, timeout)
 
 
 def open_client(address: str, timeout: float = DEFAULT_TIMEOUT) -> Client:
@@ -506,7 +506,7 @@ def connect(client=None, address: str | None = None, n_workers: int | None = Non
         with open_client(address, timeout) as own:
             yield own
         return
-    with local_cluster(n_workers, 1, processes) as cluster, \
+    with local_cluster(n_workers, 1, processes, timeout=timeout) as cluster, \
             Client(cluster, set_as_default=False, direct_to_workers=processes) as own:
         yield own
 
