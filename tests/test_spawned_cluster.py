@@ -18,6 +18,8 @@ import psutil
 import pytest
 from pipelines import build, child_pids
 
+import zephon_dask as z
+
 pytestmark = pytest.mark.timeout(120)
 
 KILLED_SCRIPT = """
@@ -101,3 +103,16 @@ def test_the_schedulers_log_reaches_this_process_and_never_blocks_it(capfd):
     finally:
         pool.shutdown(wait=False)
     assert capfd.readouterr().err.count("zephon-test") == 3000
+
+
+def test_a_module_only_this_process_can_import_reaches_the_scheduler(corpus_dir, tmp_path, monkeypatch):
+    # the scheduler unpickles the graph: a function from a module beside the training script
+    # (on sys.path here, not in the scheduler's working directory) must import there too
+    (tmp_path / "beside_the_script.py").write_text("def keep(rows):\n    return rows\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    beside = __import__("beside_the_script")
+    web = z.Dataset.from_jsonl("web", str(corpus_dir / "web"), progress=False)
+    p = (z.Pipeline(z.MixtureWorkSource([web], chunk_size=12, seed=1)).map(beside.keep).tokenize().pack(96).batch(3)
+         .options(canonical_replicas=2, flush_every_k_chunks=2, n_workers=1, head_start=False))
+    with p:
+        assert len(next(iter(p))["tokens"]) == 3

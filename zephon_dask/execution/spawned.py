@@ -8,7 +8,8 @@ spawn the worker processes as ``LocalCluster``'s do (so the caller's environment
 and ``__main__`` handling apply to them). The scheduler process gets this
 process's Dask config and the :mod:`.lifeline` preload (it closes when this
 process is gone; the workers exit with their nanny), through an environment of
-its own: this process's is never changed. Its stderr is this process's. Its
+its own (this process's is never changed; its ``PYTHONPATH`` is this process's
+``sys.path``). Its stderr is this process's. Its
 scheduler file lives in the temporary directory and is removed on close.
 """
 
@@ -84,7 +85,11 @@ def spawned_cluster(n_workers: int, threads_per_worker: int, host: str, dashboar
     machine's memory. Logs below ``silence_logs`` are dropped, here and in the scheduler."""
     config = dask.config.merge(dask.config.global_config,
                                {"logging": {"distributed": logging.getLevelName(silence_logs).lower()}})
-    env = {**os.environ, INHERIT_ENV: dask.config.serialize(config), lifeline.PARENT_ENV: str(os.getpid())}
+    # this process's sys.path, as multiprocessing gives the workers: the scheduler unpickles the
+    # graph, so it imports what the tasks refer to (a module beside the training script included)
+    path = os.pathsep.join(p or os.getcwd() for p in sys.path)
+    env = {**os.environ, INHERIT_ENV: dask.config.serialize(config), lifeline.PARENT_ENV: str(os.getpid()),
+           "PYTHONPATH": path}
     options = {"host": host, "port": 0, "dashboard": dashboard_address is not None,
                "dashboard_address": dashboard_address, "preload": [lifeline.__file__],
                "scheduler_file": os.path.join(tempfile.gettempdir(), f"zephon-dask-scheduler-{uuid.uuid4().hex}.json")}
