@@ -30,7 +30,7 @@ loop's. The targets printed next to the figures are information only:
 nothing asserts a time.
 
     python benchmarks/bench_e2e.py [--workload prose|mixed|all] [--quick] [--docs N] [--workers N]
-                                   [--repeat N] [--first-repeat N] [--train-steps N]
+                                   [--repeat N] [--first-repeat N] [--train-steps N] [--no-head-start]
 """
 
 from __future__ import annotations
@@ -517,7 +517,8 @@ def pipeline_child(args) -> None:
     cold pass up to its first batch. ``--mode train``: the training-loop rounds. One JSON line per
     answer."""
     rss_imports = _rss_mb()
-    pipe = build_pipeline(WORKLOADS[args.workload], args.data, args.tokenizer, args.workers)
+    pipe = build_pipeline(WORKLOADS[args.workload], args.data, args.tokenizer, args.workers).options(
+        head_start=args.head_start)
     try:
         if args.mode == "train":
             print(json.dumps(_train_child(pipe, args.steps, args.rounds)), flush=True)
@@ -539,10 +540,10 @@ class PipelineProcess:
     """The pipeline's training process, driven one pass at a time (so passes interleave with the pool's)."""
 
     def __init__(self, workload: str, data_dir: str, tokenizer_path: str, workers: int, mode: str = "full",
-                 steps: int = 0, rounds: int = 0):
+                 steps: int = 0, rounds: int = 0, head_start: bool = True):
         cmd = [sys.executable, os.path.abspath(__file__), CHILD_FLAG, "--workload", workload, "--data", data_dir,
                "--tokenizer", tokenizer_path, "--workers", str(workers), "--mode", mode,
-               "--steps", str(steps), "--rounds", str(rounds)]
+               "--steps", str(steps), "--rounds", str(rounds), *([] if head_start else ["--no-head-start"])]
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         self.result = self._answer()  # the cold pass, or the training rounds
         self.result["warm"] = []
@@ -720,12 +721,12 @@ def run_workload(wl: Workload, args) -> None:
         firsts: dict[int, list[float]] = {}
         for _ in range(args.first_repeat):
             for n in range(1, args.workers + 1):
-                proc = PipelineProcess(wl.name, tmp, tok_path, n, mode="first")
+                proc = PipelineProcess(wl.name, tmp, tok_path, n, mode="first", head_start=args.head_start)
                 firsts.setdefault(n, []).append(proc.result["cold"]["first"])
                 proc.finish()
         if firsts:
             print("cold first batches done: " + "; ".join(f"{k} workers {v}" for k, v in firsts.items()), flush=True)
-        child = PipelineProcess(wl.name, tmp, tok_path, args.workers)
+        child = PipelineProcess(wl.name, tmp, tok_path, args.workers, head_start=args.head_start)
         print(f"pipeline cold pass done: {child.result['cold']['wall']:.2f} s [{child.result['runner']}]",
               flush=True)
         pools = []
@@ -738,7 +739,7 @@ def run_workload(wl: Workload, args) -> None:
         train = None
         if args.train_steps:
             n_train = max(1, (os.cpu_count() or 1) - 1)
-            proc = PipelineProcess(wl.name, tmp, tok_path, n_train, mode="train", steps=args.train_steps,
+            proc = PipelineProcess(wl.name, tmp, tok_path, n_train, mode="train", steps=args.train_steps, head_start=args.head_start,
                                    rounds=args.repeat)
             train = {**proc.finish(), "workers": n_train, "steps": args.train_steps}
         info = {"windows": len(windows)}
@@ -760,6 +761,8 @@ def main(argv=None) -> None:
                     help="cold first-batch runs per worker count, 1 to --workers (default 2; 0: none)")
     ap.add_argument("--train-steps", type=int, default=100,
                     help="steps per training-loop round, with cores - 1 workers (default 100; 0: none)")
+    ap.add_argument("--no-head-start", dest="head_start", action="store_false",
+                    help="the pipeline with head_start=False: every window on the cluster, none in the training process")
     ap.add_argument(CHILD_FLAG, dest="child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--data", help=argparse.SUPPRESS)
     ap.add_argument("--tokenizer", help=argparse.SUPPRESS)
