@@ -122,7 +122,7 @@ def test_embedded_cluster_bounds_dasks_logs_unless_the_user_set_them():
 
     from zephon_dask.execution.cluster import connect
 
-    # Dask's 1,000 one-second profile cycles (twice) grew a streaming worker by ~25 MB over 17 minutes
+    # Dask's 1,000 one-second profile cycles (kept twice) grew a streaming worker by 24-32 MB over 17 minutes
     with connect(n_workers=1) as client:
         assert list(client.run(_worker_log_bounds).values()) == [(300, 300, 300)]
         assert client.run_on_scheduler(_scheduler_log_bounds) == (300, 300)

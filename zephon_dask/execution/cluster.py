@@ -58,11 +58,12 @@ WORKER_ENV = {
 # worker than in a plain process; workers we start keep glibc's defaults. Anything the user set
 # in their Dask config (or exported, for MALLOC_TRIM_THRESHOLD_) wins.
 # Dask's bounded logs are sized for short jobs: a worker keeps low-level-log-length (1,000) of its
-# one-second profile cycles twice (the call tree, and per task prefix), ~25 KB a second here, so
-# a worker's memory grew by ~25 MB for the first 17 minutes of streaming; at 300 they hold the
-# last 5 minutes (the dashboard's profile page) and fill by then, as do the other developer logs
-# (transitions, transfers, messages, events), which this pipeline fills in seconds. The system
-# monitor keeps 300 samples (10 minutes at 2 s, under 0.1 MB) instead of 7,200 (4 hours).
+# one-second profile cycles twice (the call tree, and per task prefix), 24-32 KB a second in the
+# soak benchmark, so a streaming worker grew by 24-32 MB over its first 17 minutes; at 300 they
+# hold the last 5 minutes (the dashboard's profile page) and are full by then, as are the other
+# developer logs (transitions, transfers, messages, events: most within a minute or two; each
+# holds under 0.3 MB).
+# The system monitor keeps 300 samples (10 minutes at 2 s, under 0.1 MB) instead of 7,200 (4 h).
 EMBEDDED_DEFAULTS = {
     "distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None,
     "distributed.admin.tick.interval": "1s",
