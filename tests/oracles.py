@@ -125,6 +125,22 @@ def ref_token_allocation(g, chunk_size, token_weights, tokens_per_sample):
     return counts
 
 
+def ref_sampler(datasets, seed, shuffle_shards=True, shuffle_within=True, block=None, reshuffle=True):
+    """``sample(c, p)``: sample ``p`` of dataset ``c`` counted across its passes, as ``(name, shard,
+    offset)``. ``datasets`` is a list of ``(name, shard_sizes)``; each epoch's whole order is built
+    (by ``ref_epoch``) the first time it is needed."""
+    epochs: dict = {}
+
+    def sample(c, p):
+        name, sizes = datasets[c]
+        e, i = divmod(p, sum(sizes))
+        if (c, e) not in epochs:
+            epochs[c, e] = ref_epoch(name, sizes, seed, e, shuffle_shards, shuffle_within, block, reshuffle)
+        return (name, *epochs[c, e][i])
+
+    return sample
+
+
 def ref_stream(datasets, weights, chunk_size, seed, shuffle_shards=True, shuffle_within=True,
                block=None, passes=1, policy=None, max_repeats=None, reshuffle=True,
                max_chunks=None):
@@ -135,15 +151,7 @@ def ref_stream(datasets, weights, chunk_size, seed, shuffle_shards=True, shuffle
     """
     totals = [sum(sizes) for _, sizes in datasets]
     cursors = [0] * len(datasets)
-    epochs: dict = {}
-
-    def sample(c, p):
-        name, sizes = datasets[c]
-        e, i = divmod(p, totals[c])
-        if (c, e) not in epochs:
-            epochs[c, e] = ref_epoch(name, sizes, seed, e, shuffle_shards, shuffle_within, block, reshuffle)
-        return (name, *epochs[c, e][i])
-
+    sample = ref_sampler(datasets, seed, shuffle_shards, shuffle_within, block, reshuffle)
     chunks = []
     g = 0
     while True:
@@ -221,21 +229,12 @@ def ref_schedule_stream(datasets, phases, chunk_size, seed, passes=1, policy=Non
     ``phases`` is a list of ``(first chunk, weights)``, weights one int or Fraction per dataset
     (0: the dataset sits the phase out). Inside a phase the counts come from the phase's own
     allocation counted from its first chunk; the cursors carry over phase boundaries, so each
-    dataset's samples are taken in its usual order. Returns the chunks, as ``ref_stream`` does.
+    dataset's samples are taken in its usual order (``order``: ``ref_sampler``'s keywords). Returns
+    the chunks, as ``ref_stream`` does.
     """
     totals = [sum(sizes) for _, sizes in datasets]
     cursors = [0] * len(datasets)
-    epochs: dict = {}
-
-    def sample(c, p):
-        name, sizes = datasets[c]
-        e, i = divmod(p, totals[c])
-        if (c, e) not in epochs:
-            epochs[c, e] = ref_epoch(name, sizes, seed, e, order.get("shuffle_shards", True),
-                                     order.get("shuffle_within", True), order.get("block"),
-                                     order.get("reshuffle", True))
-        return (name, *epochs[c, e][i])
-
+    sample = ref_sampler(datasets, seed, **order)
     chunks = []
     g = 0
     phase, at_phase_start = 0, [0] * len(datasets)

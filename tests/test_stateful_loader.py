@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -102,6 +103,34 @@ def test_stateful_dataloader_resumes_exactly_and_in_constant_time(corpus_dir, wo
         assert all(w >= frontier[lane] for lane, w in computed), "a window before the frontier was recomputed"
 
 
+@pytest.mark.parametrize("workers", [0, 2])
+def test_loader_states_of_the_previous_format_resume_exactly(corpus_dir, workers):
+    """tests/data/loader-states-v2.json: StatefulDataLoader states written before a dataset state
+    recorded the group's step (its version 2 counted a worker's own lanes as a step), after 7 items
+    of ``build(corpus, runner="synchronous", batches_per_step=4)`` with 0 and 2 workers (2 lanes
+    each: their states said 2 batches a step). They resume exactly, their count recounted in the
+    pipeline's step of 4 batches."""
+    old = json.loads((Path(__file__).parent / "data" / "loader-states-v2.json").read_text())[str(workers)]
+    assert {ds["version"] for ds in dataset_states(old)} == {2}
+    assert {ds["state"]["step"]["global_batches"] for ds in dataset_states(old)} == {4 // max(workers, 1)}
+    with build(corpus_dir, runner="synchronous", batches_per_step=4) as pipe:
+        full = [rows(item) for _, item in zip(range(20), loader(pipe, workers))]
+    with build(corpus_dir, runner="synchronous", batches_per_step=4) as pipe:
+        second, tail = loader(pipe, workers), []
+        second.load_state_dict(old)
+        for item in second:
+            tail.append(rows(item))
+            if len(tail) == 1:
+                state = second.state_dict()
+            if len(tail) == 13:
+                break
+        del second
+    assert tail == full[7:]
+    assert {ds["version"] for ds in dataset_states(state)} == {3}
+    assert [(s["global_step"], s["batches_in_step"], s["global_batches"])
+            for s in (ds["state"]["step"] for ds in dataset_states(state))] == [(2, 0, 4)] * max(workers, 1)
+
+
 def test_stateful_dataloader_refuses_another_worker_count(corpus_dir):
     with build(corpus_dir, runner="synchronous") as pipe:
         first = loader(pipe, 0)
@@ -114,6 +143,8 @@ def test_stateful_dataloader_refuses_another_worker_count(corpus_dir):
             ds.load_state_dict(dict(inner, num_workers=2, worker=1))
         with pytest.raises(StateError, match="positive|malformed"):
             ds.load_state_dict(dict(inner, state=dict(inner["state"], step={})))
+        with pytest.raises(StateError, match="version 4.*upgrade"):
+            ds.load_state_dict(dict(inner, version=4))
 
 
 # -- to_torch_loader(): a real DataLoader whose state is the pipeline's ------------------------

@@ -4,11 +4,13 @@ The oracle is ``ref_token_allocation`` (token weights over tokens per sample,
 chunks walked one by one); the accuracy check is a full pass over a corpus whose
 datasets differ tenfold in document length, read from real JSONL files. With a
 mixture schedule, every phase's token shares are checked the same way, and a
-resume across the phase boundary reuses the checkpoint's numbers.
+resume across the phase boundary (also through torchdata's StatefulDataLoader) reuses the
+checkpoint's numbers.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import random
 from collections import Counter
@@ -288,6 +290,144 @@ def test_resume_across_the_phase_boundary_reuses_the_measurement(skewed, monkeyp
     merged = z.merge_states([p.state_dict() for p in two])
     assert phases.frontier(merged, 2) > whole.work_source.phase_chunks[1] // 4  # the dp 2 leg crossed
     assert merged["fingerprint"] == whole.fingerprint()
+
+
+def test_stateful_dataloader_resumes_a_token_schedule_across_its_boundary(skewed, monkeypatch):
+    """Through torchdata's StatefulDataLoader (2 batches a step, phase 1 from step 4: item 8):
+    checkpoint just before, at and just after the boundary, restore into a fresh loader over a
+    fresh pipeline; the resumed items equal the uninterrupted run's byte for byte. A fresh
+    measurement now gives other numbers (and other batches), yet loading the state and the whole
+    resumed run measure nothing: the checkpoint's tokens per sample win. (Building the fresh loader
+    measures once, before any state is known: ``to_torch_dataset()`` measures eagerly.)"""
+    torch = pytest.importorskip("torch")
+    loader_class = pytest.importorskip("torchdata.stateful_dataloader").StatefulDataLoader
+    schedule = [(0, {"short": 0.3, "long": 0.7}), (4, {"short": 0.8, "long": 0.2})]
+    total, cuts = 20, (7, 8, 9)
+
+    def fresh():
+        pipe = scheduled(skewed, schedule)
+        return pipe, loader_class(pipe.to_torch_dataset(), batch_size=None)
+
+    def items(loader, n):
+        out = []
+        for item in loader:
+            out.append(tuple((key, str(t.dtype), tuple(t.shape), t.numpy().tobytes())
+                             for key, t in sorted(item.items())))
+            if len(out) == n:
+                break
+        return out
+
+    whole, loader = fresh()
+    truth = items(loader, total)
+    saved = whole.work_source.tokens_per_sample
+    assert whole.work_source.phase_chunks == (0, 4) and whole.phase_plan()[1].begin_step == 4
+    assert whole.step_shape().global_batches == 2  # phase 1 begins at item 4 x 2 = 8
+    heads, states = {}, {}
+    for k in cuts:
+        _, first = fresh()
+        heads[k] = items(first, k)
+        buffer = io.BytesIO()
+        torch.save(first.state_dict(), buffer)  # how frameworks store it
+        states[k] = torch.load(io.BytesIO(buffer.getvalue()), weights_only=True)
+
+    monkeypatch.setattr(measure, "SAMPLE_SIZE", 5)  # a measurement now gives other numbers...
+    drifted, loader = fresh()
+    assert drifted.work_source.tokens_per_sample != saved
+    drift = items(loader, total)
+
+    def never(*args):
+        raise AssertionError("a resume must not measure")
+
+    for k in cuts:
+        pipe, resumed = fresh()
+        with monkeypatch.context() as m:
+            m.setattr(measure, "measure_tokens_per_sample", never)  # ...and none is made on resume
+            resumed.load_state_dict(states[k])
+            tail = items(resumed, total - k)
+            assert pipe.work_source.tokens_per_sample == saved
+        assert heads[k] + tail == truth, f"cut at item {k}"
+        assert drift[k:] != truth[k:]  # a resume on the fresh numbers would have been caught
+
+
+def loader_items(loader, n, cuts=()):
+    """The first ``n`` items of ``loader`` as bytes, and its state after each of the first ``cut``
+    items (a JSON round trip: the state is plain builtins)."""
+    out, states = [], {}
+    for item in loader:
+        out.append(tuple((key, str(t.dtype), tuple(t.shape), t.numpy().tobytes())
+                         for key, t in sorted(item.items())))
+        if len(out) in cuts:
+            states[len(out)] = json.loads(json.dumps(loader.state_dict()))
+        if len(out) == n:
+            break
+    return out, states
+
+
+def dataset_steps(state):
+    """The ``step`` of every PipelineDataset state nested in a StatefulDataLoader state."""
+    if isinstance(state, dict):
+        if state.get("format") == "zephon_dask.dataset_state":
+            return [state["state"]["step"]] if state["state"] else []
+        return [s for v in state.values() for s in dataset_steps(v)]
+    return []
+
+
+@pytest.mark.parametrize("workers, per_step", [(0, 2), (0, 4), (2, 2), (2, 4)])
+def test_stateful_dataloader_state_records_the_global_step_of_a_schedule(skewed, workers, per_step):
+    """2 lanes; ``batches_per_step`` 2 or 4; no DataLoader workers (2 lanes each step) or 2
+    workers (1 lane each). The loader's state records the group's step (G batches of the
+    microbatch), not the lanes a worker serves, so a fresh loader over a fresh pipeline with the
+    same settings accepts it and continues the uninterrupted items byte for byte, from cuts
+    mid-step, just before, at and just after the phase boundary (step 2)."""
+    loader_class = pytest.importorskip("torchdata.stateful_dataloader").StatefulDataLoader
+    schedule = [(0, {"short": 0.3, "long": 0.7}), (2, {"short": 0.8, "long": 0.2})]
+    boundary = 2 * per_step  # items before phase 1
+    cuts, total = (1, boundary - 1, boundary, boundary + 1), boundary + 4
+
+    def fresh():
+        pipe = scheduled(skewed, schedule, batches_per_step=per_step)
+        return pipe, loader_class(pipe.to_torch_dataset(), batch_size=None, num_workers=workers,
+                                  multiprocessing_context="fork" if workers else None)
+
+    whole, loader = fresh()
+    plan = whole.phase_plan()
+    assert plan[1].exact and plan[1].begin_step == 2 and whole.step_shape().global_batches == per_step
+    truth, states = loader_items(loader, total, cuts)
+    del loader
+    steps = dataset_steps(states[boundary])
+    assert len(steps) == max(workers, 1)
+    assert all(s["global_batches"] == per_step and s["microbatch_size"] == 8 and s["dp_degree"] == 1
+               and (s["global_step"], s["batches_in_step"]) == (2, 0) for s in steps), steps
+    for k in cuts:
+        _, resumed = fresh()
+        resumed.load_state_dict(states[k])
+        assert truth[:k] + loader_items(resumed, total - k)[0] == truth, f"cut at item {k}"
+
+
+def test_stateful_dataloader_resume_keeps_the_global_step_of_its_state(skewed):
+    """A loader state taken with 4 batches a step resumes a pipeline that leaves the step unset
+    (it would default to 2): the state's G wins, so the phase keeps its chunk and the items go on
+    as before; a pipeline that asks for another G is refused with the diff, as a pipeline's own
+    state is."""
+    loader_class = pytest.importorskip("torchdata.stateful_dataloader").StatefulDataLoader
+    schedule = [(0, {"short": 0.3, "long": 0.7}), (2, {"short": 0.8, "long": 0.2})]
+
+    def fresh(**options):
+        pipe = scheduled(skewed, schedule, **options)
+        return pipe, loader_class(pipe.to_torch_dataset(), batch_size=None)
+
+    _, loader = fresh(batches_per_step=4)
+    truth, states = loader_items(loader, 12, (7,))
+    pipe, resumed = fresh()
+    assert pipe.step_shape().global_batches == 2
+    resumed.load_state_dict(states[7])
+    tail, after = loader_items(resumed, 5, (5,))
+    assert truth[:7] + tail == truth
+    assert [(s["global_step"], s["batches_in_step"], s["global_batches"]) for s in dataset_steps(after[5])] == [(3, 0, 4)]
+    _, refused = fresh(batches_per_step=2)
+    refused.load_state_dict(states[7])
+    with pytest.raises(StateError, match="step.global_batches: checkpoint 4, pipeline 2"):
+        next(iter(refused))
 
 
 # -- the pure conversion against the oracle ---------------------------------------------------

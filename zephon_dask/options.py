@@ -134,6 +134,10 @@ OPTIONS: tuple[Option, ...] = (
            "one task per window, each lane's first window of an iteration split into chunk "
            "tasks (True), or a task per chunk plus one per window throughout (False)",
            check_bool),
+    Option("head_start", True, "execution", _BOOL,
+           "while the embedded cluster starts, compute the first windows in this process "
+           "(False: every window on the cluster)",
+           check_bool),
     Option("retries", 2, "execution", _INT,
            "times Dask reruns a failed task before the error reaches the iterator",
            _count),

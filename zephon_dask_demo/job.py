@@ -239,8 +239,7 @@ def run(workdir: str = ".zephon-demo", steps: int = 40, resume_at: int | None = 
     with ExitStack() as stack:
         pipe = stack.enter_context(make_pipeline(corpus, tokenizer, batches_per_step=REPLICAS,
                                                  ledger=str(elastic)))
-        runner = pipe.runner()  # starts the embedded LocalCluster
-        print(f"dask: {runner.describe()}")
+        runner = pipe.runner()  # starts the embedded LocalCluster (the first windows are computed here meanwhile)
         print(f"pipeline {pipe.fingerprint()[:16]}: {REPLICAS} lanes, rows of {SEQ_LEN} tokens, "
               f"global step = {REPLICAS} batches x {MICROBATCH} rows")
         vocab = Tokenizer.from_file(str(tokenizer)).get_vocab_size()
@@ -250,6 +249,9 @@ def run(workdir: str = ".zephon-demo", steps: int = 40, resume_at: int | None = 
 
         # phase 1: dp=1 until the checkpoint
         loss = train(model, optimizer, global_batches([pipe], REPLICAS), resume_at, "train dp=1")
+        runner.client  # noqa: B018 (waits for the cluster's start, bounded by cluster_timeout)
+        print(f"dask: {runner.describe()}; {len(runner.computed_here)} window(s) computed in this process "
+              "while it started")
         state = pipe.state_dict()
         save_state(ckpt / "data.json", state)
         torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),

@@ -444,6 +444,19 @@ class MixtureWorkSource:
                     f"{want:,} samples of {name!r}, but the schedule's last phase gives it weight 0 after "
                     f"{int(have):,}. Give it a weight in the last phase, or use exhausted_policy='stop'")
 
+    def length_status(self) -> tuple[str, str]:
+        """The stream length in words, ``(in a sentence, in a "chunks" table cell)``; pure. Once
+        known: ``"N chunks"`` / ``"N"`` (or ``"endless"``); before: what it waits for, a Pipeline
+        measuring tokens per sample or converting a step schedule into chunk starts."""
+        if self.unmeasured:
+            return ("tokens per sample not measured",
+                    "tokens per sample not measured (a Pipeline measures them)")
+        if not self.resolved:
+            return "length set by a Pipeline", "set by a Pipeline (the schedule starts at global steps)"
+        if self.num_chunks is None:
+            return "endless", "endless"
+        return f"{self.num_chunks} chunks", f"{self.num_chunks:,}"
+
     def __len__(self) -> int:
         if self.num_chunks is None:
             raise EndlessStreamError(
@@ -571,12 +584,7 @@ class MixtureWorkSource:
         mix = ", ".join(f"{n}={float(w):.3g}" for n, w in zip(self.names, self.target_weights, strict=True))
         if self.weight_by == "tokens":
             mix += " of tokens"
-        if self.unmeasured:
-            size = "tokens per sample not measured"
-        elif not self.resolved:
-            size = "length set by a Pipeline"
-        else:
-            size = "endless" if self.num_chunks is None else f"{self.num_chunks} chunks"
+        size, _ = self.length_status()
         phases = "" if self.phases is None else f", {len(self.phases)} phases"
         return f"MixtureWorkSource({mix}; chunk_size={self.chunk_size}, seed={self.seed}, {size}{phases})"
 

@@ -35,6 +35,7 @@ from ..errors import ClosedError, ClusterError
 from ..graph import WindowGraph
 from ..graph import keys as graph_keys
 from .base import Runner, WindowHandle
+from .head_start import HEAD_START_ALONE, Boot, HeadStart
 from .watch import DEFAULT_STALL, DEFAULT_TIMEOUT, PROBE_TIMEOUT, ClusterWatch, probe_address
 
 logger = logging.getLogger(__name__)
@@ -283,33 +284,84 @@ class DistributedRunner(Runner):
 
     def __init__(self, spec: PipelineSpec, n_workers=None, threads_per_worker=1, client=None,
                  address=None, retries=0, timeout: float = DEFAULT_TIMEOUT, stall: float = DEFAULT_STALL,
-                 dashboard_address: str | None = f"{LOCAL_HOST}:0"):
+                 dashboard_address: str | None = f"{LOCAL_HOST}:0", head_start: bool = True):
         super().__init__(spec)
         self.retries, self.stall = retries, stall
-        self._cluster = None
+        self._cluster: LocalCluster | None = None
+        self._client: Any = None  # the Client, once connected
+        self._spec_future: Any = None
+        self._head: HeadStart | None = None  # until the embedded cluster takes the windows
+        self._boot: Boot | None = None  # the embedded cluster's start, with head_start
+        self._adopt = threading.Lock()  # a cluster started late is closed, not kept, once close() gave up on it
+        self._abandoned = False
         self._own_client = client is None
-        if client is not None:
-            self.client = client
-        elif address is not None:
-            self.client = open_client(address, timeout)
-        else:
-            self._cluster = local_cluster(n_workers, threads_per_worker, dashboard_address=dashboard_address)
-            self.client = Client(self._cluster, set_as_default=False)
-            logger.info("started an embedded LocalCluster: %d worker(s), dashboard %s",
-                        len(self._cluster.workers), self.dashboard_link)
-        if address is not None and client is None:
-            logger.info("connected to the Dask scheduler at %s", address)
-        self.watch = ClusterWatch(self.client, timeout, address)
+        self._own_cluster = client is None and address is None
         self._live_only: list[str] | None = None  # the responsive workers, while some are silent
+        self.computed_here: list[tuple[int, int]] = []  # (lane, window) computed in this process (head start)
+        if not self._own_cluster:
+            self._connect(client if client is not None else open_client(address, timeout), address, timeout)
+            if address is not None and client is None:
+                logger.info("connected to the Dask scheduler at %s", address)
+            return
+        n_workers = n_workers or os.cpu_count() or 1
+        self._planned_slots = n_workers * threads_per_worker
+
+        def start() -> None:
+            head = self._head
+            if head is not None:  # the cluster's start would compete for the same cores
+                head.first_window.wait(HEAD_START_ALONE)
+            self._start_embedded(n_workers, threads_per_worker, dashboard_address, timeout)
+
+        if not head_start:
+            start()
+            return
+        threads = min(self._planned_slots, os.cpu_count() or 1)
+        self._head = HeadStart(spec, threads, retries > 0, self.computed_here)
+        self._boot = self._head.boot = Boot(start, timeout)
+
+    def _start_embedded(self, n_workers: int, threads_per_worker: int, dashboard_address: str | None,
+                        timeout: float) -> None:
+        """Start the embedded cluster and connect to it; then the head start's queue goes to it."""
+        try:
+            cluster = local_cluster(n_workers, threads_per_worker, dashboard_address=dashboard_address)
+            with self._adopt:
+                if self._abandoned:  # close() stopped waiting for this start
+                    cluster.close()
+                    raise ClosedError("this distributed runner was closed while its embedded cluster started")
+                self._cluster = cluster
+            self._connect(Client(cluster, set_as_default=False), None, timeout)
+            logger.info("started an embedded LocalCluster: %d worker(s), dashboard %s",
+                        len(cluster.workers), self.dashboard_link)
+        except BaseException as exc:
+            if self._head is not None:
+                self._head.fail(exc)
+            raise
+        head = self._head
+        if head is not None:
+            head.hand_over(self._submit_remote)
+            self._head = None  # windows go to the cluster from now on
+
+    def _connect(self, client: Client, address: str | None, timeout: float) -> None:
+        self._client = client
+        self.watch = ClusterWatch(client, timeout, address)
         # A task, not scattered data: if the worker holding it dies, the
         # scheduler recomputes it from the task definition.
-        self._spec_future = self.client.submit(_spec_value, spec, key=graph_keys.spec_key(spec.fingerprint),
-                                               pure=False, priority=1_000_000)
+        self._spec_future = client.submit(_spec_value, self.spec, key=graph_keys.spec_key(self.spec.fingerprint),
+                                          pure=False, priority=1_000_000)
+
+    @property
+    def client(self) -> Any:
+        """The cluster's client (once the embedded cluster has started: a bounded wait)."""
+        if self._boot is not None:
+            self._boot.wait()
+        if self._client is None:
+            raise ClosedError("this distributed runner is closed; build or reopen the pipeline to compute more windows")
+        return self._client
 
     @classmethod
     def from_options(cls, spec: PipelineSpec, options: dict) -> DistributedRunner:
         """Started from ``n_workers``, ``threads_per_worker``, ``client``, ``address``, ``retries``,
-        ``cluster_timeout``, ``stall_timeout`` and ``dashboard_address`` (a missing or ``None``
+        ``cluster_timeout``, ``stall_timeout``, ``dashboard_address`` and ``head_start`` (a missing or ``None``
         option takes the default, except ``dashboard_address``: ``None`` means no dashboard)."""
         return cls(
             spec,
@@ -321,21 +373,23 @@ class DistributedRunner(Runner):
             timeout=options.get("cluster_timeout") or DEFAULT_TIMEOUT,
             stall=options.get("stall_timeout") or DEFAULT_STALL,
             dashboard_address=options.get("dashboard_address", f"{LOCAL_HOST}:0"),
+            head_start=options.get("head_start", True),
         )
 
     @property
     def dashboard_link(self) -> str | None:
         try:
-            return self.client.dashboard_link
+            return (self._client or self.client).dashboard_link
         except Exception:  # a cluster without a dashboard
             return None
 
     def _identity(self, n_workers: int) -> dict:
         """The scheduler's identity (``n_workers`` workers listed), or a :class:`ClusterError` within
         :data:`PROBE_TIMEOUT` seconds."""
+        client = self.client
         self.watch.check()
         try:
-            return self.client.sync(self.client.scheduler.identity, n_workers=n_workers,
+            return client.sync(client.scheduler.identity, n_workers=n_workers,
                                     callback_timeout=PROBE_TIMEOUT)
         except Exception as exc:
             raise ClusterError(f"the Dask scheduler at {self.watch.address} did not answer within "
@@ -364,17 +418,30 @@ class DistributedRunner(Runner):
     def shared(self) -> bool:
         """A cluster this runner did not start (``client=``, ``address=``, the session's client)
         may serve other ranks' pipelines too."""
-        return self._cluster is None
+        return not self._own_cluster
 
     @property
     def slots(self) -> int:
-        """Worker threads on the cluster now (at least 1: an adaptive cluster may be empty)."""
+        """Worker threads on the cluster now (at least 1: an adaptive cluster may be empty); the
+        embedded cluster's planned threads while it starts."""
+        if self._boot is not None and not self._boot.done():
+            return self._planned_slots
         return max(1, int(self._identity(0).get("total_threads") or 0))
 
     def worker_pids(self) -> dict[str, int]:
         return self.client.run(os.getpid)
 
     def submit(self, graph: WindowGraph, priority: int) -> WindowHandle:
+        head = self._head
+        if head is not None:
+            handle = head.offer(graph, priority)
+            if handle is not None:  # the embedded cluster is still starting
+                return handle
+            assert self._boot is not None
+            self._boot.wait()  # raises the start's error
+        return self._submit_remote(graph, priority)
+
+    def _submit_remote(self, graph: WindowGraph, priority: int) -> DistributedHandle:
         if self._live_only:  # while a worker is silent: avoid it, and do not fetch the spec from it
             futures = self.submit_tasks(graph, self.spec, priority, self.retries,
                                         workers=self._live_only, allow_other_workers=False)
@@ -385,7 +452,7 @@ class DistributedRunner(Runner):
     def submit_tasks(self, graph: WindowGraph, spec, priority: int, retries: int | None, **where) -> list:
         """Submit ``graph.tasks_for(spec)`` as one graph; the futures of ``graph.task_keys``.
         ``where``: ``workers=`` / ``allow_other_workers=`` for every task."""
-        c = self.__dict__.get("client")
+        c = self._client
         if c is None:
             raise ClosedError("this distributed runner is closed; build or reopen the pipeline to compute more windows")
         # fifo_timeout as in Client.submit: among equal priorities, the graph submitted first runs first
@@ -393,9 +460,21 @@ class DistributedRunner(Runner):
                      retries=retries, fifo_timeout="100 ms", **where)
 
     def close(self) -> None:
-        client, cluster = self.__dict__.pop("client", None), self._cluster
-        self._cluster = None
+        head = self._head
+        if head is not None:
+            head.close()
+        if self._boot is not None:
+            try:
+                self._boot.wait()
+            except Exception:  # a start that failed, or is past its deadline (then closed when it ends)
+                pass
+        with self._adopt:
+            self._abandoned = True
+            client, cluster = self._client, self._cluster
+            self._client = self._cluster = None
         if client is None:
+            if cluster is not None:
+                cluster.close()
             return
         try:
             self._spec_future.release()
@@ -409,8 +488,11 @@ class DistributedRunner(Runner):
             cluster.close()
 
     def describe(self) -> str:
+        if self._boot is not None and not self._boot.done():
+            return (f"distributed (embedded LocalCluster starting, {self._planned_slots} worker threads; "
+                    "the first windows computed in this process meanwhile)")
         workers = self._identity(0).get("n_workers", 0)
-        where = "embedded LocalCluster" if self._cluster is not None else self.watch.address
+        where = "embedded LocalCluster" if self._own_cluster else self.watch.address
         return f"distributed ({where}, {workers} workers, dashboard {self.dashboard_link})"
 
 

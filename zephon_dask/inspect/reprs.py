@@ -44,12 +44,7 @@ def source_html(source) -> str:
     """A work source: mixture, stream length and the datasets with their exact weights (and, weighted
     by tokens, the token weights and tokens per sample; sample weights once those are known), and
     a schedule's phases."""
-    if source.unmeasured:
-        chunks = "tokens per sample not measured (a Pipeline measures them)"
-    elif not source.resolved:
-        chunks = "set by a Pipeline (the schedule starts at global steps)"
-    else:
-        chunks = "endless" if source.num_chunks is None else f"{source.num_chunks:,}"
+    _, chunks = source.length_status()
     pairs = [("chunk_size", str(source.chunk_size)), ("seed", str(source.seed)), ("chunks", chunks),
              ("weight_by", source.weight_by),
              ("stop_after_passes", str(source.stop_after_passes)),

@@ -704,13 +704,18 @@ class Pipeline:
 
         It implements torchdata's ``Stateful`` protocol (also inside workers),
         so ``StatefulDataLoader(pipeline.to_torch_dataset(), batch_size=None,
-        num_workers=n)`` checkpoints and resumes exactly, in O(1). This
-        pipeline cannot see what such a loader delivered: its
+        num_workers=n)`` checkpoints and resumes exactly, in O(1); the
+        loader's state records the global step as :meth:`state_dict` does.
+        This pipeline cannot see what such a loader delivered: its
         :meth:`state_dict` raises until it iterates again; take the state
         from the loader, or use :meth:`to_torch_loader`.
 
         Returns:
             A :class:`~zephon_dask.pipeline.torch_data.PipelineDataset`.
+
+        Raises:
+            ConfigError: the step settings make steps depend on the topology
+                (see :meth:`step_shape`).
 
         Example:
             >>> from torchdata.stateful_dataloader import StatefulDataLoader  # doctest: +SKIP

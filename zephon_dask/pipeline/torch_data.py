@@ -15,11 +15,12 @@ from ..consumer.torch_io import batch_item
 from ..curriculum.routing import worker_lanes
 from ..errors import ConfigError, StateError
 from ..state.progress import Progress, resume_point
-from ..state.schema import VERSION, check_state
+from ..state.schema import check_state
 from .guard import refuse_resharding
-from .session import loader_shape
+from .session import loader_shape, share_step
 
 DATASET_FORMAT = "zephon_dask.dataset_state"
+DATASET_VERSION = 3  # 1, 2: the step counted the worker's own lanes as a step (migrated on load)
 
 
 class PipelineDataset(IterableDataset):
@@ -36,12 +37,15 @@ class PipelineDataset(IterableDataset):
     Holds state per process: the lanes it serves and their progress.
     :meth:`state_dict` (called by torchdata in the worker after each batch)
     is that progress, a pipeline state of the served lanes, wrapped with the
-    worker's identity; :meth:`load_state_dict` (called in the worker before
-    iterating) makes the next iteration start there, recomputing one window
-    per lane (O(1) in the position).
+    worker's identity; its step is the group's (G, degree and microbatch size,
+    kept by a resume; ``batches_per_step`` is this worker's share of a step).
+    :meth:`load_state_dict` (called in the worker before iterating) makes the
+    next iteration start there, recomputing one window per lane (O(1) in the
+    position).
     """
 
     def __init__(self, pipeline):
+        pipeline.step_shape()  # its state records the step: bad step settings are refused here, not in a worker
         self.pipeline = pipeline
         runner = pipeline.runner()
         client = getattr(runner, "client", None)
@@ -85,7 +89,10 @@ class PipelineDataset(IterableDataset):
         lanes, resume, first = self._serving()
         if not lanes:
             return None, None
-        return Progress(self._pipe().spec, lanes, resume, loader_shape(lanes), first_lane=first), resume
+        pipe = self._pipe()
+        group = pipe.shape_for(resume, pipe.identity()[0])  # a loaded state's G, kept
+        shape = loader_shape(group, lanes, len(pipe.owned_lanes()))
+        return Progress(pipe.spec, lanes, resume, shape, first_lane=first), resume
 
     def __iter__(self):
         refuse_resharding()  # a framework wrapper splitting these rank-split lanes again
@@ -109,7 +116,7 @@ class PipelineDataset(IterableDataset):
         """Where this process's iteration stands: plain builtins (torchdata's ``Stateful``)."""
         progress = self._progress if self._progress is not None else self._start()[0]
         worker, workers = self._worker()
-        return {"format": DATASET_FORMAT, "version": VERSION, "worker": worker, "num_workers": workers,
+        return {"format": DATASET_FORMAT, "version": DATASET_VERSION, "worker": worker, "num_workers": workers,
                 "lanes": list(progress.lanes) if progress else [], "state": progress.state() if progress else None}
 
     def load_state_dict(self, state: dict) -> None:
@@ -117,6 +124,10 @@ class PipelineDataset(IterableDataset):
         if not isinstance(state, dict) or state.get("format") != DATASET_FORMAT:
             raise StateError(f"PipelineDataset.load_state_dict needs a state from PipelineDataset."
                              f"state_dict(), got {type(state).__name__}")
+        version = state.get("version")
+        if type(version) is not int or not 1 <= version <= DATASET_VERSION:
+            raise StateError(f"the dataset state has version {version!r}; this zephon_dask reads versions 1 "
+                             f"to {DATASET_VERSION}: upgrade zephon_dask to resume from a newer one")
         worker, workers = self._worker()
         if (state.get("worker"), state.get("num_workers")) != (worker, workers):
             raise StateError(
@@ -136,7 +147,10 @@ class PipelineDataset(IterableDataset):
                 or sorted(str(lane) for lane in lanes) != sorted(inner["lanes"])):
             raise StateError(f"the dataset state serves lanes {lanes!r}, not lanes of this DP group "
                              f"({sorted(owned)}) matching its progress: it is from another topology")
+        if version < DATASET_VERSION:  # it recorded no G: the pipeline's, the worker's count recounted
+            inner = dict(inner, step=share_step(inner["step"], loader_shape(pipe.step_shape(), lanes, len(owned))))
         inner, source = pipe.check_resumable(inner, lanes)  # other data, positions past the end
+        pipe.shape_for(inner, pipe.identity()[0])  # refuses a setting that would change the state's G
         pipe.session.source = source  # the state's seed wins, as in Pipeline.load_state_dict
         self._loaded = {"lanes": lanes, "state": inner}
         self._progress = None
