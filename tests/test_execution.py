@@ -131,6 +131,29 @@ def test_embedded_cluster_bounds_dasks_logs_unless_the_user_set_them():
         assert client.run_on_scheduler(_scheduler_log_bounds) == (50, 300)
 
 
+def _plugins(dask_worker=None):
+    return sorted(dask_worker.plugins)
+
+
+def test_embedded_cluster_workers_and_the_consumer_give_freed_memory_back(corpus_dir, monkeypatch):
+    from zephon_dask.execution import memory
+    from zephon_dask.execution.cluster import TrimFreedMemory
+
+    assert memory.trim_freed_memory()  # glibc on the machines we test on
+    with build(corpus_dir, n_workers=1) as p:
+        next(iter(p))
+        assert TrimFreedMemory.name in next(iter(p.runner().client.run(_plugins).values()))
+    trims = []
+    monkeypatch.setattr(memory, "trim_freed_memory", lambda: trims.append(1) or True)
+    trimmer = memory.Trimmer(every=0.2)
+    trimmer.maybe()
+    assert trims == []  # not before its interval
+    time.sleep(0.25)
+    trimmer.maybe()
+    trimmer.maybe()
+    assert trims == [1]  # once per interval
+
+
 def test_starting_the_embedded_cluster_leaves_this_process_environment_as_it_was(corpus_dir, monkeypatch):
     # the nanny exports OMP_NUM_THREADS=1, PYTHONHASHSEED, ... into the spawning process; every
     # process the training script started afterwards inherited them

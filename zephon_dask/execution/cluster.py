@@ -29,6 +29,8 @@ from typing import Any
 import dask
 from distributed import CancelledError, Client, LocalCluster
 from distributed.comm import CommClosedError
+from distributed.diagnostics.plugin import WorkerPlugin
+from tornado.ioloop import PeriodicCallback
 
 from ..core.spec import PipelineSpec
 from ..errors import ClosedError, ClusterError
@@ -36,6 +38,7 @@ from ..graph import WindowGraph
 from ..graph import keys as graph_keys
 from .base import Runner, WindowHandle
 from .head_start import HEAD_START_ALONE, Boot, HeadStart
+from .memory import TRIM_EVERY, trim_freed_memory
 from .watch import DEFAULT_STALL, DEFAULT_TIMEOUT, PROBE_TIMEOUT, ClusterWatch, probe_address
 
 logger = logging.getLogger(__name__)
@@ -144,6 +147,29 @@ def local_cluster(n_workers: int | None, threads_per_worker: int = 1, processes:
         return LocalCluster(n_workers=n_workers or os.cpu_count() or 1, threads_per_worker=threads_per_worker,
                             processes=processes, dashboard_address=dashboard_address,
                             silence_logs=logging.ERROR, **extra)
+
+
+class TrimFreedMemory(WorkerPlugin):
+    """A worker plugin of the embedded cluster: :func:`~.memory.trim_freed_memory` every ``every``
+    seconds on the worker's event loop (the workers keep glibc's defaults, see :data:`EMBEDDED_DEFAULTS`)."""
+
+    name = "zephon-trim-freed-memory"
+
+    def __init__(self, every: float = TRIM_EVERY):
+        self.every = every
+        self._callback: PeriodicCallback | None = None
+
+    def setup(self, worker) -> None:
+        self._callback = PeriodicCallback(self._trim, self.every * 1000)
+        self._callback.start()
+
+    @staticmethod
+    def _trim() -> None:
+        trim_freed_memory()
+
+    def teardown(self, worker) -> None:
+        if self._callback is not None:
+            self._callback.stop()
 
 
 def open_client(address: str, timeout: float = DEFAULT_TIMEOUT) -> Client:
@@ -330,6 +356,7 @@ class DistributedRunner(Runner):
                     raise ClosedError("this distributed runner was closed while its embedded cluster started")
                 self._cluster = cluster
             self._connect(Client(cluster, set_as_default=False), None, timeout)
+            self._client.register_plugin(TrimFreedMemory(), name=TrimFreedMemory.name)
             logger.info("started an embedded LocalCluster: %d worker(s), dashboard %s",
                         len(cluster.workers), self.dashboard_link)
         except BaseException as exc:
