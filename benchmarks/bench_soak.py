@@ -2,11 +2,12 @@
 
 Samples the training process and every worker process (RSS, open file descriptors,
 threads) at a fixed interval while a repeating pipeline streams batches, then reports
-the change from the end of the warm-up to the last sample. Bounded state means flat
+the change from the end of the warm-up to the last sample, and for RSS also between the
+means of the first and last ``--span`` seconds after warm-up. Bounded state means flat
 curves after warm-up.
 
-    python benchmarks/bench_soak.py --minutes 30 [--workers 2] [--every 10] [--csv soak.csv]
-                                    [--png soak.png] [--quick]
+    python benchmarks/bench_soak.py --minutes 30 [--workers 2] [--every 10] [--warmup 360] [--span 300]
+                                    [--csv soak.csv] [--png soak.png] [--quick]
     python benchmarks/bench_soak.py --plot soak.csv --png soak.png   # the curve of an earlier run
 """
 
@@ -89,12 +90,21 @@ def soak(seconds: float, every: float, n_workers: int = 1, workdir: str | None =
         return samples
 
 
-def growth(samples: list[Sample], warmup: float) -> dict[str, dict[str, float]]:
+def growth(samples: list[Sample], warmup: float, span: float = 0.0) -> dict[str, dict[str, float]]:
     """Per process: relative RSS change and absolute fd / thread change from the first sample
-    after ``warmup`` seconds to the last one."""
+    after ``warmup`` seconds to the last one. With ``span`` > 0, RSS compares the mean of the
+    samples within ``span`` seconds after warm-up with the mean of the last ``span`` seconds
+    (RSS moves by several MB from sample to sample as windows come and go)."""
     after = [s for s in samples if s.seconds >= warmup] or samples[-1:]
     first, last = after[0], samples[-1]
-    return {name: {"rss": last.rss_mb[name] / first.rss_mb[name] - 1,
+    head = [s for s in after if s.seconds <= first.seconds + span]
+    tail = [s for s in after if s.seconds >= last.seconds - span]
+
+    def mean(picked: list[Sample], name: str) -> float:
+        values = [s.rss_mb[name] for s in picked if name in s.rss_mb]
+        return sum(values) / len(values)
+
+    return {name: {"rss": mean(tail, name) / mean(head, name) - 1,
                    "fds": last.fds[name] - first.fds[name],
                    "threads": last.threads[name] - first.threads[name]}
             for name in first.rss_mb if name in last.rss_mb}
@@ -157,6 +167,8 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=1)
     ap.add_argument("--every", type=float, default=10.0, help="seconds between samples")
     ap.add_argument("--warmup", type=float, default=None, help="seconds of warm-up (default: a tenth)")
+    ap.add_argument("--span", type=float, default=None,
+                    help="seconds averaged at each end for the RSS change (default: 300, at most a quarter of the rest)")
     ap.add_argument("--csv", help="write every sample here")
     ap.add_argument("--quick", action="store_true", help="20 s, a sample every 2 s")
     ap.add_argument("--png", help="plot the curves here (needs matplotlib)")
@@ -182,10 +194,12 @@ def main() -> None:
         plot(samples, warmup, args.png)
     print(table(samples))
     print(f"{samples[-1].batches:,} batches in {samples[-1].seconds:.0f} s; change after {warmup:.0f} s of warm-up:")
+    span = args.span if args.span is not None else min(300.0, (seconds - warmup) / 4)
+    means = growth(samples, warmup, span)
     for name, g in growth(samples, warmup).items():
         s0 = next(s for s in samples if s.seconds >= warmup or s is samples[-1])
-        print(f"  {name:10s} RSS {s0.rss_mb[name]:7.1f} -> {samples[-1].rss_mb[name]:7.1f} MB ({g['rss']:+.1%}), "
-              f"fds {g['fds']:+d}, threads {g['threads']:+d}")
+        print(f"  {name:10s} RSS {s0.rss_mb[name]:7.1f} -> {samples[-1].rss_mb[name]:7.1f} MB ({g['rss']:+.1%}; "
+              f"{span:.0f}-s means {means[name]['rss']:+.1%}), fds {g['fds']:+d}, threads {g['threads']:+d}")
 
 
 if __name__ == "__main__":

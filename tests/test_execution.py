@@ -109,6 +109,51 @@ def test_embedded_cluster_settings_spare_the_training_cores_unless_the_user_set_
     assert list(got.values()) == [(None, "1s", "20ms")]
 
 
+def _worker_log_bounds(dask_worker):
+    return (dask_worker.profile_history.maxlen, dask_worker.state.log.maxlen, dask_worker.monitor.maxlen)
+
+
+def _scheduler_log_bounds(dask_scheduler):
+    return dask_scheduler.transition_log.maxlen, dask_scheduler.monitor.maxlen
+
+
+def test_embedded_cluster_bounds_dasks_logs_unless_the_user_set_them():
+    import dask
+
+    from zephon_dask.execution.cluster import connect
+
+    # Dask's 1,000 one-second profile cycles (kept twice) grew a streaming worker by 24-32 MB over 17 minutes
+    with connect(n_workers=1) as client:
+        assert list(client.run(_worker_log_bounds).values()) == [(300, 300, 300)]
+        assert client.run_on_scheduler(_scheduler_log_bounds) == (300, 300)
+    with dask.config.set({"distributed.admin.low-level-log-length": 50}), connect(n_workers=1) as client:
+        assert list(client.run(_worker_log_bounds).values()) == [(50, 50, 300)]
+        assert client.run_on_scheduler(_scheduler_log_bounds) == (50, 300)
+
+
+def _plugins(dask_worker=None):
+    return sorted(dask_worker.plugins)
+
+
+def test_embedded_cluster_workers_and_the_consumer_give_freed_memory_back(corpus_dir, monkeypatch):
+    from zephon_dask.execution import memory
+    from zephon_dask.execution.cluster import TrimFreedMemory
+
+    assert memory.trim_freed_memory()  # glibc on the machines we test on
+    with build(corpus_dir, n_workers=1) as p:
+        next(iter(p))
+        assert TrimFreedMemory.name in next(iter(p.runner().client.run(_plugins).values()))
+    trims = []
+    monkeypatch.setattr(memory, "trim_freed_memory", lambda: trims.append(1) or True)
+    trimmer = memory.Trimmer(every=0.2)
+    trimmer.maybe()
+    assert trims == []  # not before its interval
+    time.sleep(0.25)
+    trimmer.maybe()
+    trimmer.maybe()
+    assert trims == [1]  # once per interval
+
+
 def test_starting_the_embedded_cluster_leaves_this_process_environment_as_it_was(corpus_dir, monkeypatch):
     # the nanny exports OMP_NUM_THREADS=1, PYTHONHASHSEED, ... into the spawning process; every
     # process the training script started afterwards inherited them

@@ -6,7 +6,8 @@ pipeline is fed), with falling priorities so the next-needed window runs
 first. A window the consumer asks for that is not yet submitted jumps the
 queue. The next window to submit comes from a heap of the lanes keyed on
 their next window, so a submission costs O(log lanes), not O(lanes). Each handle is released as soon as its result is local, so memory
-stays bounded however long the run is.
+stays bounded however long the run is, and the memory windows free is
+given back to the OS at most every 30 s (:class:`~zephon_dask.execution.memory.Trimmer`).
 
 With ``fused=True`` every window is one task except each lane's first window
 of the stream, which is split into its chunk tasks: the round-robin needs one
@@ -24,6 +25,7 @@ from collections import OrderedDict
 from ..core.spec import PipelineSpec
 from ..core.window import WindowOutput
 from ..errors import ClosedError
+from ..execution.memory import Trimmer
 from ..graph import window_graph
 
 
@@ -45,6 +47,7 @@ class WindowFetcher:
         heapq.heapify(self._queue)
         self._seq = 0
         self._closed = False
+        self._trimmer = Trimmer()  # the windows' freed memory goes back to the OS now and then
         self._top_up()
 
     def _exists(self, lane: int, w: int) -> bool:
@@ -87,6 +90,7 @@ class WindowFetcher:
             handle.release()
         self.next_needed[lane] = w + 1
         self._top_up()
+        self._trimmer.maybe()
         return out
 
     @property

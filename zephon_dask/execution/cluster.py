@@ -30,6 +30,8 @@ from typing import Any
 import dask
 from distributed import CancelledError, Client, LocalCluster, SpecCluster
 from distributed.comm import CommClosedError
+from distributed.diagnostics.plugin import WorkerPlugin
+from tornado.ioloop import PeriodicCallback
 
 from ..core.spec import PipelineSpec
 from ..errors import ClosedError, ClusterError
@@ -37,6 +39,7 @@ from ..graph import WindowGraph
 from ..graph import keys as graph_keys
 from .base import Runner, WindowHandle
 from .head_start import HEAD_START_ALONE, Boot, HeadStart
+from .memory import TRIM_EVERY, trim_freed_memory
 from .spawned import spawned_cluster
 from .watch import DEFAULT_STALL, DEFAULT_TIMEOUT, PROBE_TIMEOUT, ClusterWatch, probe_address
 
@@ -60,12 +63,21 @@ WORKER_ENV = {
 # window-sized array and tokenizer buffer was a fresh mmap: tokenize + pack ran ~20% slower in a
 # worker than in a plain process; workers we start keep glibc's defaults. Anything the user set
 # in their Dask config (or exported, for MALLOC_TRIM_THRESHOLD_) wins.
+# Dask's bounded logs are sized for short jobs: a worker keeps low-level-log-length (1,000) of its
+# one-second profile cycles twice (the call tree, and per task prefix), 24-32 KB a second in the
+# soak benchmark, so a streaming worker grew by 24-32 MB over its first 17 minutes; at 300 they
+# hold the last 5 minutes (the dashboard's profile page) and are full by then, as are the other
+# developer logs (transitions, transfers, messages, events: most within a minute or two; each
+# holds under 0.3 MB).
+# The system monitor keeps 300 samples (10 minutes at 2 s, under 0.1 MB) instead of 7,200 (4 h).
 EMBEDDED_DEFAULTS = {
     "distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None,
     "distributed.admin.tick.interval": "1s",
     "distributed.worker.profile.interval": "100ms",  # the dashboard's profile still fills
     "distributed.worker.memory.monitor-interval": "500ms",
     "distributed.admin.system-monitor.interval": "2s",
+    "distributed.admin.low-level-log-length": 300,  # 5 minutes of profile history
+    "distributed.admin.system-monitor.log-length": 300,
 }
 
 
@@ -140,6 +152,29 @@ def local_cluster(n_workers: int | None, threads_per_worker: int = 1, processes:
                                 dashboard_address=dashboard_address, silence_logs=logging.ERROR)
         with script_not_reimported(), environment_kept():
             return spawned_cluster(n, threads_per_worker, LOCAL_HOST, dashboard_address, WORKER_ENV, timeout)
+
+
+class TrimFreedMemory(WorkerPlugin):
+    """A worker plugin of the embedded cluster: :func:`~.memory.trim_freed_memory` every ``every``
+    seconds on the worker's event loop (the workers keep glibc's defaults, see :data:`EMBEDDED_DEFAULTS`)."""
+
+    name = "zephon-trim-freed-memory"
+
+    def __init__(self, every: float = TRIM_EVERY):
+        self.every = every
+        self._callback: PeriodicCallback | None = None
+
+    def setup(self, worker) -> None:
+        self._callback = PeriodicCallback(self._trim, self.every * 1000)
+        self._callback.start()
+
+    @staticmethod
+    def _trim() -> None:
+        trim_freed_memory()
+
+    def teardown(self, worker) -> None:
+        if self._callback is not None:
+            self._callback.stop()
 
 
 def open_client(address: str, timeout: float = DEFAULT_TIMEOUT) -> Client:
@@ -326,6 +361,7 @@ class DistributedRunner(Runner):
                     raise ClosedError("this distributed runner was closed while its embedded cluster started")
                 self._cluster = cluster
             self._connect(Client(cluster, set_as_default=False, direct_to_workers=True), None, timeout)
+            self._client.register_plugin(TrimFreedMemory(), name=TrimFreedMemory.name)
             logger.info("started an embedded cluster: %d worker(s), dashboard %s",
                         len(cluster.workers), self.dashboard_link)
         except BaseException as exc:
