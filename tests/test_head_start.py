@@ -198,3 +198,17 @@ def test_a_cluster_that_starts_after_close_gave_up_on_it_is_closed(corpus_dir, m
             break
         time.sleep(0.2)
     assert seen and not (child_pids() - before)  # started late, then closed: nothing left
+
+
+def test_the_embedded_cluster_starts_within_the_pipelines_cluster_timeout(corpus_dir, monkeypatch):
+    asked = []
+
+    def record(*args, **kwargs):
+        asked.append(kwargs.get("timeout"))
+        raise OSError("recorded")
+
+    monkeypatch.setattr(cluster_mod, "local_cluster", record)
+    p = build(corpus_dir, n_workers=1, cluster_timeout=120.0)
+    with pytest.raises(OSError, match="recorded"), p:
+        p.runner().worker_pids()
+    assert asked == [120.0]  # the scheduler process gets as long to start as the pipeline waits

@@ -354,7 +354,8 @@ class DistributedRunner(Runner):
                         timeout: float) -> None:
         """Start the embedded cluster and connect to it; then the head start's queue goes to it."""
         try:
-            cluster = local_cluster(n_workers, threads_per_worker, dashboard_address=dashboard_address)
+            cluster = local_cluster(n_workers, threads_per_worker, dashboard_address=dashboard_address,
+                                    timeout=timeout)
             with self._adopt:
                 if self._abandoned:  # close() stopped waiting for this start
                     cluster.close()
