@@ -19,7 +19,7 @@ from oracles import ref_lanes, ref_stream, ref_swrr
 from zephon_dask.curriculum import MixtureWorkSource, plan, worker_lanes
 from zephon_dask.curriculum.mixture import Mixture, interleave
 from zephon_dask.curriculum.order import DatasetOrder
-from zephon_dask.curriculum.permutation import permutation, permute
+from zephon_dask.curriculum.permutation import permutation, permute, permute_each
 from zephon_dask.errors import (
     ChunkOutOfRangeError,
     ConfigError,
@@ -182,6 +182,16 @@ def test_permutation_is_a_bijection_with_inverse(n, keys):
     p = permutation(n, keys)
     assert sorted(p.tolist()) == list(range(n))
     assert (permute(p, n, keys, inverse=True) == np.arange(n)).all()
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(1, 5000), st.lists(st.tuples(st.integers(0, 10**9), *[st.integers(0, 2**64 - 1)] * 8), max_size=12),
+       st.booleans())
+def test_permute_each_is_permute_under_each_elements_keys(n, rows, inverse):
+    index = [i % n for i, *_ in rows]
+    keys = np.array([k for _, *k in rows], dtype=np.uint64).reshape(len(rows), 8)
+    expected = [int(permute([i], n, tuple(k), inverse=inverse)[0]) for i, *k in zip(index, *keys.T, strict=True)]
+    assert permute_each(index, n, keys, inverse=inverse).tolist() == expected
 
 
 @settings(max_examples=40, deadline=None)

@@ -30,11 +30,12 @@ def _half_bits(n: int) -> int:
     return max(1, ((n - 1).bit_length() + 1) // 2)
 
 
-def _rounds(x: np.ndarray, keys: tuple[int, ...], half: int, inverse: bool) -> np.ndarray:
+def _rounds(x: np.ndarray, ks: list, half: int, inverse: bool) -> np.ndarray:
+    """The Feistel rounds on ``x`` under round keys ``ks`` (``ROUNDS`` uint64 scalars, or arrays
+    of ``x``'s shape: a key per element)."""
     mask = np.uint64((1 << half) - 1)
     shift = np.uint64(half)
     left, right = x >> shift, x & mask
-    ks = [np.uint64(k) for k in keys[:ROUNDS]]
     if not inverse:
         for k in ks:
             left, right = right, left ^ (mix64(right ^ k) & mask)
@@ -42,6 +43,18 @@ def _rounds(x: np.ndarray, keys: tuple[int, ...], half: int, inverse: bool) -> n
         for k in reversed(ks):
             left, right = right ^ (mix64(left ^ k) & mask), left
     return (left << shift) | right
+
+
+def _walk(idx: np.ndarray, n: int, ks: list, inverse: bool) -> np.ndarray:
+    """:func:`_rounds` with cycle walking back into ``[0, n)``; an array key follows its element."""
+    half = _half_bits(n)
+    with np.errstate(over="ignore"):
+        x = _rounds(idx.astype(np.uint64), ks, half, inverse)
+        out = x >= np.uint64(n)
+        while out.any():  # cycle walking: expected < 4 passes
+            x[out] = _rounds(x[out], [k if np.ndim(k) == 0 else k[out] for k in ks], half, inverse)
+            out = x >= np.uint64(n)
+    return x.astype(np.int64)
 
 
 def permute(index, n: int, keys: tuple[int, ...], *, inverse: bool = False) -> np.ndarray:
@@ -52,14 +65,17 @@ def permute(index, n: int, keys: tuple[int, ...], *, inverse: bool = False) -> n
     idx = np.asarray(index, dtype=np.int64)
     if n <= 1:
         return np.zeros_like(idx)
-    half = _half_bits(n)
-    with np.errstate(over="ignore"):
-        x = _rounds(idx.astype(np.uint64), keys, half, inverse)
-        out = x >= np.uint64(n)
-        while out.any():  # cycle walking: expected < 4 passes
-            x[out] = _rounds(x[out], keys, half, inverse)
-            out = x >= np.uint64(n)
-    return x.astype(np.int64)
+    return _walk(idx, n, [np.uint64(k) for k in keys[:ROUNDS]], inverse)
+
+
+def permute_each(index, n: int, keys: np.ndarray, *, inverse: bool = False) -> np.ndarray:
+    """:func:`permute` of each ``index[i]`` under its own keys ``keys[i]`` (a uint64 array of
+    shape ``(len(index), >= ROUNDS)``), in one vectorised pass. Returns int64."""
+    idx = np.asarray(index, dtype=np.int64)
+    if n <= 1:
+        return np.zeros_like(idx)
+    keys = np.asarray(keys, dtype=np.uint64)
+    return _walk(idx, n, [keys[:, r] for r in range(ROUNDS)], inverse)
 
 
 def permutation(n: int, keys: tuple[int, ...]) -> np.ndarray:

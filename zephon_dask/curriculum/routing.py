@@ -13,10 +13,12 @@ import math
 import warnings
 from dataclasses import dataclass
 
+import numpy as np
+
 from ..errors import ConfigError, ElasticityWarning
 from ..options import MAPPING_STRATEGIES
 from ..validate import check_choice, check_int
-from .permutation import permute
+from .permutation import permute, permute_each
 from .seeding import stream_keys
 
 LANE_ASSIGNMENTS = ("permute", "modulo")
@@ -46,6 +48,16 @@ def slot_of(lane: int, block: int, replicas: int, seed: int, assignment: str = "
         return lane
     keys = _lane_keys(seed, replicas, block)
     return int(permute([lane], replicas, keys, inverse=True)[0])
+
+
+def slots_of(lane: int, blocks, replicas: int, seed: int, assignment: str = "permute") -> np.ndarray:
+    """:func:`slot_of` for each of ``blocks`` (array-like of ints), in one vectorised pass; int64."""
+    blocks = np.asarray(blocks, dtype=np.int64)
+    if assignment == "modulo":
+        return np.full(blocks.shape, lane, dtype=np.int64)
+    keys = np.array([_lane_keys(seed, replicas, b) for b in blocks.tolist()], dtype=np.uint64)
+    return permute_each(np.full(blocks.shape, lane, dtype=np.int64), replicas,
+                        keys.reshape(len(blocks), -1), inverse=True)
 
 
 def check_degree(replicas: int, dp_degree: object) -> int:

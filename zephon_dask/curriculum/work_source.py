@@ -74,6 +74,12 @@ class LaneChunks(Sequence):
             self.lane, j, self.replicas, src.seed, src.lane_assignment
         )
 
+    def _chunks(self, positions: range) -> list[int]:
+        """:meth:`_chunk` of every position, in one vectorised pass."""
+        src, j = self._source, np.arange(positions.start, positions.stop, positions.step, dtype=np.int64)
+        slots = routing.slots_of(self.lane, j, self.replicas, src.seed, src.lane_assignment)
+        return (j * self.replicas + slots).tolist()
+
     def __len__(self) -> int:
         total = self._source.num_chunks
         if total is None:
@@ -81,6 +87,11 @@ class LaneChunks(Sequence):
                 f"lane {self.lane} never ends (exhausted_policy='repeat'); index it lazily "
                 "or set max_repeats"
             )
+        return self._len
+
+    @cached_property
+    def _len(self) -> int:
+        total = cast(int, self._source.num_chunks)
         full, rest = divmod(total, self.replicas)
         return full + (1 if rest and self._chunk(full) < total else 0)
 
@@ -92,7 +103,7 @@ class LaneChunks(Sequence):
             if j.stop is None and not self._bounded():
                 raise EndlessStreamError(f"lane {self.lane} never ends; slice with a stop")
             n = len(self) if self._bounded() else j.stop
-            return [self._chunk(i) for i in range(*j.indices(n))]
+            return self._chunks(range(*j.indices(n)))
         j = int(j)
         if j < 0:
             j += len(self)
@@ -513,13 +524,20 @@ class MixtureWorkSource:
         routing.check_replicas(canonical_replicas)
         if not 0 <= lane < canonical_replicas:
             raise ConfigError(f"lane={lane} is outside 0..{canonical_replicas - 1}")
-        return LaneChunks(self, lane, canonical_replicas)
+        chunks = self._lanes.get((lane, canonical_replicas))
+        if chunks is None:  # kept: a lane's length is computed once, not for every window asked for
+            chunks = self._lanes[lane, canonical_replicas] = LaneChunks(self, lane, canonical_replicas)
+        return chunks
+
+    @cached_property
+    def _lanes(self) -> dict[tuple[int, int], LaneChunks]:
+        return {}
 
     def window(self, lane: int, w: int, canonical_replicas: int, k: int) -> list[int]:
         """Global chunk ids of lane ``lane``'s window ``w`` (``k`` chunks; the last may be short)."""
         k = check_int(k, "flush_every_k_chunks", 1, hint="e.g. 8")
         chunks = self.lane_chunks(lane, canonical_replicas)
-        windows = self.num_windows(lane, canonical_replicas, k)  # None for an endless stream
+        windows = None if self.num_chunks is None else -(-len(chunks) // k)  # None for an endless stream
         if w < 0 or (windows is not None and w >= windows):
             raise ChunkOutOfRangeError(f"lane {lane} has no window {w}")
         return chunks[w * k : (w + 1) * k]
