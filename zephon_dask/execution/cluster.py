@@ -28,6 +28,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import dask
+from dask._expr import LLGExpr
 from distributed import CancelledError, Client, LocalCluster, SpecCluster
 from distributed.comm import CommClosedError
 from distributed.diagnostics.plugin import WorkerPlugin
@@ -488,8 +489,12 @@ class DistributedRunner(Runner):
         c = self._client
         if c is None:
             raise ClosedError("this distributed runner is closed; build or reopen the pipeline to compute more windows")
+        # Named by its window key, as Client.submit names its one-task graph: Client.get would
+        # tokenize the whole graph (every task, the spec's future) on this thread to name it.
+        # The name is only the submission's; the task keys stay the graph's deterministic keys.
+        expr = LLGExpr(graph.tasks_for(spec), _determ_token=graph.key)
         # fifo_timeout as in Client.submit: among equal priorities, the graph submitted first runs first
-        return c.get(graph.tasks_for(spec), list(graph.task_keys), sync=False, priority=priority,
+        return c.get(expr, list(graph.task_keys), sync=False, priority=priority,
                      retries=retries, fifo_timeout="100 ms", **where)
 
     def close(self) -> None:
