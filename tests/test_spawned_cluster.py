@@ -1,7 +1,7 @@
 """The embedded cluster's scheduler runs in a process of its own (execution/spawned.py): it gets
 the embedded settings and the user's Dask config, writes to this process's stderr, and neither
 it, its workers nor its scheduler file outlive the training process, closed or killed (that it
-listens on 127.0.0.1 only: test_faults_cluster.py)."""
+listens on 127.0.0.1 only: test_faults_cluster.py); the nannies here skip their own housekeeping."""
 
 from __future__ import annotations
 
@@ -100,6 +100,10 @@ def test_the_schedulers_log_reaches_this_process_and_never_blocks_it(capfd):
         with local_cluster(1, dashboard_address=None) as cluster, Client(cluster, set_as_default=False) as client:
             assert pool.submit(client.run_on_scheduler, _shout).result(timeout=30) == "said"
             assert client.submit(sum, [1, 2], pure=False).result(timeout=30) == 3
+            # the nanny here keeps only what guards its worker (the memory limit), not its own housekeeping
+            nanny, = cluster.workers.values()
+            assert "memory_monitor" in nanny.periodic_callbacks
+            assert not {"monitor", "tick", "ticks", "shift_counters"} & set(nanny.periodic_callbacks)
     finally:
         pool.shutdown(wait=False)
     assert capfd.readouterr().err.count("zephon-test") == 3000
