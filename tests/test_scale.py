@@ -6,11 +6,13 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from oracles import ref_submissions
 
 from zephon_dask.consumer.fetcher import WindowFetcher
+from zephon_dask.errors import ClusterStallError
 
 
 class FakeSpec:
@@ -146,8 +148,10 @@ class CountingClient:
         class Scheduler:
             address = "inproc://test"
 
+            n_workers = 1
+
             def identity(self, **kwargs):
-                return {"n_workers": 1}
+                return {"n_workers": self.n_workers}
 
         self.scheduler = Scheduler()
 
@@ -168,3 +172,22 @@ def test_a_wait_that_ends_in_time_costs_the_scheduler_no_rpc():
     assert client.rpcs == 0
     assert watch.wait([SlowFuture(1)], timeout=0.05) is None
     assert client.rpcs == 1
+    assert watch.wait([SlowFuture(1)], timeout=0.05) is None  # checked just now: not again before 5 s
+    assert client.rpcs == 1
+
+
+def test_empty_waits_check_liveness_at_most_every_few_seconds_unless_a_fault_is_pending():
+    from zephon_dask.execution.watch import ClusterWatch
+
+    client = CountingClient()
+    watch = ClusterWatch(client, timeout=30)
+    for _ in range(4):
+        assert watch.wait([SlowFuture(1)], timeout=0.02) is None
+    assert client.rpcs == 1  # the first empty slice checks; the next ones, within 5 s, do not
+    client = CountingClient()
+    client.scheduler.n_workers = 0  # a fault: once seen, checked after every slice until it raises
+    watch = ClusterWatch(client, timeout=0.3)
+    with pytest.raises(ClusterStallError, match="no worker"):
+        for _ in range(100):
+            watch.wait([SlowFuture(1)], timeout=0.02)
+    assert client.rpcs >= 5

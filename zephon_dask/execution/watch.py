@@ -2,16 +2,19 @@
 
 A :class:`ClusterWatch` belongs to one client. :meth:`ClusterWatch.wait` waits for
 the first of some futures to finish, in slices of at most :data:`POLL` seconds;
-between slices it checks that the client is open, that it reaches its scheduler
-and that the scheduler has a worker. A condition that stays false for
-``timeout`` seconds raises :class:`~zephon_dask.errors.ClusterStallError`; a
-client that is closed (by the user, or by ``distributed`` after it failed to
-reconnect) raises :class:`~zephon_dask.errors.ClusterError` at once. A fast
-wait costs nothing extra: the liveness RPC is only made once a slice has passed.
+between slices it checks that the client is open and, at most every
+:data:`CHECK_EVERY` seconds (every slice while a fault is pending), that it
+reaches its scheduler and that the scheduler has a worker. A condition that
+stays false for ``timeout`` seconds after it is first seen raises
+:class:`~zephon_dask.errors.ClusterStallError`; a client that is closed (by the
+user, or by ``distributed`` after it failed to reconnect) raises
+:class:`~zephon_dask.errors.ClusterError` at once. A fast wait costs nothing
+extra: the liveness RPC is only made once a slice has passed.
 """
 
 from __future__ import annotations
 
+import math
 import socket
 import threading
 import time
@@ -23,7 +26,8 @@ from ..options import BY_NAME as OPTIONS
 DEFAULT_TIMEOUT: float = OPTIONS["cluster_timeout"].default  # seconds without scheduler or worker
 DEFAULT_STALL: float = OPTIONS["stall_timeout"].default  # seconds one window may compute unreported
 CONNECT_TIMEOUT = 5.0  # seconds to open a connection to a scheduler address
-POLL = 1.0  # the longest slice of a wait between two liveness checks
+POLL = 1.0  # the longest slice of a wait
+CHECK_EVERY = 5.0  # seconds between two liveness RPCs while waits keep ending empty (at most timeout / 2)
 PROBE_TIMEOUT = 5.0  # seconds one liveness RPC may take
 
 
@@ -58,6 +62,8 @@ class ClusterWatch:
         self.client, self.timeout = client, float(timeout)
         self.address = address or _address(client)
         self._since: dict[str, float] = {}  # fault -> monotonic time first seen
+        self._checked = -math.inf  # monotonic time of the last liveness RPC
+        self._every = min(CHECK_EVERY, self.timeout / 2)
 
     def _fault(self, name: str, message: str) -> None:
         """Note that ``name`` holds now; raise once it has held ``timeout`` seconds."""
@@ -86,6 +92,7 @@ class ClusterWatch:
             self._fault("scheduler", "the scheduler has been unreachable")
             return
         self._since.pop("scheduler", None)
+        self._checked = time.monotonic()
         try:
             info = self.client.sync(self.client.scheduler.identity, n_workers=0, callback_timeout=PROBE_TIMEOUT)
         except Exception:  # an RPC that fails or times out: the scheduler is not answering
@@ -101,8 +108,9 @@ class ClusterWatch:
         """The first finished (or failed, or cancelled) future of ``futures`` (``None`` entries are
         skipped), or ``None`` after ``timeout`` seconds. Checks liveness after a slice that ends
         without one (not before: a consumer ahead of the workers waits for every window, and a
-        liveness RPC per wait would cost the scheduler a message per window per rank); fetches no
-        result."""
+        liveness RPC per wait would cost the scheduler a message per window per rank), and then at
+        most every :data:`CHECK_EVERY` seconds while no fault is pending (each RPC costs this
+        process's event loop CPU while it waits on slower workers); fetches no result."""
         live = [f for f in futures if f is not None]
         self.check_open()
         done = [f for f in live if f.done()]
@@ -111,7 +119,7 @@ class ClusterWatch:
         event = threading.Event()
         for f in live:
             f.add_done_callback(lambda _: event.set())
-        if not event.wait(timeout):
+        if not event.wait(timeout) and (self._since or time.monotonic() - self._checked >= self._every):
             self.check()
         return next((f for f in live if f.done()), None)
 
