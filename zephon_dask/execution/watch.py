@@ -2,7 +2,7 @@
 
 A :class:`ClusterWatch` belongs to one client. :meth:`ClusterWatch.wait` waits for
 the first of some futures to finish, in slices of at most :data:`POLL` seconds;
-between slices it checks that the client is open and, at most every
+between slices it checks that the client is open and connected and, at most every
 :data:`CHECK_EVERY` seconds (every slice while a fault is pending), that it
 reaches its scheduler and that the scheduler has a worker. A condition that
 stays false for ``timeout`` seconds after it is first seen raises
@@ -119,7 +119,8 @@ class ClusterWatch:
         event = threading.Event()
         for f in live:
             f.add_done_callback(lambda _: event.set())
-        if not event.wait(timeout) and (self._since or time.monotonic() - self._checked >= self._every):
+        if not event.wait(timeout) and (self._since or self.check_open() != "running"
+                                        or time.monotonic() - self._checked >= self._every):
             self.check()
         return next((f for f in live if f.done()), None)
 
