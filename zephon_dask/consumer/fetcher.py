@@ -13,9 +13,9 @@ With ``fused=True`` every window is one task except the first windows of the
 stream, one per lane for the first ``split_first`` submissions (the runner's
 worker threads, see the session), which are split into their chunk tasks: split
 windows are computed one after the other by all workers at once instead of one
-per worker, so the first batch waits for a fraction of a window, and the first
-``split_first`` lanes' first windows are all done by the time fused ones would
-be. Later windows, other lanes' first ones included, are fused: the workers
+per worker, so the first batch waits for a fraction of a window (the task
+joining a split window's chunks may still wait behind a fused window its worker
+already took). Later windows, other lanes' first ones included, are fused: the workers
 are busy with one window each by then, so a split would add tasks (a chunk's
 result sent between workers, the scheduler's and workers' messages for each)
 and gain nothing. Both encodings give the same bytes.
