@@ -352,7 +352,7 @@ def run_pool(pipe: Pipeline, workers: int) -> dict:
     t0 = time.perf_counter()
     with cf.ProcessPoolExecutor(max_workers=workers, initializer=_pool_init, initargs=(spec,)) as pool:
         pids = set(pool.map(_pool_ready, range(workers)))  # start every worker (timed separately)
-        cpu0 = _cpu(pids)
+        cpu0, parent0 = _cpu(pids), _self_cpu()
         t_ready = time.perf_counter()
         results = pool.map(_pool_window, pairs)
         got: dict = {}
@@ -376,9 +376,10 @@ def run_pool(pipe: Pipeline, workers: int) -> dict:
                 first = time.perf_counter() - t0
             tally.add(batch)
         t_end = time.perf_counter()
-        cpu = _cpu(pids) - cpu0
+        cpu, parent = _cpu(pids) - cpu0, _self_cpu() - parent0
     return {"wall": t_end - t0, "wall_warm": t_end - t_ready, "start": t_ready - t0, "first": first,
-            "tokens": tally.tokens, "batches": tally.batches, "sha": tally.digest(), "cpu": cpu}
+            "tokens": tally.tokens, "batches": tally.batches, "sha": tally.digest(), "cpu": cpu,
+            "cpu_parts": {"parent": parent, "workers": cpu - parent}}
 
 
 # -- the pipeline, in its own "training process" --------------------------------------------
@@ -439,13 +440,57 @@ def _thread_cpu() -> dict[str, float]:
     return out
 
 
+def _worker_threads() -> dict[str, float]:
+    """CPU seconds of a Dask worker process's threads by role (run on each worker): ``tasks`` (the
+    thread running the tasks), ``event loop`` (its main thread: messages, data transfers,
+    heartbeats, memory checks), ``other`` (the profiler's and the offload threads)."""
+    import threading
+
+    import psutil
+
+    names = {t.native_id: t.name for t in threading.enumerate()}
+    main_id = threading.main_thread().native_id
+    out: dict[str, float] = {}
+    for t in psutil.Process().threads():
+        role = ("event loop" if t.id == main_id else "tasks" if "Dask-Default-Threads" in names.get(t.id, "")
+                else "other")
+        out[role] = out.get(role, 0.0) + t.user_time + t.system_time
+    return out
+
+
+def _cluster_cpu(pipe: Pipeline) -> dict[str, float]:
+    """CPU seconds so far of the embedded cluster's processes (children of this process): the
+    scheduler process, the workers' threads by role (:func:`_worker_threads`), anything else."""
+    import psutil
+
+    runner = pipe.runner()
+    out = {"scheduler": 0.0, "other processes": 0.0}
+    workers = runner.client.run(_worker_threads)
+    for threads in workers.values():
+        for role, cpu in threads.items():
+            out[f"workers' {role}"] = out.get(f"workers' {role}", 0.0) + cpu
+    worker_pids = set(runner.worker_pids().values())
+    for proc in psutil.Process().children(recursive=True):
+        try:
+            if proc.pid in worker_pids:
+                continue
+            t = proc.cpu_times()
+            kind = "scheduler" if "spec" in proc.cmdline() else "other processes"
+            out[kind] += t.user + t.system
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
 def _self_cpu() -> float:
     t = os.times()
     return t.user + t.system
 
 
-def _timed_pass(pipe: Pipeline, first_only: bool = False) -> dict:
+def _timed_pass(pipe: Pipeline, first_only: bool = False, warm: bool = False) -> dict:
+    """One pass over ``pipe`` (``warm``: its cluster is up, and its processes' CPU is reported)."""
     tally = Tally()
+    cluster0 = _cluster_cpu(pipe) if warm else {}
     cpu0, threads0, self0 = _cpu(), _thread_cpu(), _self_cpu()
     t0 = time.perf_counter()
     it = iter(pipe)  # starts the cluster on first use and submits the first windows
@@ -460,8 +505,11 @@ def _timed_pass(pipe: Pipeline, first_only: bool = False) -> dict:
     t_end = time.perf_counter()
     self1 = _self_cpu()  # before this benchmark's own measuring (psutil) below
     threads = _thread_cpu()
+    cpu, cpu_self = _cpu() - cpu0, self1 - self0
+    cluster = {k: v - cluster0.get(k, 0.0) for k, v in _cluster_cpu(pipe).items()} if warm else {}
     return {"wall": t_end - t0, "start": t_iter - t0, "first": first, "tokens": tally.tokens,
-            "cpu": _cpu() - cpu0, "cpu_self": self1 - self0 - tally.cpu, "cpu_tally": tally.cpu,
+            "cpu": cpu, "cpu_self": cpu_self - tally.cpu, "cpu_tally": tally.cpu,
+            "cpu_parts": {"training process": cpu_self, **cluster},
             "cpu_threads": {k: v - threads0.get(k, 0.0) for k, v in threads.items()},
             "batches": tally.batches, "sha": tally.digest(),
             "packing": pipe.stats().packing_efficiency}
@@ -531,7 +579,7 @@ def pipeline_child(args) -> None:
         for line in sys.stdin:
             if line.strip() != "warm":
                 break
-            print(json.dumps(_timed_pass(pipe)), flush=True)
+            print(json.dumps(_timed_pass(pipe, warm=True)), flush=True)
     finally:
         pipe.close()
     print(json.dumps({"rss_peak_mb": _rss_mb()}), flush=True)
@@ -650,6 +698,10 @@ def report(wl: Workload, info: dict, single: dict, pools: list[dict], pipe: dict
           + ", ".join(f"{r:.2f}x" for r in rounds))
     print(f"CPU per pass (medians; all processes of the mode): pool {statistics.median(p['cpu'] for p in pools):.1f} s, "
           f"warm pipeline {statistics.median(w['cpu'] for w in warms):.1f} s")
+    for mode, passes in (("pool", pools), ("warm pipeline", warms)):
+        parts = sorted({k for p in passes for k in p["cpu_parts"]}, key=list(passes[0]["cpu_parts"]).index)
+        print(f"  {mode} by process (medians; hashing in the parent / training process): "
+              + ", ".join(f"{k} {statistics.median(p['cpu_parts'].get(k, 0.0) for p in passes):.2f} s" for k in parts))
     self_cpu = statistics.median(w["cpu_self"] for w in warms)
     per_m = statistics.median(w["cpu_self"] / (w["tokens"] / 1e6) for w in warms)
     threads = {k: statistics.median(w["cpu_threads"].get(k, 0.0) for w in warms)

@@ -356,6 +356,55 @@ def test_distributed_runner_submits_exactly_the_window_graph(corpus_dir, cluster
     assert cluster.run_on_scheduler(_scheduler_tasks, fp) == {}  # every future released
 
 
+def test_only_as_many_first_windows_as_workers_are_split(corpus_dir, cluster):
+    """With ``fuse``, the first windows of an iteration, one per lane, are split into chunk tasks for
+    the first 2 lanes (the cluster's 2 worker threads compute each together) and fused for the
+    others; again on the next iteration. The bytes are the reference's."""
+    from distributed import get_task_stream
+
+    p = build(corpus_dir, seed=78, R=4, client=cluster)  # a fingerprint no other test submits
+    fp = p.spec.fingerprint[:16]
+    with p:
+        for _ in range(2):
+            with get_task_stream(client=cluster) as ts:
+                got = [batch_rows(b) for b in p]
+            assert got == reference(p)
+            keys = [t["key"] for t in ts.data if fp in str(t["key"])]
+            split = {tuple(map(int, k.split("-")[-3:-1])) for k in keys if k.startswith("zephon-chunk-")}
+            fused = {tuple(map(int, k.split("-")[-2:])) for k in keys if k.startswith("zephon-fused-window-")}
+            assert split == {(0, 0), (1, 0)}
+            assert {(2, 0), (3, 0)} <= fused and not split & fused
+
+
+def _queued_in_priority_order(fp: str, dask_scheduler=None) -> dict:
+    """``{key: whether the scheduler treats the task as root-ish}`` for the tasks whose key holds
+    ``fp`` (root-ish tasks wait in one queue and go to the workers in priority order)."""
+    return {str(k): dask_scheduler.is_rootish(ts) for k, ts in dask_scheduler.tasks.items() if fp in str(k)}
+
+
+def test_window_tasks_are_queued_in_priority_order_however_few(corpus_dir, cluster):
+    """The tasks that read data (a fused window, a split window's chunks) are queued by Dask's
+    scheduler and handed to workers in priority order even when there are few of them: Dask
+    queues only groups much larger than the cluster otherwise, so at an iteration's start a
+    few fused windows went straight to the workers while the first window's chunks waited
+    behind them. A split window's last task (it has dependencies) is not queued."""
+    from zephon_dask.execution.cluster import DistributedRunner
+    from zephon_dask.graph import window_graph
+
+    spec = build(corpus_dir, seed=79, k=4).spec  # a fingerprint no other test submits
+    runner = DistributedRunner(spec, client=cluster)
+    split, fused = window_graph(spec, 0, 0, fused=False), window_graph(spec, 1, 0, fused=True)
+    handles = [runner.submit(split, priority=0), runner.submit(fused, priority=-1)]
+    for h in handles:
+        h.result()  # held, not released: the scheduler still has every task
+    seen = cluster.run_on_scheduler(_queued_in_priority_order, spec.fingerprint[:16])
+    for h in handles:
+        h.release()
+    runner.close()
+    assert {k: seen[k] for k in [*split.task_keys, fused.key]} == {**dict.fromkeys(split.chunk_keys, True),
+                                                                 split.key: False, fused.key: True}
+
+
 def test_two_pipelines_share_keys_on_one_cluster(corpus_dir, cluster):
     a = build(corpus_dir, client=cluster, prefetch_windows=64, dp_degree=2, dp_group_id=1)
     b = build(corpus_dir, client=cluster, prefetch_windows=64, dp_degree=2, dp_group_id=1)

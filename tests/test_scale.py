@@ -47,9 +47,11 @@ class Handle:
 class RecordingRunner:
     def __init__(self):
         self.submitted = []
+        self.fused = []
 
     def submit(self, graph, priority):
         self.submitted.append((graph.lane, graph.window))
+        self.fused.append(graph.fused)
         return Handle((graph.lane, graph.window))
 
 
@@ -69,6 +71,32 @@ def test_fetcher_submits_in_the_reference_order(data):
         out = fetcher.get(lane)
         assert out is None or out[0] == lane
     assert runner.submitted == ref_submissions(num_windows, start, prefetch, gets)
+
+
+@settings(max_examples=100, deadline=None)
+@given(data=st.data())
+def test_fetcher_splits_only_the_first_windows_it_submits(data):
+    """With ``fused``, a window is split into chunk tasks exactly when it is its lane's first and one
+    of the first ``split_first`` submitted (as many as the workers compute together); without, always.
+    The order of submissions does not depend on it."""
+    n = data.draw(st.integers(1, 8))
+    lanes = data.draw(st.permutations(range(12)))[:n]
+    num_windows = {lane: data.draw(st.one_of(st.none(), st.integers(0, 4))) for lane in lanes}
+    start = {lane: data.draw(st.integers(0, 2)) for lane in lanes}
+    prefetch, split_first = data.draw(st.integers(1, 10)), data.draw(st.integers(0, 10))
+    fused = data.draw(st.booleans())
+    gets = data.draw(st.lists(st.sampled_from(lanes), max_size=30))
+    runner = RecordingRunner()
+    fetcher = WindowFetcher(FakeSpec(num_windows), runner, lanes, prefetch, start_windows=start, fused=fused,
+                            split_first=split_first)
+    for lane in gets:
+        fetcher.get(lane)
+    assert runner.submitted == ref_submissions(num_windows, start, prefetch, gets)
+    split = [not fused or (w == start[lane] and i < split_first) for i, (lane, w) in enumerate(runner.submitted)]
+    assert runner.fused == [not s for s in split]
+    if fused:
+        assert sum(split) == min(split_first, len({lane for lane, w in runner.submitted[:split_first]
+                                                   if w == start[lane]}))
 
 
 def test_bench_scale_quickest_run(tmp_path):

@@ -131,8 +131,9 @@ OPTIONS: tuple[Option, ...] = (
            "windows kept in flight (default: 2 per worker thread + 4; on a shared cluster, per thread of the group's share)",
            _optional_positive),
     Option("fuse", True, "execution", _BOOL,
-           "one task per window, each lane's first window of an iteration split into chunk "
-           "tasks (True), or a task per chunk plus one per window throughout (False)",
+           "one task per window, the first windows of an iteration (one per lane, for as many lanes as "
+           "worker threads) split into chunk tasks (True), or a task per chunk plus one per window "
+           "throughout (False)",
            check_bool),
     Option("head_start", True, "execution", _BOOL,
            "while the embedded cluster starts, compute the first windows in this process "

@@ -9,12 +9,16 @@ their next window, so a submission costs O(log lanes), not O(lanes). Each handle
 stays bounded however long the run is, and the memory windows free is
 given back to the OS at most every 30 s (:class:`~zephon_dask.execution.memory.Trimmer`).
 
-With ``fused=True`` every window is one task except each lane's first window
-of the stream, which is split into its chunk tasks: the round-robin needs one
-window per lane before the stream flows, and split windows are computed one
-after the other by all workers at once instead of one per worker, so the
-first batch waits for a fraction of a window and no lane's first window for
-more than it would fused. Both encodings give the same bytes.
+With ``fused=True`` every window is one task except the first windows of the
+stream, one per lane for the first ``split_first`` submissions (the runner's
+worker threads, see the session), which are split into their chunk tasks: split
+windows are computed one after the other by all workers at once instead of one
+per worker, so the first batch waits for a fraction of a window (the task
+joining a split window's chunks may still wait behind a fused window its worker
+already took). Later windows, other lanes' first ones included, are fused: the workers
+are busy with one window each by then, so a split would add tasks (a chunk's
+result sent between workers, the scheduler's and workers' messages for each)
+and gain nothing. Both encodings give the same bytes.
 """
 
 from __future__ import annotations
@@ -31,10 +35,10 @@ from ..graph import window_graph
 
 class WindowFetcher:
     def __init__(self, spec: PipelineSpec, runner, lanes: list[int], prefetch: int,
-                 start_windows: dict[int, int] | None = None, fused: bool = False):
+                 start_windows: dict[int, int] | None = None, fused: bool = False, split_first: int = 0):
         self.spec, self.runner, self.lanes = spec, runner, list(lanes)
         self.prefetch = max(1, int(prefetch))
-        self.fused = fused
+        self.fused, self.split_first = fused, split_first
         start = start_windows or {}
         self.next_needed = {lane: start.get(lane, 0) for lane in self.lanes}
         self.next_submit = dict(self.next_needed)
@@ -55,8 +59,11 @@ class WindowFetcher:
         return n is None or w < n
 
     def submit(self, lane: int, w: int) -> None:
-        """Submit lane ``lane``'s window ``w`` to the runner, after those already submitted."""
-        graph = window_graph(self.spec, lane, w, self.fused and w != self.first[lane])
+        """Submit lane ``lane``'s window ``w`` to the runner, after those already submitted: split
+        into chunk tasks unless ``fused``, or if it is the lane's first and one of the first
+        ``split_first`` submitted."""
+        split = not self.fused or (w == self.first[lane] and self._seq < self.split_first)
+        graph = window_graph(self.spec, lane, w, not split)
         self.inflight[(lane, w)] = self.runner.submit(graph, priority=-self._seq)
         self._seq += 1
         self.next_submit[lane] = w + 1

@@ -86,10 +86,15 @@ class Runner:
         about two windows per worker thread in flight between them, instead of each
         sizing its prefetch on the whole cluster (512 ranks on 4,096 threads would
         otherwise hold 512 x 8,196 windows)."""
+        return 2 * self.share(lanes) + 4
+
+    def share(self, lanes: int | None = None) -> int:
+        """The :attr:`slots` a consumer of ``lanes`` of the ``canonical_replicas`` lanes counts
+        as its own: all of them, or on a :attr:`shared` runner its share (at least 1)."""
         slots = self.slots
         if self.shared and lanes is not None:
             slots = max(1, math.ceil(slots * lanes / self.spec.canonical_replicas))
-        return 2 * slots + 4
+        return slots
 
     def _run_local(self, graph: WindowGraph) -> WindowOutput:
         return dask.get(graph.to_dict(self.spec), graph.key)

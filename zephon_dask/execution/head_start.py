@@ -5,7 +5,7 @@ Dask and the pipeline's libraries) and a first window as long again on one
 worker: the first batch would wait for both. Until the cluster is up, the
 distributed runner queues the windows submitted to it here instead; one thread
 of this process computes them in priority order, each window's chunk tasks in
-parallel on a small thread pool (tokenizers release the GIL). :meth:`HeadStart.hand_over`
+parallel on a small thread pool (tokenizers release the GIL), fused windows included. :meth:`HeadStart.hand_over`
 sends every window not yet started to the cluster once it is up; those being
 computed here finish here. The cluster starts once the first window is computed here (or
 after :data:`HEAD_START_ALONE` seconds): started at once, its processes
@@ -29,7 +29,7 @@ import dask.threaded
 from ..core.spec import PipelineSpec
 from ..core.window import WindowOutput
 from ..errors import ClosedError, ClusterError
-from ..graph import WindowGraph
+from ..graph import WindowGraph, window_graph
 from .base import WindowHandle
 
 POLL = 1.0  # the longest slice of a wait for the cluster, between two checks of its deadline
@@ -175,10 +175,10 @@ class HeadStart:
                 self._pool.shutdown(wait=False)
 
     def _compute(self, graph: WindowGraph) -> WindowOutput:
-        tasks = graph.to_dict(self.spec)
         if self._pool is None:
-            return dask.get(tasks, graph.key)
-        return dask.threaded.get(tasks, graph.key, pool=self._pool)
+            return dask.get(graph.to_dict(self.spec), graph.key)
+        split = window_graph(self.spec, graph.lane, graph.window)  # a fused window's chunks in parallel too
+        return dask.threaded.get(split.to_dict(self.spec), split.key, pool=self._pool)
 
     def _failed_here(self, handle: HeadStartHandle, exc: BaseException) -> None:
         if not self.retry_remotely or isinstance(exc, ClosedError):

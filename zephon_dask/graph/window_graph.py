@@ -43,10 +43,18 @@ class WindowGraph:
     def tasks_for(self, spec: Any) -> dict[str, Task]:
         """The window's tasks by key, in dependency order. ``spec`` is every task's spec
         argument: a reference to the spec's task (a ``TaskRef`` or a ``distributed`` future,
-        which is one) or the :class:`PipelineSpec` itself."""
+        which is one) or the :class:`PipelineSpec` itself.
+
+        The tasks that read data (a fused window, a chunk) are marked as data producers: Dask's
+        scheduler then always queues them and hands them to workers in priority order. Otherwise
+        it queues only the tasks of a group much larger than the cluster, so at the start of an
+        iteration a few fused windows went straight to the workers while the split first windows'
+        chunks, a larger group, waited in the queue behind them (the first batch waited for
+        several windows instead of a fraction of one)."""
         if self.fused:
-            return {self.key: Task(self.key, compute_window, spec, self.lane, self.window)}
-        tasks = {k: Task(k, compute_chunk, spec, g) for k, g in zip(self.chunk_keys, self.chunks, strict=True)}
+            return {self.key: Task(self.key, compute_window, spec, self.lane, self.window, _data_producer=True)}
+        tasks = {k: Task(k, compute_chunk, spec, g, _data_producer=True)
+                 for k, g in zip(self.chunk_keys, self.chunks, strict=True)}
         chunks = List(*map(TaskRef, self.chunk_keys))
         tasks[self.key] = Task(self.key, finish_window, spec, self.lane, self.window, chunks)
         return tasks

@@ -103,11 +103,12 @@ class Session:
         start, _ = resume_point(resume, lanes)
         runner = self.runner()
         settings = self.pipeline.settings
+        slots = runner.share(len(lanes))  # as many first windows split as the workers compute together
         return BatchStream(
             self.pipeline.spec, self.pipeline.batch_options, lanes, runner,
             settings["prefetch_windows"] or runner.default_prefetch(len(lanes)),
             deterministic=settings["deterministic"], fused=settings["fuse"],
-            start=start, first_lane=first_lane,
+            start=start, first_lane=first_lane, split_first=slots if slots > 1 else 0,
         )
 
     def begin(self) -> tuple[Progress, int]:
