@@ -176,7 +176,7 @@ def test_embedded_cluster_keeps_dasks_per_window_records_bounded(corpus_dir):
         client = p.runner().client
         assert client.scheduler_comm.recent_message_log.maxlen == 300
         plugins, names, collections = client.run_on_scheduler(_scheduler_records)
-        assert TrimSchedulerRecords.name in plugins and names > 4 and collections > 4
+        assert TrimSchedulerRecords.name in plugins  # it trims every 30 s: sizes depend on when it last ran
         _, names, collections = client.run_on_scheduler(_scheduler_records, trim=True)
         assert names == 0 and collections == 2  # a graph per window, and the spec's future
 
