@@ -5,7 +5,8 @@ memory in use through ``malloc``, open file descriptors, threads) at a fixed int
 while a repeating pipeline streams batches, then reports the change from the end of the
 warm-up to the last sample, and for memory also between the means of the first and last
 ``--span`` seconds after warm-up. Bounded state means flat curves after warm-up; memory
-in use that stays flat while RSS rises is the allocator's free memory, not growing state.
+in use that stays flat while RSS rises is not arrays or buffers piling up (it leaves out
+the allocator's free memory and Python's small objects).
 
     python benchmarks/bench_soak.py --minutes 30 [--workers 2] [--every 10] [--warmup 360] [--span 300]
                                     [--csv soak.csv] [--png soak.png] [--quick]

@@ -157,7 +157,7 @@ def local_cluster(n_workers: int | None, threads_per_worker: int = 1, processes:
 
 def _forget_key_names() -> None:
     """Empty Dask's cache of task-name prefixes (``key_split``, 100,000 keys): every key ever seen
-    stays there, and each window's keys are new, so it grows for hours (~0.3 KB a key)."""
+    stays there, and each window's keys are new, so it grows for hours (~0.17 KB a key)."""
     key_split.cache_clear()
 
 

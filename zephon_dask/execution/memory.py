@@ -69,7 +69,8 @@ def _mallinfo2():
 def malloc_in_use() -> int | None:
     """Bytes this process has in use through ``malloc`` (glibc's ``mallinfo2``: allocated heap
     chunks plus mmapped blocks), ``None`` without it. Unlike RSS it excludes memory freed but
-    kept by the allocator, so it tells growing state from fragmentation. Holds no state."""
+    kept by the allocator (and Python's small objects, which live in arenas of Python's own),
+    so arrays and buffers that pile up show here and fragmentation does not. Holds no state."""
     call = _mallinfo2()
     if call is None:
         return None
