@@ -1,10 +1,12 @@
 """Soak: stream batches for a while on the embedded cluster and sample memory, fds and threads.
 
-Samples the training process and every worker process (RSS, open file descriptors,
-threads) at a fixed interval while a repeating pipeline streams batches, then reports
-the change from the end of the warm-up to the last sample, and for RSS also between the
-means of the first and last ``--span`` seconds after warm-up. Bounded state means flat
-curves after warm-up.
+Samples the training process, the scheduler's process and every worker process (RSS,
+memory in use through ``malloc``, open file descriptors, threads) at a fixed interval
+while a repeating pipeline streams batches, then reports the change from the end of the
+warm-up to the last sample, and for memory also between the means of the first and last
+``--span`` seconds after warm-up. Bounded state means flat curves after warm-up; memory
+in use that stays flat while RSS rises is not arrays or buffers piling up (it leaves out
+the allocator's free memory and Python's small objects).
 
     python benchmarks/bench_soak.py --minutes 30 [--workers 2] [--every 10] [--warmup 360] [--span 300]
                                     [--csv soak.csv] [--png soak.png] [--quick]
@@ -15,6 +17,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
 import tempfile
 import time
 from dataclasses import dataclass
@@ -23,6 +27,7 @@ from pathlib import Path
 import psutil
 
 import zephon_dask as z
+from zephon_dask.execution.memory import malloc_in_use
 
 WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron".split()
 
@@ -34,6 +39,7 @@ class Sample:
     rss_mb: dict[str, float]
     fds: dict[str, int]
     threads: dict[str, int]
+    in_use_mb: dict[str, float]  # through malloc (glibc's mallinfo2); absent where unknown
 
 
 def _corpus(root: Path, files: int = 4, docs: int = 500) -> str:
@@ -62,6 +68,18 @@ def _measure(procs: dict[str, psutil.Process]) -> tuple[dict, dict, dict]:
     return rss, fds, threads
 
 
+def _in_use(client, pids: dict[str, int]) -> dict[str, float]:
+    """Memory in use through ``malloc`` (MB) per process named in ``pids`` ("trainer",
+    "scheduler", worker addresses), asked of each process itself."""
+    values = {"trainer": malloc_in_use()}
+    try:
+        values.update(client.run(malloc_in_use))
+        values["scheduler"] = client.run_on_scheduler(malloc_in_use)
+    except Exception:  # a process that is restarting: that sample has no value for it
+        pass
+    return {name: values[key] / 2**20 for key, name in pids.items() if values.get(key) is not None}
+
+
 def soak(seconds: float, every: float, n_workers: int = 1, workdir: str | None = None) -> list[Sample]:
     """Stream a repeating pipeline on an embedded cluster for ``seconds``; a :class:`Sample` every ``every`` s."""
     with tempfile.TemporaryDirectory(dir=workdir) as tmp:
@@ -73,15 +91,18 @@ def soak(seconds: float, every: float, n_workers: int = 1, workdir: str | None =
         with pipe:
             batches = iter(pipe)
             next(batches)
-            procs = {"trainer": psutil.Process()}
-            procs.update({f"worker-{i}": psutil.Process(pid)
-                          for i, pid in enumerate(sorted(pipe.runner().worker_pids().values()))})
+            client = pipe.runner().client
+            names = {"trainer": "trainer", "scheduler": "scheduler"}
+            pids = {"trainer": os.getpid(), "scheduler": client.run_on_scheduler(os.getpid)}
+            for i, (address, pid) in enumerate(sorted(client.run(os.getpid).items(), key=lambda kv: kv[1])):
+                names[address], pids[f"worker-{i}"] = f"worker-{i}", pid
+            procs = {name: psutil.Process(pid) for name, pid in pids.items()}
             start = time.monotonic()
             n, due = 1, start
             while True:
                 now = time.monotonic()
                 if now >= due:
-                    samples.append(Sample(now - start, n, *_measure(procs)))
+                    samples.append(Sample(now - start, n, *_measure(procs), _in_use(client, names)))
                     due += every
                     if now - start >= seconds:
                         break
@@ -91,20 +112,22 @@ def soak(seconds: float, every: float, n_workers: int = 1, workdir: str | None =
 
 
 def growth(samples: list[Sample], warmup: float, span: float = 0.0) -> dict[str, dict[str, float]]:
-    """Per process: relative RSS change and absolute fd / thread change from the first sample
-    after ``warmup`` seconds to the last one. With ``span`` > 0, RSS compares the mean of the
-    samples within ``span`` seconds after warm-up with the mean of the last ``span`` seconds
-    (RSS moves by several MB from sample to sample as windows come and go)."""
+    """Per process: relative change of RSS and of memory in use (``nan`` where unknown) and
+    absolute fd / thread change from the first sample after ``warmup`` seconds to the last one.
+    With ``span`` > 0, memory compares the mean of the samples within ``span`` seconds after
+    warm-up with the mean of the last ``span`` seconds (it moves by several MB from sample to
+    sample as windows come and go)."""
     after = [s for s in samples if s.seconds >= warmup] or samples[-1:]
     first, last = after[0], samples[-1]
     head = [s for s in after if s.seconds <= first.seconds + span]
     tail = [s for s in after if s.seconds >= last.seconds - span]
 
-    def mean(picked: list[Sample], name: str) -> float:
-        values = [s.rss_mb[name] for s in picked if name in s.rss_mb]
-        return sum(values) / len(values)
+    def mean(picked: list[Sample], name: str, field: str = "rss_mb") -> float:
+        values = [getattr(s, field)[name] for s in picked if name in getattr(s, field)]
+        return sum(values) / len(values) if values else math.nan
 
     return {name: {"rss": mean(tail, name) / mean(head, name) - 1,
+                   "in_use": mean(tail, name, "in_use_mb") / mean(head, name, "in_use_mb") - 1,
                    "fds": last.fds[name] - first.fds[name],
                    "threads": last.threads[name] - first.threads[name]}
             for name in first.rss_mb if name in last.rss_mb}
@@ -119,20 +142,23 @@ def read_csv(path: str) -> list[Sample]:
     names = sorted({k[: -len("_rss_mb")] for k in rows[0] if k.endswith("_rss_mb")})
     return [Sample(float(r["seconds"]), int(r["batches"]),
                    {n: float(r[f"{n}_rss_mb"]) for n in names}, {n: int(r[f"{n}_fds"]) for n in names},
-                   {n: int(r[f"{n}_threads"]) for n in names}) for r in rows]
+                   {n: int(r[f"{n}_threads"]) for n in names},
+                   {n: float(r[f"{n}_in_use_mb"]) for n in names if r.get(f"{n}_in_use_mb")}) for r in rows]
 
 
 def plot(samples: list[Sample], warmup: float, png: str) -> None:
-    """RSS, fds and threads per process over time, warm-up marked; a small PNG (matplotlib)."""
+    """RSS, memory in use, fds and threads per process over time, warm-up marked; a small PNG
+    (matplotlib)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     minutes = [s.seconds / 60 for s in samples]
-    fig, axes = plt.subplots(3, 1, figsize=(7, 6), sharex=True, dpi=72)
-    for ax, (label, field) in zip(axes, [("RSS (MB)", "rss_mb"), ("open fds", "fds"), ("threads", "threads")],
-                                  strict=True):
+    fig, axes = plt.subplots(4, 1, figsize=(7, 8), sharex=True, dpi=72)
+    panels = [("RSS (MB)", "rss_mb"), ("in use via malloc (MB)", "in_use_mb"), ("open fds", "fds"),
+              ("threads", "threads")]
+    for ax, (label, field) in zip(axes, panels, strict=True):
         for name in sorted(samples[0].rss_mb):
             ax.plot(minutes, [getattr(s, field).get(name, float("nan")) for s in samples], label=name, lw=1.2)
         ax.axvline(warmup / 60, color="grey", ls="--", lw=0.8)
@@ -150,13 +176,14 @@ def plot(samples: list[Sample], warmup: float, png: str) -> None:
 
 def table(samples: list[Sample], rows: int = 7) -> str:
     """A markdown table of ``rows`` samples evenly spread over the run (first and last included):
-    per process, ``RSS MB / fds / threads``."""
+    per process, ``RSS MB (in use MB) / fds / threads``."""
     names = sorted(samples[0].rss_mb)
     end = samples[-1].seconds
     picks = [min(samples, key=lambda s, t=end * i / (rows - 1): abs(s.seconds - t)) for i in range(rows)]
     out = ["| min | batches | " + " | ".join(names) + " |", "|---:|---:|" + "---|" * len(names)]
     for s in picks:
-        cells = [f"{s.rss_mb[n]:.1f} MB / {s.fds[n]} / {s.threads[n]}" if n in s.rss_mb else "-" for n in names]
+        cells = [f"{s.rss_mb[n]:.1f} MB ({s.in_use_mb.get(n, math.nan):.1f}) / {s.fds[n]} / {s.threads[n]}"
+                 if n in s.rss_mb else "-" for n in names]
         out.append(f"| {s.seconds / 60:.1f} | {s.batches:,} | " + " | ".join(cells) + " |")
     return "\n".join(out)
 
@@ -185,9 +212,11 @@ def main() -> None:
     if args.csv and not args.plot:
         names = sorted(samples[0].rss_mb)
         with open(args.csv, "w") as fh:
-            fh.write("seconds,batches," + ",".join(f"{n}_rss_mb,{n}_fds,{n}_threads" for n in names) + "\n")
+            fh.write("seconds,batches,"
+                     + ",".join(f"{n}_rss_mb,{n}_fds,{n}_threads,{n}_in_use_mb" for n in names) + "\n")
             for s in samples:
-                cols = [f"{s.rss_mb.get(n, 0):.1f},{s.fds.get(n, 0)},{s.threads.get(n, 0)}" for n in names]
+                cols = [f"{s.rss_mb.get(n, 0):.1f},{s.fds.get(n, 0)},{s.threads.get(n, 0)},"
+                        + (f"{s.in_use_mb[n]:.1f}" if n in s.in_use_mb else "") for n in names]
                 fh.write(f"{s.seconds:.1f},{s.batches}," + ",".join(cols) + "\n")
     warmup = args.warmup if args.warmup is not None else seconds / 10
     if args.png:
@@ -199,7 +228,8 @@ def main() -> None:
     for name, g in growth(samples, warmup).items():
         s0 = next(s for s in samples if s.seconds >= warmup or s is samples[-1])
         print(f"  {name:10s} RSS {s0.rss_mb[name]:7.1f} -> {samples[-1].rss_mb[name]:7.1f} MB ({g['rss']:+.1%}; "
-              f"{span:.0f}-s means {means[name]['rss']:+.1%}), fds {g['fds']:+d}, threads {g['threads']:+d}")
+              f"{span:.0f}-s means {means[name]['rss']:+.1%}; in use via malloc {means[name]['in_use']:+.1%}), "
+              f"fds {g['fds']:+d}, threads {g['threads']:+d}")
 
 
 if __name__ == "__main__":

@@ -154,6 +154,44 @@ def test_embedded_cluster_workers_and_the_consumer_give_freed_memory_back(corpus
     assert trims == [1]  # once per interval
 
 
+def _scheduler_records(dask_scheduler, trim=False):
+    from dask.utils import key_split
+
+    from zephon_dask.execution.cluster import TrimSchedulerRecords
+
+    if trim:
+        TrimSchedulerRecords.trim(dask_scheduler)
+    spans = dask_scheduler.extensions["spans"].spans.values()
+    return (sorted(dask_scheduler.plugins), key_split.cache_info().currsize,
+            sum(len((s.metadata or {}).get("collections", ())) for s in spans))
+
+
+def test_embedded_cluster_keeps_dasks_per_window_records_bounded(corpus_dir):
+    # Dask keeps every key's name prefix (up to 100,000) and one collection entry per submitted
+    # graph in the scheduler (without end); the client kept its last 1,000 messages
+    from zephon_dask.execution.cluster import TrimSchedulerRecords
+
+    with build(corpus_dir, n_workers=1, head_start=False) as p:
+        assert len(list(p)) > 4
+        client = p.runner().client
+        assert client.scheduler_comm.recent_message_log.maxlen == 300
+        plugins, names, collections = client.run_on_scheduler(_scheduler_records)
+        assert TrimSchedulerRecords.name in plugins  # it trims every 30 s: sizes depend on when it last ran
+        _, names, collections = client.run_on_scheduler(_scheduler_records, trim=True)
+        assert names == 0 and collections == 2  # a graph per window, and the spec's future
+
+
+def test_malloc_in_use_counts_live_allocations_not_freed_memory():
+    from zephon_dask.execution import memory
+
+    before = memory.malloc_in_use()  # glibc on the machines we test on
+    block = bytearray(64 * 2**20)
+    during = memory.malloc_in_use()
+    del block
+    after = memory.malloc_in_use()
+    assert during - before >= 64 * 2**20 and after - before < 8 * 2**20, (before, during, after)
+
+
 def test_starting_the_embedded_cluster_leaves_this_process_environment_as_it_was(corpus_dir, monkeypatch):
     # the nanny exports OMP_NUM_THREADS=1, PYTHONHASHSEED, ... into the spawning process; every
     # process the training script started afterwards inherited them

@@ -14,6 +14,34 @@ from zephon_dask.cli import main as cli
 EXAMPLE = Path(__file__).parent.parent / "examples" / "recipe.toml"
 
 
+def test_step_history_keeps_the_last_steps_in_fixed_memory():
+    """The per-step history is a ring of preallocated arrays: the same size from the first step
+    (a long run's memory stays flat), the last ``capacity`` steps kept, oldest first."""
+    from zephon_dask.state.history import StepHistory
+
+    history = StepHistory(2, capacity=5)
+    size = sum(a.nbytes for a in vars(history).values() if isinstance(a, np.ndarray) and a.base is None)
+    rng = np.random.default_rng(0)
+    expected = {}
+    for batch in range(40):
+        step = batch // 3
+        real, tokens, samples = int(rng.integers(100)), rng.integers(0, 9, 2), rng.integers(0, 2, 2)
+        history.add(step, real, 128, tokens, samples)
+        e = expected.setdefault(step, {"global_step": step, "tokens": 0, "slots": 0,
+                                       "dataset_tokens": np.zeros(2, int), "dataset_samples": np.zeros(2, int)})
+        e["tokens"] += real
+        e["slots"] += 128
+        e["dataset_tokens"] = e["dataset_tokens"] + tokens
+        e["dataset_samples"] = e["dataset_samples"] + samples
+        kept = [expected[s] for s in sorted(expected)[-5:]]
+        got = list(history)
+        assert len(history) == len(got) == len(kept)
+        for g, k in zip(got, kept, strict=True):
+            assert {**g, "dataset_tokens": g["dataset_tokens"].tolist(), "dataset_samples": g["dataset_samples"].tolist()} \
+                == {**k, "dataset_tokens": k["dataset_tokens"].tolist(), "dataset_samples": k["dataset_samples"].tolist()}
+    assert sum(a.nbytes for a in vars(history).values() if isinstance(a, np.ndarray) and a.base is None) == size
+
+
 def test_stats_count_what_was_delivered(corpus_dir):
     pipe = build(corpus_dir, runner="synchronous", batches_per_step=4)
     before = pipe.stats()

@@ -26,7 +26,7 @@ def check_seed(seed: object) -> int:
     return check_int(seed, "seed", 0, hint="e.g. seed=0")
 
 
-@lru_cache(maxsize=4096)  # ~3 MB; the hot keys (lane permutations, shard orders) are few
+@lru_cache(maxsize=1024)  # ~0.6 MB, full early; the hot keys (current lane blocks, shard orders) are few
 def stream_keys(seed: int, purpose: str, *indices: int, n: int = 8) -> tuple[int, ...]:
     """``n`` 64-bit keys for the stream named by ``(seed, purpose, indices)``."""
     entropy = [seed, text_id(purpose), *(int(i) for i in indices)]

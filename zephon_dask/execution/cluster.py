@@ -29,9 +29,10 @@ from typing import Any
 
 import dask
 from dask._expr import LLGExpr
+from dask.utils import key_split
 from distributed import CancelledError, Client, LocalCluster, SpecCluster
 from distributed.comm import CommClosedError
-from distributed.diagnostics.plugin import WorkerPlugin
+from distributed.diagnostics.plugin import SchedulerPlugin, WorkerPlugin
 from tornado.ioloop import PeriodicCallback
 
 from ..core.spec import PipelineSpec
@@ -155,9 +156,16 @@ def local_cluster(n_workers: int | None, threads_per_worker: int = 1, processes:
             return spawned_cluster(n, threads_per_worker, LOCAL_HOST, dashboard_address, WORKER_ENV, timeout)
 
 
+def _forget_key_names() -> None:
+    """Empty Dask's cache of task-name prefixes (``key_split``, 100,000 keys): every key ever seen
+    stays there, and each window's keys are new, so it grows for hours (~0.17 KB a key)."""
+    key_split.cache_clear()
+
+
 class TrimFreedMemory(WorkerPlugin):
-    """A worker plugin of the embedded cluster: :func:`~.memory.trim_freed_memory` every ``every``
-    seconds on the worker's event loop (the workers keep glibc's defaults, see :data:`EMBEDDED_DEFAULTS`)."""
+    """A worker plugin of the embedded cluster: every ``every`` seconds on the worker's event loop,
+    :func:`~.memory.trim_freed_memory` (the workers keep glibc's defaults, see
+    :data:`EMBEDDED_DEFAULTS`) and :func:`_forget_key_names`."""
 
     name = "zephon-trim-freed-memory"
 
@@ -172,8 +180,44 @@ class TrimFreedMemory(WorkerPlugin):
     @staticmethod
     def _trim() -> None:
         trim_freed_memory()
+        _forget_key_names()
 
     def teardown(self, worker) -> None:
+        if self._callback is not None:
+            self._callback.stop()
+
+
+class TrimSchedulerRecords(SchedulerPlugin):
+    """A scheduler plugin of the embedded cluster: every ``every`` seconds,
+    :func:`~.memory.trim_freed_memory`, :func:`_forget_key_names`, and each span's list of
+    submitted collections cut to its distinct entries (Dask appends one per graph, so one per
+    window, and never drops any)."""
+
+    name = "zephon-trim-scheduler-records"
+
+    def __init__(self, every: float = TRIM_EVERY):
+        self.every = every
+        self._callback: PeriodicCallback | None = None
+
+    async def start(self, scheduler) -> None:
+        self._callback = PeriodicCallback(lambda: self.trim(scheduler), self.every * 1000)
+        self._callback.start()
+
+    @staticmethod
+    def trim(scheduler) -> None:
+        trim_freed_memory()
+        _forget_key_names()
+        spans = scheduler.extensions.get("spans")
+        for span in getattr(spans, "spans", {}).values():
+            collections = (span.metadata or {}).get("collections")
+            if collections:
+                distinct: list = []
+                for c in collections:
+                    if c not in distinct:
+                        distinct.append(c)
+                collections[:] = distinct
+
+    async def close(self) -> None:
         if self._callback is not None:
             self._callback.stop()
 
@@ -362,8 +406,11 @@ class DistributedRunner(Runner):
                     cluster.close()
                     raise ClosedError("this distributed runner was closed while its embedded cluster started")
                 self._cluster = cluster
-            self._connect(Client(cluster, set_as_default=False, direct_to_workers=True), None, timeout)
+            with dask.config.set(embedded_config()):  # the client's own message log is bounded too
+                client = Client(cluster, set_as_default=False, direct_to_workers=True)
+            self._connect(client, None, timeout)
             self._client.register_plugin(TrimFreedMemory(), name=TrimFreedMemory.name)
+            self._client.register_plugin(TrimSchedulerRecords(), name=TrimSchedulerRecords.name)
             logger.info("started an embedded cluster: %d worker(s), dashboard %s",
                         len(cluster.workers), self.dashboard_link)
         except BaseException as exc:

@@ -48,3 +48,31 @@ class Trimmer:
         if now - self._last >= self.every:
             self._last = now
             trim_freed_memory()
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in
+                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
+                 "keepcost")]
+
+
+@functools.cache
+def _mallinfo2():
+    try:
+        call = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallinfo2
+    except (OSError, AttributeError):  # not glibc, or glibc before 2.33
+        return None
+    call.restype = _MallInfo2
+    return call
+
+
+def malloc_in_use() -> int | None:
+    """Bytes this process has in use through ``malloc`` (glibc's ``mallinfo2``: allocated heap
+    chunks plus mmapped blocks), ``None`` without it. Unlike RSS it excludes memory freed but
+    kept by the allocator (and Python's small objects, which live in arenas of Python's own),
+    so arrays and buffers that pile up show here and fragmentation does not. Holds no state."""
+    call = _mallinfo2()
+    if call is None:
+        return None
+    info = call()
+    return int(info.uordblks + info.hblkhd)

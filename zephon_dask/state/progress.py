@@ -21,10 +21,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import StateError, ZephonWarning
+from .history import StepHistory
 from .ledger import LedgerWriter
 from .schema import FORMAT, VERSION, lanes_of, pointer_key
 
-HISTORY_STEPS = 10_000  # global steps kept for stats() and the plots
 CONSUMED_RING = 64  # deliveries a state can be rewound by (batches fetched ahead of the step)
 
 
@@ -107,7 +107,7 @@ class Progress:
         self.tokens = self.slots = self.batches = 0
         self.dataset_tokens = np.zeros(len(spec.source.names), dtype=np.int64)
         self.dataset_samples = np.zeros(len(spec.source.names), dtype=np.int64)  # records started
-        self.history: deque[dict] = deque(maxlen=HISTORY_STEPS)  # per step: tokens and samples per dataset, real, slots
+        self.history = StepHistory(len(spec.source.names))  # per step: tokens and samples per dataset, real, slots
 
     @property
     def batches_per_step(self) -> int:
@@ -140,15 +140,7 @@ class Progress:
         self.batches += 1
         self.dataset_tokens += dataset_tokens
         self.dataset_samples += dataset_samples
-        if not self.history or self.history[-1]["global_step"] != step:
-            self.history.append({"global_step": step, "tokens": 0, "slots": 0,
-                                 "dataset_tokens": np.zeros_like(self.dataset_tokens),
-                                 "dataset_samples": np.zeros_like(self.dataset_samples)})
-        entry = self.history[-1]
-        entry["tokens"] += real
-        entry["slots"] += int(np.size(tokens))
-        entry["dataset_tokens"] += dataset_tokens
-        entry["dataset_samples"] += dataset_samples
+        self.history.add(step, real, int(np.size(tokens)), dataset_tokens, dataset_samples)
         p = self.lane[lane]
         self._undo.append((lane, index_in_lane, p.as_tuple(), self.next_lane))
         p.window, p.offset, p.batches_delivered = window, offset, index_in_lane + 1
