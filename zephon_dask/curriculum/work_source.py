@@ -537,7 +537,7 @@ class MixtureWorkSource:
         """Global chunk ids of lane ``lane``'s window ``w`` (``k`` chunks; the last may be short)."""
         k = check_int(k, "flush_every_k_chunks", 1, hint="e.g. 8")
         chunks = self.lane_chunks(lane, canonical_replicas)
-        windows = None if self.num_chunks is None else -(-len(chunks) // k)  # None for an endless stream
+        windows = self.num_windows(lane, canonical_replicas, k)  # None for an endless stream
         if w < 0 or (windows is not None and w >= windows):
             raise ChunkOutOfRangeError(f"lane {lane} has no window {w}")
         return chunks[w * k : (w + 1) * k]

@@ -177,7 +177,8 @@ class HeadStart:
     def _compute(self, graph: WindowGraph) -> WindowOutput:
         if self._pool is None:
             return dask.get(graph.to_dict(self.spec), graph.key)
-        split = window_graph(self.spec, graph.lane, graph.window)  # a fused window's chunks in parallel too
+        # a fused window's chunks in parallel too
+        split = window_graph(self.spec, graph.lane, graph.window) if graph.fused else graph
         return dask.threaded.get(split.to_dict(self.spec), split.key, pool=self._pool)
 
     def _failed_here(self, handle: HeadStartHandle, exc: BaseException) -> None:
