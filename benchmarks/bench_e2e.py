@@ -73,6 +73,8 @@ TARGET_FIRST_BATCH_S = 1.0
 TARGET_RSS_MB = 450.0
 TARGET_CPU_PER_M = 0.05  # training-process CPU seconds per million delivered tokens
 TARGET_STEP_SLOWDOWN = 0.03
+TRAIN_STEPS = 200
+TRAIN_ROUNDS = 7
 CHILD_FLAG = "--_pipeline-child"
 
 
@@ -230,11 +232,13 @@ def make_data(tmp: str, wl: Workload, quick: bool, max_docs: int | None) -> tupl
     return tok_path, summary
 
 
-def build_pipeline(wl: Workload, data_dir: str, tokenizer_path: str, workers: int) -> Pipeline:
+def build_pipeline(wl: Workload, data_dir: str, tokenizer_path: str, workers: int, passes: int = 1) -> Pipeline:
+    """The workload's pipeline; ``passes`` over the corpus (``stop_after_passes``) make a longer stream."""
     datasets = [Dataset.from_jsonl("prose", os.path.join(data_dir, "prose"), progress=False)]
     if wl.code_mb:
         datasets.append(Dataset.from_jsonl("code", os.path.join(data_dir, "code"), progress=False))
-    pipe = Pipeline(MixtureWorkSource(datasets, chunk_size=CHUNK_SIZE, seed=0)).tokenize(
+    source = MixtureWorkSource(datasets, chunk_size=CHUNK_SIZE, seed=0, stop_after_passes=passes)
+    pipe = Pipeline(source).tokenize(
         tokenizer_path, bos=wl.bos, eos=True, bos_id="<|endoftext|>" if wl.bos else None)
     if wl.shuffle:
         pipe = pipe.shuffle(wl.shuffle)
@@ -303,7 +307,8 @@ def all_windows(spec) -> list[tuple[int, int]]:
 # -- baselines ------------------------------------------------------------------------------
 
 
-def run_single(pipe: Pipeline) -> dict:
+def run_single(pipe: Pipeline, limit: int | None = None) -> dict:
+    """Every batch (the first ``limit`` only, if given) computed in this process, in delivery order."""
     spec, opts = pipe.spec, pipe.batch_options
     tally = Tally()
     t0 = time.perf_counter()
@@ -318,7 +323,7 @@ def run_single(pipe: Pipeline) -> dict:
         return compute_window(spec, lane, w)
 
     first = None
-    for batch in round_robin(spec, opts, get):
+    for batch in itertools.islice(round_robin(spec, opts, get), limit):
         if first is None:
             first = time.perf_counter() - t0
         tally.add(batch)
@@ -519,6 +524,7 @@ def _timed_pass(pipe: Pipeline, first_only: bool = False, warm: bool = False) ->
 
 STEP_PY = 150_000  # iterations of the pure-Python part of a step
 STEP_MM = 384  # side of the step's square float32 matmul (one torch thread)
+HELD = 16  # batches the loop fed from memory cycles through
 
 
 def train_step(batch) -> float:
@@ -534,30 +540,94 @@ def train_step(batch) -> float:
     return time.perf_counter() - t
 
 
-def _loop(batches, steps: int) -> dict:
-    """``steps`` training steps over ``batches``: the step times, the wall and this process's CPU."""
+def _loop(batches, steps: int, tally: Tally | None = None) -> dict:
+    """``steps`` training steps over ``batches``, each batch hashed into ``tally`` if given: the
+    median step, the wall, the training process's CPU (in all, by thread role, in the steps, in
+    ``next()``), the hashing's (this benchmark's, not the pipeline's) and other processes' CPU."""
+    machine0, tree0 = _cpu_snapshot(), _cpu()
+    threads0, hashed0 = _thread_cpu(), tally.cpu if tally is not None else 0.0
     times = []
+    batches = iter(batches)
     self0, t0 = _self_cpu(), time.perf_counter()
-    tokens, work_cpu = 0, 0.0
-    for batch in itertools.islice(batches, steps):
+    tokens, work_cpu, next_cpu = 0, 0.0, 0.0
+    for _ in range(steps):
+        c = time.thread_time()
+        batch = next(batches, None)
+        next_cpu += time.thread_time() - c
+        if batch is None:
+            raise SystemExit(f"the stream ended after {len(times)} of {steps} steps")
+        if tally is not None:
+            tally.add(batch)
         c = time.thread_time()
         tokens += int(np.count_nonzero(batch["document_ids"] >= 0))
         times.append(train_step(batch))
         work_cpu += time.thread_time() - c
-    return {"step": statistics.median(times), "work": sum(times), "wall": time.perf_counter() - t0,
-            "cpu_self": _self_cpu() - self0, "work_cpu": work_cpu, "tokens": tokens}
+    wall, cpu_self = time.perf_counter() - t0, _self_cpu() - self0
+    threads, tree, machine = _thread_cpu(), _cpu(), _cpu_snapshot()
+    others = None if machine0 is None or machine is None else max(0.0, machine[0] - machine0[0] - (tree - tree0))
+    return {"step": statistics.median(times), "work": sum(times), "wall": wall, "cpu_self": cpu_self,
+            "work_cpu": work_cpu, "next_cpu": next_cpu,
+            "hash_cpu": (tally.cpu if tally is not None else 0.0) - hashed0, "tokens": tokens,
+            "threads": {k: v - threads0.get(k, 0.0) for k, v in threads.items()}, "others_cpu": others}
+
+
+def _unfinished_tasks(dask_scheduler) -> int:
+    """Tasks the scheduler has not finished (run on the scheduler): queued, waiting for
+    dependencies, running or waiting for a worker."""
+    return sum(1 for ts in dask_scheduler.tasks.values()
+               if ts.state in ("queued", "waiting", "processing", "no-worker"))
+
+
+def _wait_idle(pipe: Pipeline, timeout: float = 300.0) -> float:
+    """Wait until the pipeline computes nothing: every window in flight finished (its result held
+    on a worker) and no task anywhere on the cluster, seen on three polls 0.1 s apart; the
+    seconds waited."""
+    client = pipe.runner().client
+    t0, quiet = time.perf_counter(), 0
+    while quiet < 3:
+        if time.perf_counter() - t0 > timeout:
+            raise SystemExit(f"the pipeline still computed after {timeout:.0f} s")
+        time.sleep(0.1)
+        quiet = quiet + 1 if client.run_on_scheduler(_unfinished_tasks) == 0 else 0
+    return time.perf_counter() - t0
+
+
+def _lead_in(pipe: Pipeline, it, tally: Tally) -> int:
+    """Untimed steps fed from ``it`` until the windows that were in flight (computed while the
+    loop fed from memory ran) are used up: the windows after them are computed while this loop
+    runs, as in a long run. The steps taken."""
+    fetcher = pipe.session.stream.fetcher
+    target, steps = fetcher.windows_done + len(fetcher.inflight), 0
+    while fetcher.windows_done < target:
+        batch = next(it)
+        tally.add(batch)
+        train_step(batch)
+        steps += 1
+    return steps
 
 
 def _train_child(pipe: Pipeline, steps: int, rounds: int) -> dict:
-    """Rounds of (the loop fed from 16 batches held in memory, the loop fed from the pipeline)."""
+    """One iteration over ``pipe`` feeding a training loop, in steady state, alternately with the
+    same loop fed from ``HELD`` batches held in memory: after a first round that starts the
+    cluster and fills the prefetch, each round waits until the pipeline computes nothing, runs
+    ``steps`` steps from memory, then continues the iteration (untimed steps until the windows
+    computed during the pause are used up, then ``steps`` timed ones). Every delivered batch is
+    hashed, in order."""
     torch.set_num_threads(1)
+    tally = Tally()
     it = iter(pipe)
-    held = [next(it) for _ in range(16)]
+    held = list(itertools.islice(it, HELD))
+    for batch in held:
+        tally.add(batch)
+    _loop(it, steps, tally)
     mem, fed = [], []
     for _ in range(rounds):
-        mem.append(_loop((held[i % len(held)] for i in range(steps)), steps))
-        fed.append(_loop(iter(pipe), steps))
-    return {"memory": mem, "pipeline": fed}
+        idle = _wait_idle(pipe)
+        mem.append({**_loop(itertools.cycle(held), steps), "idle_wait": idle})
+        lead_in = _lead_in(pipe, it, tally)
+        fed.append({**_loop(it, steps, tally), "lead_in": lead_in})
+    return {"memory": mem, "pipeline": fed, "batches": tally.batches, "sha": tally.digest(),
+            "rss_peak_mb": _rss_mb()}
 
 
 def pipeline_child(args) -> None:
@@ -566,7 +636,7 @@ def pipeline_child(args) -> None:
     cold pass up to its first batch. ``--mode train``: the training-loop rounds. One JSON line per
     answer."""
     rss_imports = _rss_mb()
-    pipe = build_pipeline(WORKLOADS[args.workload], args.data, args.tokenizer, args.workers).options(
+    pipe = build_pipeline(WORKLOADS[args.workload], args.data, args.tokenizer, args.workers, args.passes).options(
         head_start=args.head_start)
     try:
         if args.mode == "train":
@@ -589,10 +659,10 @@ class PipelineProcess:
     """The pipeline's training process, driven one pass at a time (so passes interleave with the pool's)."""
 
     def __init__(self, workload: str, data_dir: str, tokenizer_path: str, workers: int, mode: str = "full",
-                 steps: int = 0, rounds: int = 0, head_start: bool = True):
+                 steps: int = 0, rounds: int = 0, passes: int = 1, head_start: bool = True):
         cmd = [sys.executable, os.path.abspath(__file__), CHILD_FLAG, "--workload", workload, "--data", data_dir,
                "--tokenizer", tokenizer_path, "--workers", str(workers), "--mode", mode,
-               "--steps", str(steps), "--rounds", str(rounds), *([] if head_start else ["--no-head-start"])]
+               "--steps", str(steps), "--rounds", str(rounds), "--passes", str(passes), *([] if head_start else ["--no-head-start"])]
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         self.result = self._answer()  # the cold pass, or the training rounds
         self.result["warm"] = []
@@ -662,6 +732,52 @@ def _median_pass(passes: list[dict]) -> dict:
     return sorted(passes, key=lambda p: p["wall"])[(len(passes) - 1) // 2]
 
 
+def report_training(train: dict) -> tuple[float, float]:
+    """Print the training-loop rounds; the median per-round slowdown of the step, and the training
+    process's CPU besides the steps per million tokens in the fed rounds (median)."""
+    mem, fed = train["memory"], train["pipeline"]
+    ratios = [f["step"] / m["step"] - 1 for m, f in zip(mem, fed, strict=True)]
+    slowdown = statistics.median(ratios)
+
+    def besides(r: dict) -> dict[str, float]:
+        """CPU seconds of the training process outside the steps (and the hashing), by thread role."""
+        threads = dict(r["threads"])
+        threads["main"] = threads.get("main", 0.0) - r["work_cpu"] - r["hash_cpu"]
+        return {"all": r["cpu_self"] - r["work_cpu"] - r["hash_cpu"], **threads}
+
+    per_m = {k: statistics.median(besides(r).get(k, 0.0) / r["tokens"] * 1e6 for r in fed)
+             for k in ("all", "main", "event loop", "offload", "other")}
+    per_m["next"] = statistics.median(r["next_cpu"] / r["tokens"] * 1e6 for r in fed)
+    idle_per_s = statistics.median(besides(r)["all"] / r["wall"] for r in mem)
+    outside = statistics.median(1 - r["work"] / r["wall"] for r in fed)
+    cores = os.cpu_count() or 1
+
+    def others(rounds: list[dict]) -> str:
+        shares = [r["others_cpu"] / (r["wall"] * cores) for r in rounds if r["others_cpu"] is not None]
+        return f"{statistics.median(shares):.0%}" if shares else "n/a"
+
+    print(f"training loop ({train['workers']} workers; {len(mem)} rounds, each {train['steps']} steps fed from "
+          f"{HELD} batches in memory while the pipeline computed nothing, then {train['steps']} fed from the "
+          f"continuing iteration): median step {statistics.median(r['step'] for r in mem) * 1e3:.2f} ms from "
+          f"memory, {statistics.median(r['step'] for r in fed) * 1e3:.2f} ms from the pipeline; per round: "
+          + ", ".join(f"{r:+.1%}" for r in ratios) + f"; median {slowdown:+.1%}; other processes used "
+          f"{others(mem)} of the machine during the memory rounds, {others(fed)} during the fed ones")
+    print(f"  fed rounds: {statistics.median(r['tokens'] for r in fed) / 1e6:.2f} M tokens each, "
+          f"{outside:.0%} of the loop's wall outside the steps (waiting for batches), after an untimed lead-in "
+          f"of {', '.join(str(r['lead_in']) for r in fed)} steps (the windows computed during the pause); "
+          f"the pause before each memory round waited {statistics.median(r['idle_wait'] for r in mem):.1f} s "
+          f"for the pipeline to go idle")
+    print(f"  training-process CPU besides the steps (and this benchmark's hashing), fed rounds: "
+          f"{per_m['all']:.3f} s per million tokens (main thread {per_m['main']:.3f}, of which "
+          f"{per_m['next']:.3f} in next(): cutting batches, fetching windows; event loop "
+          f"{per_m['event loop']:.3f}, offload {per_m['offload']:.3f}, other {per_m['other']:.3f}); "
+          f"memory rounds, the pipeline idle: {idle_per_s * 1e3:.1f} ms per second")
+    print(f"  the {train['batches']} batches delivered (held, warm-up, lead-ins, rounds; stream of "
+          f"{train['passes']} passes) byte-identical to the 1-process loop's first {train['batches']} (sha256): "
+          f"{'YES' if train['sha_ok'] else 'NO'}; peak RSS {train['rss_peak_mb']:.0f} MB")
+    return slowdown, per_m["all"]
+
+
 def report(wl: Workload, info: dict, single: dict, pools: list[dict], pipe: dict, workers: int,
            firsts: dict[int, list[float]], train: dict | None) -> None:
     total = single["tokens"]
@@ -726,20 +842,9 @@ def report(wl: Workload, info: dict, single: dict, pools: list[dict], pipe: dict
         print(f"WARNING: Dask worker processes still alive after close(): {pipe['leftover_pids']}")
     else:
         print(f"processes left behind after close(): none ({len(pipe['worker_pids'])} workers checked)")
-    slowdown = None
+    slowdown = per_m_train = None
     if train is not None:
-        mem = statistics.median(r["step"] for r in train["memory"])
-        fed = statistics.median(r["step"] for r in train["pipeline"])
-        slowdown = fed / mem - 1
-        per_m_fed = statistics.median((r["cpu_self"] - r["work_cpu"]) / max(r["tokens"], 1) * 1e6
-                                      for r in train["pipeline"])
-        print(f"training loop ({train['workers']} workers; median step of {len(train['memory'])} alternating "
-              f"rounds of {train['steps']} steps): fed from memory {mem * 1e3:.2f} ms, from the pipeline "
-              f"{fed * 1e3:.2f} ms ({slowdown:+.1%}); rounds: "
-              + ", ".join(f"{f['step'] / m['step'] - 1:+.1%}" for m, f in zip(train["memory"], train["pipeline"],
-                                                                               strict=True))
-              + f"; training-process CPU besides the steps: {per_m_fed:.3f} s per million tokens, "
-              f"peak RSS {train['rss_peak_mb']:.0f} MB")
+        slowdown, per_m_train = report_training(train)
     foreign = info["foreign_cpu"]
     if foreign is not None:
         share = foreign / (info["timed_wall"] * (os.cpu_count() or 1))
@@ -752,12 +857,27 @@ def report(wl: Workload, info: dict, single: dict, pools: list[dict], pipe: dict
     print(f"  tokens/s >= {TARGET_VS_POOL:.2f}x the all-cores pool: warm {ratio_warm:.2f}x (median pass; "
           f"median of the rounds {statistics.median(rounds):.2f}x), cold {ratio_cold:.2f}x incl. cluster start")
     print(f"  first batch <= {TARGET_FIRST_BATCH_S:.1f} s: cold {cold['first']:.2f} s, warm {warm['first']:.2f} s")
-    print(f"  training-process CPU <= {TARGET_CPU_PER_M:.2f} s per million tokens (warm): {per_m:.3f} s")
+    print(f"  training-process CPU <= {TARGET_CPU_PER_M:.2f} s per million tokens: warm pass {per_m:.3f} s"
+          + (f", training loop (steady state, besides its steps) {per_m_train:.3f} s" if per_m_train is not None else ""))
     if slowdown is not None:
         print(f"  training step slowed <= {TARGET_STEP_SLOWDOWN:.0%}: {slowdown:+.1%}")
     print(f"  peak RSS <= {TARGET_RSS_MB:.0f} MB: {pipe['rss_peak_mb']:.0f} MB")
     if cold["packing"] is not None:
         print(f"  (packing efficiency {cold['packing']:.3f}; {info['windows']} windows)")
+
+
+def run_training(wl: Workload, args, data_dir: str, tok_path: str, batches_per_window: float) -> dict:
+    """The training-loop rounds in a fresh training process with ``cores - 1`` workers, over a stream
+    of enough passes for every round (a round's untimed lead-in is at most the windows in flight)."""
+    n_train = max(1, (os.cpu_count() or 1) - 1)
+    pipe = build_pipeline(wl, data_dir, tok_path, n_train)
+    lead_in = 2 * n_train + 4 + REPLICAS  # windows: the default prefetch's, and one per lane to spare
+    needed = HELD + args.train_steps * (args.train_rounds + 1) + args.train_rounds * lead_in * batches_per_window
+    per_pass = batches_per_window * len(all_windows(pipe.spec))
+    passes = int(needed / per_pass) + 2
+    proc = PipelineProcess(wl.name, data_dir, tok_path, n_train, mode="train", steps=args.train_steps,
+                           rounds=args.train_rounds, passes=passes, head_start=args.head_start)
+    return {**proc.finish(), "workers": n_train, "steps": args.train_steps, "passes": passes}
 
 
 def run_workload(wl: Workload, args) -> None:
@@ -791,13 +911,14 @@ def run_workload(wl: Workload, args) -> None:
         result = child.finish()
         train = None
         if args.train_steps:
-            n_train = max(1, (os.cpu_count() or 1) - 1)
-            proc = PipelineProcess(wl.name, tmp, tok_path, n_train, mode="train", steps=args.train_steps, head_start=args.head_start,
-                                   rounds=args.repeat)
-            train = {**proc.finish(), "workers": n_train, "steps": args.train_steps}
+            train = run_training(wl, args, tmp, tok_path, single["batches"] / len(windows))
         info = {"windows": len(windows)}
         info["foreign_cpu"] = _foreign_cpu(cpu0, _cpu_snapshot())
         info["timed_wall"] = time.perf_counter() - wall0
+        if train is not None:  # the reference for the training loop's batches, after the timing
+            passes = train["passes"]
+            ref = run_single(build_pipeline(wl, tmp, tok_path, 1, passes), limit=train["batches"])
+            train["sha_ok"] = ref["sha"] == train["sha"] and ref["batches"] == train["batches"]
         report(wl, info, single, pools, result, args.workers, firsts, train)
 
 
@@ -809,11 +930,13 @@ def main(argv=None) -> None:
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 1,
                     help="pool processes and Dask workers (default: all cores)")
     ap.add_argument("--repeat", type=int, default=5,
-                    help="alternating pool / warm pipeline passes and training-loop rounds (default 5; medians)")
+                    help="alternating pool / warm pipeline passes (default 5; medians)")
     ap.add_argument("--first-repeat", type=int, default=2,
                     help="cold first-batch runs per worker count, 1 to --workers (default 2; 0: none)")
-    ap.add_argument("--train-steps", type=int, default=100,
-                    help="steps per training-loop round, with cores - 1 workers (default 100; 0: none)")
+    ap.add_argument("--train-steps", type=int, default=TRAIN_STEPS,
+                    help=f"timed steps per training-loop round, with cores - 1 workers (default {TRAIN_STEPS}; 0: none)")
+    ap.add_argument("--train-rounds", type=int, default=TRAIN_ROUNDS,
+                    help=f"training-loop rounds, each fed from memory then from the pipeline (default {TRAIN_ROUNDS})")
     ap.add_argument("--no-head-start", dest="head_start", action="store_false",
                     help="the pipeline with head_start=False: every window on the cluster, none in the training process")
     ap.add_argument(CHILD_FLAG, dest="child", action="store_true", help=argparse.SUPPRESS)
@@ -822,6 +945,7 @@ def main(argv=None) -> None:
     ap.add_argument("--mode", default="full", help=argparse.SUPPRESS)
     ap.add_argument("--steps", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--rounds", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--passes", type=int, default=1, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
         pipeline_child(args)
