@@ -23,14 +23,16 @@ The pool and the warm pipeline are timed ``--repeat`` times, alternately (pool,
 pipeline, pool, pipeline, ...), so both see the same machine; the table shows
 medians and the per-round ratios. The cold first batch is also timed in fresh
 training processes for 1 to ``--workers`` workers, and a training loop with a
-fixed CPU step runs fed from memory and from the pipeline (``cores - 1``
-workers), alternately. Every mode hashes the ``tokens`` array of every batch
-(sha256, in delivery order); the pipeline's hashes must equal the 1-process
-loop's. The targets printed next to the figures are information only:
-nothing asserts a time.
+fixed CPU step runs in steady state fed from memory (the pipeline idle) and
+from one continuing iteration of the pipeline (``cores - 1`` workers),
+alternately. Every mode hashes the ``tokens`` array of every batch (sha256, in
+delivery order); the pipeline's hashes must equal the 1-process loop's. The
+targets printed next to the figures are information only: nothing asserts a
+time.
 
     python benchmarks/bench_e2e.py [--workload prose|mixed|all] [--quick] [--docs N] [--workers N]
-                                   [--repeat N] [--first-repeat N] [--train-steps N] [--no-head-start]
+                                   [--repeat N] [--first-repeat N] [--train-steps N] [--train-rounds N]
+                                   [--no-head-start]
 """
 
 from __future__ import annotations
@@ -751,6 +753,10 @@ def report_training(train: dict) -> tuple[float, float]:
     idle_per_s = statistics.median(besides(r)["all"] / r["wall"] for r in mem)
     outside = statistics.median(1 - r["work"] / r["wall"] for r in fed)
     cores = os.cpu_count() or 1
+    spread = ""
+    if len(ratios) > 1:
+        q = statistics.quantiles(ratios, n=4)
+        spread = f" (quartiles {q[0]:+.1%} to {q[2]:+.1%})"
 
     def others(rounds: list[dict]) -> str:
         shares = [r["others_cpu"] / (r["wall"] * cores) for r in rounds if r["others_cpu"] is not None]
@@ -760,7 +766,9 @@ def report_training(train: dict) -> tuple[float, float]:
           f"{HELD} batches in memory while the pipeline computed nothing, then {train['steps']} fed from the "
           f"continuing iteration): median step {statistics.median(r['step'] for r in mem) * 1e3:.2f} ms from "
           f"memory, {statistics.median(r['step'] for r in fed) * 1e3:.2f} ms from the pipeline; per round: "
-          + ", ".join(f"{r:+.1%}" for r in ratios) + f"; median {slowdown:+.1%}; other processes used "
+          + ", ".join(f"{r:+.1%}" for r in ratios) + f"; median {slowdown:+.1%}"
+          + spread
+          + "; other processes used "
           f"{others(mem)} of the machine during the memory rounds, {others(fed)} during the fed ones")
     print(f"  fed rounds: {statistics.median(r['tokens'] for r in fed) / 1e6:.2f} M tokens each, "
           f"{outside:.0%} of the loop's wall outside the steps (waiting for batches), after an untimed lead-in "
