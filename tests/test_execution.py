@@ -192,6 +192,18 @@ def test_malloc_in_use_counts_live_allocations_not_freed_memory():
     assert during - before >= 64 * 2**20 and after - before < 8 * 2**20, (before, during, after)
 
 
+def test_python_small_objects_counts_live_objects_within_the_arenas_held():
+    from zephon_dask.execution import memory
+
+    live0, arenas0 = memory.python_small_objects()  # CPython's pymalloc on the machines we test on
+    objects = [str(i) for i in range(500_000)]  # ~30 MB of small objects
+    live1, arenas1 = memory.python_small_objects()
+    del objects
+    live2, _ = memory.python_small_objects()
+    assert live1 - live0 >= 20 * 2**20 and arenas1 >= live1 and abs(live2 - live0) < 4 * 2**20, (live0, live1, live2)
+    assert memory.allocator_stats()[0] is not None  # malloc in use, asked with them in one call
+
+
 def test_starting_the_embedded_cluster_leaves_this_process_environment_as_it_was(corpus_dir, monkeypatch):
     # the nanny exports OMP_NUM_THREADS=1, PYTHONHASHSEED, ... into the spawning process; every
     # process the training script started afterwards inherited them

@@ -17,6 +17,10 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
+import os
+import re
+import sys
+import tempfile
 import time
 
 TRIM_EVERY = 30.0  # seconds between two trims of one process
@@ -76,3 +80,42 @@ def malloc_in_use() -> int | None:
         return None
     info = call()
     return int(info.uordblks + info.hblkhd)
+
+
+_PYMALLOC_LINES = {"live": re.compile(rb"^# bytes in allocated blocks\s*=\s*([\d,]+)", re.M),
+                   "arenas": re.compile(rb"^\d+ arenas \* \d+ bytes/arena\s*=\s*([\d,]+)", re.M)}
+
+
+def python_small_objects() -> tuple[int, int] | None:
+    """``(live, arenas)``: bytes of Python's small objects alive, and bytes of the arenas Python's
+    own allocator (pymalloc) holds for them, ``None`` where it does not say. :func:`malloc_in_use`
+    leaves both out (the arenas do not come from ``malloc``); arenas minus live is memory freed
+    but kept, one arena (1 MiB) given back only once all its objects are gone. Read from
+    ``sys._debugmallocstats``, which prints to the C stderr: file descriptor 2 points to a
+    temporary file for the call (a few ms), so another thread's writes to it then are lost. For
+    benchmarks; holds no state."""
+    stats = getattr(sys, "_debugmallocstats", None)
+    if stats is None:
+        return None
+    with tempfile.TemporaryFile() as tmp:
+        sys.stderr.flush()
+        saved = os.dup(2)
+        try:
+            os.dup2(tmp.fileno(), 2)
+            stats()
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        tmp.seek(0)
+        text = tmp.read()
+    found = {key: line.search(text) for key, line in _PYMALLOC_LINES.items()}
+    if found["live"] is None or found["arenas"] is None:
+        return None
+    return int(found["live"].group(1).replace(b",", b"")), int(found["arenas"].group(1).replace(b",", b""))
+
+
+def allocator_stats() -> tuple[int | None, int | None, int | None]:
+    """This process's :func:`malloc_in_use` and :func:`python_small_objects` (live, arenas), in
+    bytes, ``None`` where unknown: one call a benchmark asks of every process. Holds no state."""
+    small = python_small_objects()
+    return (malloc_in_use(), *(small or (None, None)))
