@@ -89,8 +89,8 @@ def test_embedded_local_cluster_one_worker_and_close(corpus_dir):
 def _worker_settings():
     import dask
 
-    return (os.environ.get("MALLOC_TRIM_THRESHOLD_"), dask.config.get("distributed.admin.tick.interval"),
-            dask.config.get("distributed.worker.profile.interval"))
+    return (os.environ.get("MALLOC_TRIM_THRESHOLD_"), os.environ.get("MALLOC_ARENA_MAX"),
+            dask.config.get("distributed.admin.tick.interval"), dask.config.get("distributed.worker.profile.interval"))
 
 
 def test_embedded_cluster_settings_spare_the_training_cores_unless_the_user_set_them(corpus_dir, monkeypatch):
@@ -98,15 +98,19 @@ def test_embedded_cluster_settings_spare_the_training_cores_unless_the_user_set_
 
     # Dask's default MALLOC_TRIM_THRESHOLD_=65536 made tokenize + pack ~20% slower in a worker
     monkeypatch.delenv("MALLOC_TRIM_THRESHOLD_", raising=False)
+    # one glibc arena per worker, so its periodic trim reaches all of the worker's free memory
+    monkeypatch.delenv("MALLOC_ARENA_MAX", raising=False)
     with build(corpus_dir, n_workers=1) as p:
         next(iter(p))
         got = p.runner().client.run(_worker_settings)
-    assert list(got.values()) == [(None, "1s", "100ms")]
-    assert "MALLOC_TRIM_THRESHOLD_" not in os.environ  # nor is this process's environment changed
+    assert list(got.values()) == [(None, "1", "1s", "100ms")]
+    # nor is this process's environment changed
+    assert "MALLOC_TRIM_THRESHOLD_" not in os.environ and "MALLOC_ARENA_MAX" not in os.environ
+    monkeypatch.setenv("MALLOC_ARENA_MAX", "4")
     with dask.config.set({"distributed.worker.profile.interval": "20ms"}), build(corpus_dir, n_workers=1) as p:
         next(iter(p))
         got = p.runner().client.run(_worker_settings)
-    assert list(got.values()) == [(None, "1s", "20ms")]
+    assert list(got.values()) == [(None, "4", "1s", "20ms")]
 
 
 def _worker_log_bounds(dask_worker):

@@ -72,8 +72,13 @@ WORKER_ENV = {
 # developer logs (transitions, transfers, messages, events: most within a minute or two; each
 # holds under 0.3 MB).
 # The system monitor keeps 300 samples (10 minutes at 2 s, under 0.1 MB) instead of 7,200 (4 h).
+# MALLOC_ARENA_MAX=1: a worker's threads (event loop, task thread, offload thread, ...) share glibc's
+# main heap instead of one heap each; malloc_trim gives back the free pages inside every heap but
+# the top of the main one only, so with one heap the worker's periodic trim (TrimFreedMemory)
+# reaches all of its free memory. A worker runs one task thread, so there is little to contend for.
 EMBEDDED_DEFAULTS = {
     "distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None,
+    "distributed.nanny.pre-spawn-environ.MALLOC_ARENA_MAX": "1",
     "distributed.admin.tick.interval": "1s",
     "distributed.worker.profile.interval": "100ms",  # the dashboard's profile still fills
     "distributed.worker.memory.monitor-interval": "500ms",
