@@ -1,14 +1,18 @@
-"""Giving freed memory back to the OS: :func:`trim_freed_memory` and :class:`Trimmer`.
+"""Giving freed memory back to the OS (:func:`trim_freed_memory`, :class:`Trimmer`) and measuring it.
 
 Windows are large arrays that come and go. glibc keeps much of the memory they
 free for later allocations, so a streaming process's RSS drifts up by tens of
 MB over the first half hour although the memory in use stays flat. Dask's
 nanny counters this by exporting ``MALLOC_TRIM_THRESHOLD_=65536``, which trims
 on every large free and made tokenize + pack ~20% slower in the embedded
-cluster's workers (which therefore keep glibc's defaults); here memory is
+cluster's workers (which therefore keep glibc's default thresholds); here memory is
 trimmed once every :data:`TRIM_EVERY` seconds instead, in the embedded
 cluster's workers (the distributed runner's worker plugin) and, between
-windows, in the consumer.
+windows, in the consumer. The trim shrinks only the top of glibc's main heap
+(it frees whole pages inside every heap), so the embedded cluster's workers
+run with one heap (``MALLOC_ARENA_MAX=1``, see the cluster's defaults).
+:func:`malloc_in_use` and :func:`python_small_objects` tell live memory from
+memory kept (the soak benchmark asks every process for them).
 Trimming never changes data; on a C library without ``malloc_trim`` it does nothing.
 """
 
