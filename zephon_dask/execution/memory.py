@@ -93,16 +93,17 @@ _PYMALLOC_LINES = {"live": re.compile(rb"^# bytes in allocated blocks\s*=\s*([\d
 def python_small_objects() -> tuple[int, int] | None:
     """``(live, arenas)``: bytes of Python's small objects alive, and bytes of the arenas Python's
     own allocator (pymalloc) holds for them, ``None`` where it does not say. :func:`malloc_in_use`
-    leaves both out (the arenas do not come from ``malloc``); arenas minus live is memory freed
+    leaves both out (the arenas do not come from ``malloc``); arenas minus live is mostly memory freed
     but kept, one arena (1 MiB) given back only once all its objects are gone. Read from
     ``sys._debugmallocstats``, which prints to the C stderr: file descriptor 2 points to a
-    temporary file for the call (a few ms), so another thread's writes to it then are lost. For
+    temporary file for the call (about 1 ms), so another thread's writes to it then are lost. For
     benchmarks; holds no state."""
     stats = getattr(sys, "_debugmallocstats", None)
     if stats is None:
         return None
     with tempfile.TemporaryFile() as tmp:
-        sys.stderr.flush()
+        if sys.stderr is not None:  # what Python buffered goes out first, not into the file
+            sys.stderr.flush()
         saved = os.dup(2)
         try:
             os.dup2(tmp.fileno(), 2)
