@@ -1,12 +1,13 @@
 """Soak: stream batches for a while on the embedded cluster and sample memory, fds and threads.
 
 Samples the training process, the scheduler's process and every worker process (RSS,
-memory in use through ``malloc``, open file descriptors, threads) at a fixed interval
-while a repeating pipeline streams batches, then reports the change from the end of the
-warm-up to the last sample, and for memory also between the means of the first and last
-``--span`` seconds after warm-up. Bounded state means flat curves after warm-up; memory
-in use that stays flat while RSS rises is not arrays or buffers piling up (it leaves out
-the allocator's free memory and Python's small objects).
+memory in use through ``malloc``, Python's small objects alive and the pymalloc arenas
+holding them, open file descriptors, threads) at a fixed interval while a repeating
+pipeline streams batches, then reports the change from the end of the warm-up to the last
+sample, and for memory also between the means of the first and last ``--span`` seconds
+after warm-up. Bounded state means flat curves after warm-up; memory in use through
+``malloc`` and Python objects alive that stay flat while RSS rises are not arrays, buffers
+or objects piling up but memory freed and kept by an allocator.
 
     python benchmarks/bench_soak.py --minutes 30 [--workers 2] [--every 10] [--warmup 360] [--span 300]
                                     [--csv soak.csv] [--png soak.png] [--quick]
@@ -27,7 +28,7 @@ from pathlib import Path
 import psutil
 
 import zephon_dask as z
-from zephon_dask.execution.memory import malloc_in_use
+from zephon_dask.execution.memory import allocator_stats
 
 WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron".split()
 
@@ -40,6 +41,8 @@ class Sample:
     fds: dict[str, int]
     threads: dict[str, int]
     in_use_mb: dict[str, float]  # through malloc (glibc's mallinfo2); absent where unknown
+    py_live_mb: dict[str, float]  # Python's small objects alive (pymalloc); absent where unknown
+    py_arenas_mb: dict[str, float]  # pymalloc's arenas holding them; absent where unknown
 
 
 def _corpus(root: Path, files: int = 4, docs: int = 500) -> str:
@@ -68,16 +71,19 @@ def _measure(procs: dict[str, psutil.Process]) -> tuple[dict, dict, dict]:
     return rss, fds, threads
 
 
-def _in_use(client, pids: dict[str, int]) -> dict[str, float]:
-    """Memory in use through ``malloc`` (MB) per process named in ``pids`` ("trainer",
-    "scheduler", worker addresses), asked of each process itself."""
-    values = {"trainer": malloc_in_use()}
+def _asked(client, pids: dict[str, str]) -> tuple[dict[str, float], dict[str, float], dict[str, float]]:
+    """Per process named in ``pids`` ("trainer", "scheduler", worker addresses), asked of each
+    process itself: memory in use through ``malloc``, Python's small objects alive and pymalloc's
+    arenas (MB)."""
+    values = {"trainer": allocator_stats()}
     try:
-        values.update(client.run(malloc_in_use))
-        values["scheduler"] = client.run_on_scheduler(malloc_in_use)
+        values.update(client.run(allocator_stats))
+        values["scheduler"] = client.run_on_scheduler(allocator_stats)
     except Exception:  # a process that is restarting: that sample has no value for it
         pass
-    return {name: values[key] / 2**20 for key, name in pids.items() if values.get(key) is not None}
+    in_use, live, arenas = ({name: values[key][i] / 2**20 for key, name in pids.items()
+                             if key in values and values[key][i] is not None} for i in range(3))
+    return in_use, live, arenas
 
 
 def soak(seconds: float, every: float, n_workers: int = 1, workdir: str | None = None) -> list[Sample]:
@@ -102,7 +108,7 @@ def soak(seconds: float, every: float, n_workers: int = 1, workdir: str | None =
             while True:
                 now = time.monotonic()
                 if now >= due:
-                    samples.append(Sample(now - start, n, *_measure(procs), _in_use(client, names)))
+                    samples.append(Sample(now - start, n, *_measure(procs), *_asked(client, names)))
                     due += every
                     if now - start >= seconds:
                         break
@@ -127,7 +133,8 @@ def growth(samples: list[Sample], warmup: float, span: float = 0.0) -> dict[str,
         return sum(values) / len(values) if values else math.nan
 
     return {name: {"rss": mean(tail, name) / mean(head, name) - 1,
-                   "in_use": mean(tail, name, "in_use_mb") / mean(head, name, "in_use_mb") - 1,
+                   **{key: mean(tail, name, f"{key}_mb") / mean(head, name, f"{key}_mb") - 1
+                      for key in ("in_use", "py_live", "py_arenas")},
                    "fds": last.fds[name] - first.fds[name],
                    "threads": last.threads[name] - first.threads[name]}
             for name in first.rss_mb if name in last.rss_mb}
@@ -143,24 +150,28 @@ def read_csv(path: str) -> list[Sample]:
     return [Sample(float(r["seconds"]), int(r["batches"]),
                    {n: float(r[f"{n}_rss_mb"]) for n in names}, {n: int(r[f"{n}_fds"]) for n in names},
                    {n: int(r[f"{n}_threads"]) for n in names},
-                   {n: float(r[f"{n}_in_use_mb"]) for n in names if r.get(f"{n}_in_use_mb")}) for r in rows]
+                   *({n: float(r[f"{n}_{key}_mb"]) for n in names if r.get(f"{n}_{key}_mb")}
+                     for key in ("in_use", "py_live", "py_arenas"))) for r in rows]
 
 
 def plot(samples: list[Sample], warmup: float, png: str) -> None:
-    """RSS, memory in use, fds and threads per process over time, warm-up marked; a small PNG
-    (matplotlib)."""
+    """RSS, memory in use through malloc, Python's small objects (alive: solid; pymalloc's arenas:
+    dashed), fds and threads per process over time, warm-up marked; a small PNG (matplotlib)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     minutes = [s.seconds / 60 for s in samples]
-    fig, axes = plt.subplots(4, 1, figsize=(7, 8), sharex=True, dpi=72)
-    panels = [("RSS (MB)", "rss_mb"), ("in use via malloc (MB)", "in_use_mb"), ("open fds", "fds"),
-              ("threads", "threads")]
-    for ax, (label, field) in zip(axes, panels, strict=True):
-        for name in sorted(samples[0].rss_mb):
-            ax.plot(minutes, [getattr(s, field).get(name, float("nan")) for s in samples], label=name, lw=1.2)
+    fig, axes = plt.subplots(5, 1, figsize=(7, 10), sharex=True, dpi=72)
+    panels = [("RSS (MB)", ("rss_mb",)), ("in use via malloc (MB)", ("in_use_mb",)),
+              ("Python small objects:\nalive, arenas (MB)", ("py_live_mb", "py_arenas_mb")), ("open fds", ("fds",)),
+              ("threads", ("threads",))]
+    for ax, (label, fields) in zip(axes, panels, strict=True):
+        for i, name in enumerate(sorted(samples[0].rss_mb)):
+            for field, style in zip(fields, ("-", "--"), strict=False):
+                ax.plot(minutes, [getattr(s, field).get(name, float("nan")) for s in samples], style,
+                        color=f"C{i}", label=name if style == "-" else None, lw=1.2)
         ax.axvline(warmup / 60, color="grey", ls="--", lw=0.8)
         ax.set_ylabel(label)
         ax.set_ylim(bottom=0)
@@ -176,13 +187,15 @@ def plot(samples: list[Sample], warmup: float, png: str) -> None:
 
 def table(samples: list[Sample], rows: int = 7) -> str:
     """A markdown table of ``rows`` samples evenly spread over the run (first and last included):
-    per process, ``RSS MB (in use MB) / fds / threads``."""
+    per process, ``RSS MB (in use through malloc + Python's small objects alive / pymalloc's arenas,
+    MB) / fds / threads``."""
     names = sorted(samples[0].rss_mb)
     end = samples[-1].seconds
     picks = [min(samples, key=lambda s, t=end * i / (rows - 1): abs(s.seconds - t)) for i in range(rows)]
     out = ["| min | batches | " + " | ".join(names) + " |", "|---:|---:|" + "---|" * len(names)]
     for s in picks:
-        cells = [f"{s.rss_mb[n]:.1f} MB ({s.in_use_mb.get(n, math.nan):.1f}) / {s.fds[n]} / {s.threads[n]}"
+        cells = [f"{s.rss_mb[n]:.1f} MB ({s.in_use_mb.get(n, math.nan):.1f} + {s.py_live_mb.get(n, math.nan):.1f}"
+                 f" / {s.py_arenas_mb.get(n, math.nan):.1f}) / {s.fds[n]} / {s.threads[n]}"
                  if n in s.rss_mb else "-" for n in names]
         out.append(f"| {s.seconds / 60:.1f} | {s.batches:,} | " + " | ".join(cells) + " |")
     return "\n".join(out)
@@ -213,10 +226,12 @@ def main() -> None:
         names = sorted(samples[0].rss_mb)
         with open(args.csv, "w") as fh:
             fh.write("seconds,batches,"
-                     + ",".join(f"{n}_rss_mb,{n}_fds,{n}_threads,{n}_in_use_mb" for n in names) + "\n")
+                     + ",".join(f"{n}_rss_mb,{n}_fds,{n}_threads,{n}_in_use_mb,{n}_py_live_mb,{n}_py_arenas_mb"
+                                for n in names) + "\n")
             for s in samples:
                 cols = [f"{s.rss_mb.get(n, 0):.1f},{s.fds.get(n, 0)},{s.threads.get(n, 0)},"
-                        + (f"{s.in_use_mb[n]:.1f}" if n in s.in_use_mb else "") for n in names]
+                        + ",".join(f"{values[n]:.1f}" if n in values else ""
+                                   for values in (s.in_use_mb, s.py_live_mb, s.py_arenas_mb)) for n in names]
                 fh.write(f"{s.seconds:.1f},{s.batches}," + ",".join(cols) + "\n")
     warmup = args.warmup if args.warmup is not None else seconds / 10
     if args.png:
@@ -228,7 +243,8 @@ def main() -> None:
     for name, g in growth(samples, warmup).items():
         s0 = next(s for s in samples if s.seconds >= warmup or s is samples[-1])
         print(f"  {name:10s} RSS {s0.rss_mb[name]:7.1f} -> {samples[-1].rss_mb[name]:7.1f} MB ({g['rss']:+.1%}; "
-              f"{span:.0f}-s means {means[name]['rss']:+.1%}; in use via malloc {means[name]['in_use']:+.1%}), "
+              f"{span:.0f}-s means {means[name]['rss']:+.1%}; in use via malloc {means[name]['in_use']:+.1%}, "
+              f"Python objects alive {means[name]['py_live']:+.1%}, arenas {means[name]['py_arenas']:+.1%}), "
               f"fds {g['fds']:+d}, threads {g['threads']:+d}")
 
 

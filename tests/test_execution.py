@@ -89,8 +89,8 @@ def test_embedded_local_cluster_one_worker_and_close(corpus_dir):
 def _worker_settings():
     import dask
 
-    return (os.environ.get("MALLOC_TRIM_THRESHOLD_"), dask.config.get("distributed.admin.tick.interval"),
-            dask.config.get("distributed.worker.profile.interval"))
+    return (os.environ.get("MALLOC_TRIM_THRESHOLD_"), os.environ.get("MALLOC_ARENA_MAX"),
+            dask.config.get("distributed.admin.tick.interval"), dask.config.get("distributed.worker.profile.interval"))
 
 
 def test_embedded_cluster_settings_spare_the_training_cores_unless_the_user_set_them(corpus_dir, monkeypatch):
@@ -98,15 +98,19 @@ def test_embedded_cluster_settings_spare_the_training_cores_unless_the_user_set_
 
     # Dask's default MALLOC_TRIM_THRESHOLD_=65536 made tokenize + pack ~20% slower in a worker
     monkeypatch.delenv("MALLOC_TRIM_THRESHOLD_", raising=False)
+    # one glibc arena per worker, so its periodic trim reaches all of the worker's free memory
+    monkeypatch.delenv("MALLOC_ARENA_MAX", raising=False)
     with build(corpus_dir, n_workers=1) as p:
         next(iter(p))
         got = p.runner().client.run(_worker_settings)
-    assert list(got.values()) == [(None, "1s", "100ms")]
-    assert "MALLOC_TRIM_THRESHOLD_" not in os.environ  # nor is this process's environment changed
+    assert list(got.values()) == [(None, "1", "1s", "100ms")]
+    # nor is this process's environment changed
+    assert "MALLOC_TRIM_THRESHOLD_" not in os.environ and "MALLOC_ARENA_MAX" not in os.environ
+    monkeypatch.setenv("MALLOC_ARENA_MAX", "4")
     with dask.config.set({"distributed.worker.profile.interval": "20ms"}), build(corpus_dir, n_workers=1) as p:
         next(iter(p))
         got = p.runner().client.run(_worker_settings)
-    assert list(got.values()) == [(None, "1s", "20ms")]
+    assert list(got.values()) == [(None, "4", "1s", "20ms")]
 
 
 def _worker_log_bounds(dask_worker):
@@ -190,6 +194,18 @@ def test_malloc_in_use_counts_live_allocations_not_freed_memory():
     del block
     after = memory.malloc_in_use()
     assert during - before >= 64 * 2**20 and after - before < 8 * 2**20, (before, during, after)
+
+
+def test_python_small_objects_counts_live_objects_within_the_arenas_held():
+    from zephon_dask.execution import memory
+
+    live0, arenas0 = memory.python_small_objects()  # CPython's pymalloc on the machines we test on
+    objects = [str(i) for i in range(500_000)]  # ~30 MB of small objects
+    live1, arenas1 = memory.python_small_objects()
+    del objects
+    live2, _ = memory.python_small_objects()
+    assert live1 - live0 >= 20 * 2**20 and arenas1 >= live1 and abs(live2 - live0) < 4 * 2**20, (live0, live1, live2)
+    assert memory.allocator_stats()[0] is not None  # malloc in use, asked with them in one call
 
 
 def test_starting_the_embedded_cluster_leaves_this_process_environment_as_it_was(corpus_dir, monkeypatch):

@@ -170,8 +170,12 @@ def test_short_soak_growth_is_bounded(tmp_path):
         sys.path.pop(0)
     samples = soak(seconds=8, every=1, n_workers=1, workdir=str(tmp_path))
     assert samples[-1].batches > samples[0].batches
-    # every process sampled, memory in use through malloc beside RSS (glibc here)
-    assert sorted(samples[-1].rss_mb) == sorted(samples[-1].in_use_mb) == ["scheduler", "trainer", "worker-0"]
+    # every process sampled, memory in use through malloc (glibc here) and Python's small objects
+    # (alive, and the arenas holding them) beside RSS
+    names = ["scheduler", "trainer", "worker-0"]
+    last = samples[-1]
+    assert sorted(last.rss_mb) == sorted(last.in_use_mb) == sorted(last.py_live_mb) == sorted(last.py_arenas_mb) == names
+    assert all(0 < last.py_live_mb[n] <= last.py_arenas_mb[n] < last.rss_mb[n] for n in names), last
     for name, g in growth(samples, warmup=3).items():
         assert g["fds"] <= 4 and g["threads"] <= 2, (name, g)
         assert g["rss"] < 0.25, (name, g)  # loose: the full soak (benchmarks/bench_soak.py) checks 2%

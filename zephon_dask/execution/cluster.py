@@ -63,8 +63,8 @@ WORKER_ENV = {
 # worker, memory checks 10 times a second); with these, ~0.03. MALLOC_TRIM_THRESHOLD_=65536,
 # which Dask exports to its workers, also fixes glibc's mmap threshold at 128 KiB, so every
 # window-sized array and tokenizer buffer was a fresh mmap: tokenize + pack ran ~20% slower in a
-# worker than in a plain process; workers we start keep glibc's defaults. Anything the user set
-# in their Dask config (or exported, for MALLOC_TRIM_THRESHOLD_) wins.
+# worker than in a plain process; workers we start keep glibc's default thresholds. Anything the user set
+# in their Dask config (or exported, for MALLOC_TRIM_THRESHOLD_ and MALLOC_ARENA_MAX) wins.
 # Dask's bounded logs are sized for short jobs: a worker keeps low-level-log-length (1,000) of its
 # one-second profile cycles twice (the call tree, and per task prefix), 24-32 KB a second in the
 # soak benchmark, so a streaming worker grew by 24-32 MB over its first 17 minutes; at 300 they
@@ -72,8 +72,13 @@ WORKER_ENV = {
 # developer logs (transitions, transfers, messages, events: most within a minute or two; each
 # holds under 0.3 MB).
 # The system monitor keeps 300 samples (10 minutes at 2 s, under 0.1 MB) instead of 7,200 (4 h).
+# MALLOC_ARENA_MAX=1: a worker's threads (event loop, task thread, offload thread, ...) share glibc's
+# main heap instead of one heap each; malloc_trim gives back the free pages inside every heap but
+# the top of the main one only, so with one heap the worker's periodic trim (TrimFreedMemory)
+# reaches all of its free memory. A worker runs one task thread, so there is little to contend for.
 EMBEDDED_DEFAULTS = {
     "distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None,
+    "distributed.nanny.pre-spawn-environ.MALLOC_ARENA_MAX": "1",
     "distributed.admin.tick.interval": "1s",
     "distributed.worker.profile.interval": "100ms",  # the dashboard's profile still fills
     "distributed.worker.memory.monitor-interval": "500ms",
@@ -164,8 +169,8 @@ def _forget_key_names() -> None:
 
 class TrimFreedMemory(WorkerPlugin):
     """A worker plugin of the embedded cluster: every ``every`` seconds on the worker's event loop,
-    :func:`~.memory.trim_freed_memory` (the workers keep glibc's defaults, see
-    :data:`EMBEDDED_DEFAULTS`) and :func:`_forget_key_names`."""
+    :func:`~.memory.trim_freed_memory` (the workers keep glibc's default thresholds and one heap,
+    see :data:`EMBEDDED_DEFAULTS`) and :func:`_forget_key_names`."""
 
     name = "zephon-trim-freed-memory"
 
