@@ -31,17 +31,18 @@ TRIM_EVERY = 30.0  # seconds between two trims of one process
 
 
 @functools.cache
-def _malloc_trim():
+def _libc_function(name: str):
+    """The C library's function ``name``; ``None`` where there is none (not glibc, or an older one)."""
     try:
-        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
-    except (OSError, AttributeError):  # not glibc
+        return getattr(ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6"), name)
+    except (OSError, AttributeError):
         return None
 
 
 def trim_freed_memory() -> bool:
     """Return the C library's free memory to the OS (glibc's ``malloc_trim(0)``); ``False`` where
     there is no such call. Holds no state."""
-    trim = _malloc_trim()
+    trim = _libc_function("malloc_trim")
     return bool(trim is not None and trim(0) >= 0)
 
 
@@ -66,11 +67,9 @@ class _MallInfo2(ctypes.Structure):
 
 @functools.cache
 def _mallinfo2():
-    try:
-        call = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallinfo2
-    except (OSError, AttributeError):  # not glibc, or glibc before 2.33
-        return None
-    call.restype = _MallInfo2
+    call = _libc_function("mallinfo2")  # glibc 2.33 and later
+    if call is not None:
+        call.restype = _MallInfo2
     return call
 
 
