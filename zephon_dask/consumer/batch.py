@@ -77,11 +77,14 @@ class Batch(Mapping):
     ``lane`` and ``index_in_lane`` name the batch; ``position`` is the lane's
     frontier after it, ``(window, offset)`` of the next undelivered sample,
     and ``last`` says it is the lane's final batch (both feed checkpoints).
+    ``counts``: its tokens and records started per dataset when already
+    counted (what :meth:`dataset_tokens` and :meth:`dataset_samples` return).
     """
 
     def __init__(self, arrays: dict[str, np.ndarray], lane: int, index_in_lane: int,
                  lineage: list[np.ndarray], dataset_names: tuple[str, ...],
-                 position: tuple[int, int] = (0, 0), last: bool = False):
+                 position: tuple[int, int] = (0, 0), last: bool = False,
+                 counts: tuple[np.ndarray, np.ndarray] | None = None):
         self._arrays = arrays
         self.lane = lane
         self.index_in_lane = index_in_lane
@@ -89,6 +92,7 @@ class Batch(Mapping):
         self.dataset_names = dataset_names
         self.position = position
         self.last = last
+        self._counts = counts
 
     def __getitem__(self, key: str) -> np.ndarray:
         return self._arrays[key]
@@ -110,6 +114,8 @@ class Batch(Mapping):
 
     def dataset_tokens(self) -> np.ndarray:
         """Real (non-padding) tokens per dataset, indexed like ``dataset_names``."""
+        if self._counts is not None:
+            return self._counts[0].copy()
         if not self.lineage:
             return np.zeros(len(self.dataset_names), dtype=np.int64)
         rows = np.concatenate(self.lineage)
@@ -119,6 +125,8 @@ class Batch(Mapping):
     def dataset_samples(self) -> np.ndarray:
         """Source records per dataset whose first token is in this batch (a record cut across rows
         or batches counts once, where it starts), indexed like ``dataset_names``."""
+        if self._counts is not None:
+            return self._counts[1].copy()
         if not self.lineage:
             return np.zeros(len(self.dataset_names), dtype=np.int64)
         rows = np.concatenate(self.lineage)

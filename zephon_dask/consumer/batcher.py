@@ -4,6 +4,13 @@ The lane's stream is the concatenation of its window outputs in window
 order; batches may straddle windows. ``drop_last`` applies only at the end of
 the lane. The batcher tracks the lane's frontier ``(window, offset)`` (the
 next sample it will emit) so every batch says where a resume would start.
+
+Full batches inside one window are cut ahead, up to :data:`CUT_BATCHES` at a
+time, in one vectorised pass (:func:`~zephon_dask.consumer.cut.cut_batches`)
+at the first :meth:`LaneBatcher.pop` that finds none cut; :meth:`pop` then
+hands them out with only the bookkeeping. A batch that straddles two windows,
+the last partial one and rows the cut does not take are built one at a time
+by :func:`~zephon_dask.consumer.batch.make_batch`; both give the same batch.
 """
 
 from __future__ import annotations
@@ -13,6 +20,9 @@ from collections import deque
 from ..errors import StateError
 from ..operators.table import SampleTable
 from .batch import Batch, BatchOptions, make_batch
+from .cut import CutBatch, cut_batches
+
+CUT_BATCHES = 8  # batches cut ahead at once: a held batch keeps its cut's arrays alive
 
 
 class LaneBatcher:
@@ -24,6 +34,9 @@ class LaneBatcher:
         self._tables: deque[tuple[int, int, SampleTable]] = deque()  # (window, offset of row 0, rows)
         self._head = 0  # rows of _tables[0] already batched
         self.buffered = 0
+        # the next batches, cut ahead from _tables[0] at _head: only full batches of buffered rows, so
+        # none is left when a batch is built one at a time (pop() finds none; finish() has < 1 batch)
+        self._cut: deque[CutBatch] = deque()
 
     def push(self, window: int, table: SampleTable, skip: int = 0) -> None:
         """Append window ``window``'s samples, dropping its first ``skip`` (already delivered)."""
@@ -39,25 +52,47 @@ class LaneBatcher:
     def ready(self) -> bool:
         return self.buffered >= self.opts.microbatch_size
 
+    def _advance(self, n: int) -> None:
+        """Move the frontier ``n`` rows into the head window (``n`` at most the rows it has left)."""
+        window, base, t = self._tables[0]
+        self._head += n
+        self.buffered -= n
+        self.position = (window, base + self._head)
+        if self._head == len(t):
+            self._tables.popleft()
+            self._head = 0
+            self.position = (self._tables[0][0], self._tables[0][1]) if self._tables else (window + 1, 0)
+
     def _take(self, n: int) -> SampleTable:
         parts = []
         while n:
-            window, base, t = self._tables[0]
+            _, _, t = self._tables[0]
             k = min(n, len(t) - self._head)
             parts.append(t.slice(self._head, self._head + k))
-            self._head += k
+            self._advance(k)
             n -= k
-            self.position = (window, base + self._head)
-            if self._head == len(t):
-                self._tables.popleft()
-                self._head = 0
-                self.position = (self._tables[0][0], self._tables[0][1]) if self._tables else (window + 1, 0)
-        self.buffered -= sum(len(p) for p in parts)
         return SampleTable.concat(parts)
+
+    def _cut_ahead(self) -> None:
+        """Cut the full batches the head window has left at the frontier (up to ``CUT_BATCHES``)."""
+        if self._tables:
+            t = self._tables[0][2]
+            count = min((len(t) - self._head) // self.opts.microbatch_size, CUT_BATCHES)
+            if count:
+                self._cut.extend(cut_batches(t, self._head, count, self.opts, len(self.names)) or ())
 
     def pop(self) -> Batch:
         """The next full batch (call only when :meth:`ready`)."""
-        return self._emit(self.opts.microbatch_size, last=False)
+        if not self._cut:
+            self._cut_ahead()
+        if not self._cut:
+            return self._emit(self.opts.microbatch_size, last=False)
+        cut = self._cut.popleft()
+        self._advance(self.opts.microbatch_size)
+        batch = Batch(cut.arrays, self.lane, self.next_index, cut.lineage, self.names, self.position,
+                      counts=cut.counts)
+        self.next_index += 1
+        return batch
 
     def finish(self) -> Batch | None:
         """At the lane's end: the last partial batch, unless ``drop_last``."""
