@@ -104,6 +104,8 @@ def same(batch, ref) -> None:
     for name in ("dataset_tokens", "dataset_samples"):
         a, b = getattr(batch, name)(), getattr(ref, name)()
         assert a.dtype == b.dtype and np.array_equal(a, b), name
+    counts = batch.dataset_counts()
+    assert not counts.flags.writeable and np.array_equal(counts, ref.dataset_counts())
 
 
 def scribble(batch) -> None:

@@ -26,7 +26,7 @@ def test_step_history_keeps_the_last_steps_in_fixed_memory():
     for batch in range(40):
         step = batch // 3
         real, tokens, samples = int(rng.integers(100)), rng.integers(0, 9, 2), rng.integers(0, 2, 2)
-        history.add(step, real, 128, tokens, samples)
+        history.add(step, real, 128, np.stack((tokens, samples)))
         e = expected.setdefault(step, {"global_step": step, "tokens": 0, "slots": 0,
                                        "dataset_tokens": np.zeros(2, int), "dataset_samples": np.zeros(2, int)})
         e["tokens"] += real

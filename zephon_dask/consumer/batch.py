@@ -77,14 +77,13 @@ class Batch(Mapping):
     ``lane`` and ``index_in_lane`` name the batch; ``position`` is the lane's
     frontier after it, ``(window, offset)`` of the next undelivered sample,
     and ``last`` says it is the lane's final batch (both feed checkpoints).
-    ``counts``: its tokens and records started per dataset when already
-    counted (what :meth:`dataset_tokens` and :meth:`dataset_samples` return).
+    ``counts``: its :meth:`dataset_counts` when already counted (read-only).
     """
 
     def __init__(self, arrays: dict[str, np.ndarray], lane: int, index_in_lane: int,
                  lineage: list[np.ndarray], dataset_names: tuple[str, ...],
                  position: tuple[int, int] = (0, 0), last: bool = False,
-                 counts: tuple[np.ndarray, np.ndarray] | None = None):
+                 counts: np.ndarray | None = None):
         self._arrays = arrays
         self.lane = lane
         self.index_in_lane = index_in_lane
@@ -111,6 +110,15 @@ class Batch(Mapping):
     def sources(self, row: int) -> list[tuple[str, int, int, int, int]]:
         """Where row ``row``'s tokens came from: ``(dataset, shard, offset, token_start, count)``."""
         return [(self.dataset_names[d], s, o, t, n) for d, s, o, t, n in self.lineage[row].tolist()]
+
+    def dataset_counts(self) -> np.ndarray:
+        """``[2, len(dataset_names)]``, read-only: :meth:`dataset_tokens` and
+        :meth:`dataset_samples` in one array (what checkpoints and ``stats()`` count)."""
+        if self._counts is None:
+            counts = np.stack((self.dataset_tokens(), self.dataset_samples()))
+            counts.flags.writeable = False
+            self._counts = counts
+        return self._counts
 
     def dataset_tokens(self) -> np.ndarray:
         """Real (non-padding) tokens per dataset, indexed like ``dataset_names``."""

@@ -9,6 +9,7 @@ methods.
 
 from __future__ import annotations
 
+import numpy as np
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from ..consumer.torch_io import batch_item
@@ -170,8 +171,8 @@ class _Delivering:
         out = next(self.base)
         window, offset = (int(v) for v in out["position"])
         self.progress.observe(int(out["lane"]), int(out["index_in_lane"]), window, offset,
-                              bool(out["last"]), out["tokens"].numpy(), out["dataset_tokens"].numpy(),
-                              out["dataset_samples"].numpy())
+                              bool(out["last"]), out["tokens"].numpy(),
+                              np.stack((out["dataset_tokens"].numpy(), out["dataset_samples"].numpy())))
         return out
 
 

@@ -27,13 +27,14 @@ class StepHistory:
         self._n = 0  # steps ever started; the newest is at (_n - 1) % capacity
         self._i, self._step_now = -1, -1
         self._real = self._slots_now = 0  # the newest step's, written to the arrays when it ends (or is read)
-        self._row_tokens = self._row_samples = self._datasets[0, 0]  # views of the newest row
+        self._row = self._datasets[0]  # a view of the newest row
 
     def __len__(self) -> int:
         return min(self._n, self.capacity)
 
-    def add(self, step: int, real: int, slots: int, dataset_tokens, dataset_samples) -> None:
-        """Count one batch of global step ``step`` (a new entry when the step changes)."""
+    def add(self, step: int, real: int, slots: int, counts) -> None:
+        """Count one batch of global step ``step`` (a new entry when the step changes); ``counts``:
+        ``[2, n_datasets]``, its tokens and records started per dataset."""
         if step != self._step_now:
             self._flush()
             i = self._i = self._n % self.capacity
@@ -41,11 +42,10 @@ class StepHistory:
             self._step[i] = self._step_now = step
             self._real = self._slots_now = 0
             self._datasets[i] = 0
-            self._row_tokens, self._row_samples = self._datasets[i]
+            self._row = self._datasets[i]
         self._real += real
         self._slots_now += slots
-        self._row_tokens += dataset_tokens
-        self._row_samples += dataset_samples
+        self._row += counts
 
     def _flush(self) -> None:
         if self._i >= 0:

@@ -105,8 +105,8 @@ class Progress:
         # throughput and mixture, for stats() only (never part of the data or the state)
         self.started = time.perf_counter()
         self.tokens = self.slots = self.batches = 0
-        self.dataset_tokens = np.zeros(len(spec.source.names), dtype=np.int64)
-        self.dataset_samples = np.zeros(len(spec.source.names), dtype=np.int64)  # records started
+        self._counts = np.zeros((2, len(spec.source.names)), dtype=np.int64)  # both, added as one
+        self.dataset_tokens, self.dataset_samples = self._counts  # views: tokens, records started
         self.history = StepHistory(len(spec.source.names))  # per step: tokens and samples per dataset, real, slots
 
     @property
@@ -128,19 +128,18 @@ class Progress:
         return self.start_step + self.delivered // self.shape.per_rank
 
     def observe(self, lane: int, index_in_lane: int, window: int, offset: int, last: bool,
-                tokens, dataset_tokens, dataset_samples) -> None:
-        """Record one batch handed to the caller (its token matrix, real tokens and records started
-        per dataset)."""
+                tokens, counts) -> None:
+        """Record one batch handed to the caller (its token matrix; ``counts``: ``[2, datasets]``,
+        its real tokens and records started per dataset)."""
         step = self.global_step
         if self.ledger is not None:
             self.ledger.write(step, lane, index_in_lane, tokens)
-        real = int(dataset_tokens.sum())
+        real, slots = int(counts[0].sum()), int(np.size(tokens))
         self.tokens += real
-        self.slots += int(np.size(tokens))
+        self.slots += slots
         self.batches += 1
-        self.dataset_tokens += dataset_tokens
-        self.dataset_samples += dataset_samples
-        self.history.add(step, real, int(np.size(tokens)), dataset_tokens, dataset_samples)
+        self._counts += counts
+        self.history.add(step, real, slots, counts)
         p = self.lane[lane]
         self._undo.append((lane, index_in_lane, p.as_tuple(), self.next_lane))
         p.window, p.offset, p.batches_delivered = window, offset, index_in_lane + 1
@@ -152,8 +151,8 @@ class Progress:
 
     def observe_batch(self, batch) -> None:
         window, offset = batch.position
-        self.observe(batch.lane, batch.index_in_lane, window, offset, batch.last,
-                     batch["tokens"], batch.dataset_tokens(), batch.dataset_samples())
+        self.observe(batch.lane, batch.index_in_lane, window, offset, batch.last, batch["tokens"],
+                     batch.dataset_counts())
 
     # -- consumed, not fetched ------------------------------------------------------------
 
