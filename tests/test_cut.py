@@ -133,12 +133,12 @@ def test_cut_batches_equal_make_batch_one_at_a_time(case):
 
 
 def test_cut_covers_whole_windows_and_is_used(monkeypatch):
-    """Batches inside a window come from the cut (not ``make_batch``), up to ``CUT_BATCHES`` at a
-    time; a batch that straddles two windows comes from ``make_batch``."""
+    """Batches inside a window come from the cut (not ``make_batch``); a batch that straddles two
+    windows comes from ``make_batch``."""
     built = []
     monkeypatch.setattr(batcher_module, "make_batch", lambda *a, **k: built.append(a[2]) or make_batch(*a, **k))
     rng = np.random.default_rng(0)
-    n, width = 4 * batcher_module.CUT_BATCHES + 2, 16
+    n, width = 34, 16
     table = SampleTable(rng.integers(0, 9, n * width).astype(np.int32), np.arange(n + 1) * width,
                         np.tile(np.arange(width), n).astype(np.int32), np.zeros(n * width, np.int32),
                         np.zeros((n, 5), np.int64), np.arange(n + 1))

@@ -5,12 +5,13 @@ order; batches may straddle windows. ``drop_last`` applies only at the end of
 the lane. The batcher tracks the lane's frontier ``(window, offset)`` (the
 next sample it will emit) so every batch says where a resume would start.
 
-Full batches inside one window are cut ahead, up to :data:`CUT_BATCHES` at a
-time, in one vectorised pass (:func:`~zephon_dask.consumer.cut.cut_batches`)
-at the first :meth:`LaneBatcher.pop` that finds none cut; :meth:`pop` then
-hands them out with only the bookkeeping. A batch that straddles two windows,
-the last partial one and rows the cut does not take are built one at a time
-by :func:`~zephon_dask.consumer.batch.make_batch`; both give the same batch.
+The full batches a window has left are cut ahead in one vectorised pass
+(:func:`~zephon_dask.consumer.cut.cut_batches`) at the first
+:meth:`LaneBatcher.pop` that finds none cut; :meth:`pop` then
+hands each out with its int64 arrays (a few numpy calls) and the
+bookkeeping. A batch that straddles two windows, the last partial one and
+rows the cut does not take are built one at a time by
+:func:`~zephon_dask.consumer.batch.make_batch`; both give the same batch.
 """
 
 from __future__ import annotations
@@ -21,10 +22,6 @@ from ..errors import StateError
 from ..operators.table import SampleTable
 from .batch import Batch, BatchOptions, make_batch
 from .cut import CutBatch, cut_batches
-
-# batches cut ahead at once: their arrays exist before they are asked for (8 batches of 8 rows of
-# 2,048 tokens: 3 MB of int64 tokens, positions and document ids a lane), whatever the window's size
-CUT_BATCHES = 8
 
 
 class LaneBatcher:
@@ -76,10 +73,10 @@ class LaneBatcher:
         return SampleTable.concat(parts)
 
     def _cut_ahead(self) -> None:
-        """Cut the full batches the head window has left at the frontier (up to ``CUT_BATCHES``)."""
+        """Cut the full batches the head window has left at the frontier."""
         if self._tables:
             t = self._tables[0][2]
-            count = min((len(t) - self._head) // self.opts.microbatch_size, CUT_BATCHES)
+            count = (len(t) - self._head) // self.opts.microbatch_size
             if count:
                 self._cut.extend(cut_batches(t, self._head, count, self.opts, len(self.names)) or ())
 
@@ -91,7 +88,7 @@ class LaneBatcher:
             return self._emit(self.opts.microbatch_size, last=False)
         cut = self._cut.popleft()
         self._advance(self.opts.microbatch_size)
-        batch = Batch(cut.arrays, self.lane, self.next_index, cut.lineage, self.names, self.position,
+        batch = Batch(cut.arrays(), self.lane, self.next_index, cut.lineage, self.names, self.position,
                       counts=cut.counts)
         self.next_index += 1
         return batch

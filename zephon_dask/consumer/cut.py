@@ -1,22 +1,23 @@
 """Cutting a run of full batches from one table in one vectorised pass. Pure.
 
-:func:`cut_batches` builds ``count`` consecutive batches of
+:func:`cut_batches` prepares ``count`` consecutive batches of
 ``microbatch_size`` rows, starting at row ``start`` of one table, in one
-pass: the rows are laid out flat, batch after batch, each batch padded to its
-own longest row (as :func:`~zephon_dask.consumer.batch.make_batch` pads it;
-packed rows need no copy), and what needs a look across slots (which labels
-are ignored, where sequences start) is computed once over all the batches.
-Then each batch's int64 arrays are converted from its slice of the flat rows,
-a few numpy calls a batch. Each batch owns its int64 arrays; its
-``loss_mask``, ``cu_seqlens`` and ``lengths`` are slices of arrays shared by
-the run, which never overlap, so writing into one batch (or a tensor made
-from it) cannot change another.
+pass: the rows laid out flat in the table's dtype, batch after batch, each
+batch padded to its own longest row (as
+:func:`~zephon_dask.consumer.batch.make_batch` pads it; packed rows need no
+copy), which labels are ignored and where sequences start (``cu_seqlens``)
+computed once over all of them, the rows' lineage and the tokens and records
+started per dataset (one ``bincount``) too. :meth:`CutBatch.arrays` then
+converts one batch's slots to its int64 arrays, a few numpy calls, when the
+batch is handed out: no int64 array exists before its batch is asked for, and
+each batch owns its arrays except ``lengths`` and ``cu_seqlens``, slices of
+the run's arrays that no other batch shares, so writing into one batch (or a
+tensor made from it) cannot change another.
 
 Each batch equals, byte for byte, what ``make_batch`` gives for the same
 rows: the same fields, dtypes, shapes and values, ``input_ids`` the same
 array as ``tokens`` and ``position_ids`` as ``positions``, and per row a view
-of the table's lineage rows. Its tokens and records started per dataset are
-counted here too, for all the batches in one ``bincount``.
+of the table's lineage rows.
 """
 
 from __future__ import annotations
@@ -30,13 +31,56 @@ from .batch import BatchOptions
 
 
 @dataclass(frozen=True)
-class CutBatch:
-    """One batch's parts: its arrays, its rows' lineage, and its tokens and records started per
-    dataset (``[2, n_datasets]``, read-only; ``None``: not counted here)."""
+class Run:
+    """What the batches of one cut share: the rows laid out flat in the table's dtype, batch after
+    batch (each padded to its width), and over the same slots which labels are ignored."""
 
-    arrays: dict[str, np.ndarray]
+    opts: BatchOptions
+    tokens: np.ndarray
+    positions: np.ndarray
+    doc_ids: np.ndarray
+    untrained: np.ndarray | None  # None without labels
+    lengths: np.ndarray  # [count, microbatch] int64
+    cu_seqlens: list[np.ndarray] | None  # per batch, None unless asked
+
+
+@dataclass(frozen=True)
+class CutBatch:
+    """One batch of a cut: its slots ``lo:hi`` of the run (rows of ``width``), its rows' lineage,
+    and its tokens and records started per dataset (``[2, n_datasets]``, read-only; ``None``:
+    not counted here)."""
+
+    run: Run
+    index: int
+    lo: int
+    hi: int
+    width: int
     lineage: list[np.ndarray]
     counts: np.ndarray | None
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """The batch's arrays, as ``make_batch`` builds them (new int64 arrays; a few numpy calls)."""
+        run, lo, hi, opts = self.run, self.lo, self.hi, self.run.opts
+        shape = (opts.microbatch_size, self.width)
+        tokens = run.tokens[lo:hi].astype(np.int64).reshape(shape)
+        positions = run.positions[lo:hi].astype(np.int64).reshape(shape)
+        docs = run.doc_ids[lo:hi]
+        batch = {"tokens": tokens, "positions": positions, "document_ids": docs.astype(np.int64).reshape(shape),
+                 "lengths": run.lengths[self.index]}  # make_batch's fields, in its order; rows of
+        # lengths and cu_seqlens are slices of the run's arrays that no other batch shares
+        if run.untrained is not None:
+            shift = 1 if opts.label_convention == "shifted" else 0  # shifted: a slot's target is the next token
+            untrained = run.untrained[lo:hi]
+            labels = np.empty(hi - lo, dtype=np.int64)
+            labels[:hi - lo - shift] = run.tokens[lo + shift:hi]
+            labels[untrained] = opts.ignore_index
+            if opts.label_convention == "hf":
+                batch["attention_mask"] = (docs >= 0).astype(np.int64).reshape(shape)
+                batch["position_ids"] = positions
+            batch.update(input_ids=tokens, labels=labels.reshape(shape), loss_mask=~untrained.reshape(shape))
+        if run.cu_seqlens is not None:
+            batch["cu_seqlens"] = run.cu_seqlens[self.index]
+        return batch
 
 
 def cut_batches(table: SampleTable, start: int, count: int, opts: BatchOptions,
@@ -66,41 +110,21 @@ def cut_batches(table: SampleTable, start: int, count: int, opts: BatchOptions,
         out[dest] = flat[a:b]
         return out
 
-    tokens, positions = block(table.tokens, opts.pad_id), block(table.positions, 0)
     doc_ids = block(table.document_ids, -1)
-    first = np.zeros(len(tokens), dtype=bool)
+    first = np.zeros(len(doc_ids), dtype=bool)
     first[slot[:-1]] = True
-    convention = opts.label_convention
-    if convention is not None:
-        mask = None if table.loss_mask is None else block(table.loss_mask, 0)
-        untrained = _untrained(doc_ids, first, slot, opts, mask)
-        trained = ~untrained
-        shift = 1 if convention == "shifted" else 0  # shifted: the target of a slot is the next token
+    untrained = None
+    if opts.label_convention is not None:
+        untrained = _untrained(doc_ids, first, slot, opts,
+                               None if table.loss_mask is None else block(table.loss_mask, 0))
+    run = Run(opts, block(table.tokens, opts.pad_id), block(table.positions, 0), doc_ids, untrained,
+              lengths.astype(np.int64).reshape(count, m),
+              _cu_seqlens(doc_ids, first, slot[::m]) if opts.cu_seqlens else None)
     bounds = slot[::m].tolist()  # where each batch starts in the flat blocks, and the end
-    row_lengths = lengths.astype(np.int64).reshape(count, m)
-    cus = _cu_seqlens(doc_ids, first, slot[::m]) if opts.cu_seqlens else None
-    arrays = []
-    for j, (lo, hi, width) in enumerate(zip(bounds[:-1], bounds[1:], widths.tolist(), strict=True)):
-        shape = (m, width)
-        toks, pos = tokens[lo:hi].astype(np.int64).reshape(shape), positions[lo:hi].astype(np.int64).reshape(shape)
-        docs = doc_ids[lo:hi]
-        batch = {"tokens": toks, "positions": pos, "document_ids": docs.astype(np.int64).reshape(shape),
-                 "lengths": row_lengths[j]}  # make_batch's fields, in its order
-        if convention is not None:
-            labels = np.empty(hi - lo, dtype=np.int64)
-            labels[:hi - lo - shift] = tokens[lo + shift:hi]
-            labels[untrained[lo:hi]] = opts.ignore_index
-            if convention == "hf":
-                batch["attention_mask"] = (docs >= 0).astype(np.int64).reshape(shape)
-                batch["position_ids"] = pos
-            batch.update(input_ids=toks, labels=labels.reshape(shape), loss_mask=trained[lo:hi].reshape(shape))
-        if cus is not None:
-            batch["cu_seqlens"] = cus[j]
-        arrays.append(batch)
     lineage = _lineage(table, start, rows)
     counts = _counts(table, start, rows, m, count, n_datasets)
-    return [CutBatch(batch, lineage[j * m:(j + 1) * m], None if counts is None else counts[j])
-            for j, batch in enumerate(arrays)]
+    return [CutBatch(run, j, lo, hi, width, lineage[j * m:(j + 1) * m], None if counts is None else counts[j])
+            for j, (lo, hi, width) in enumerate(zip(bounds[:-1], bounds[1:], widths.tolist(), strict=True))]
 
 
 def _untrained(doc_ids: np.ndarray, first: np.ndarray, slot: np.ndarray, opts: BatchOptions,
