@@ -8,7 +8,7 @@ window), feeds them to one :class:`LaneBatcher` per lane (8 lanes, batches of
 code and the data out of the caches, as in a training loop. Prints the
 mean thread CPU per batch of ``pop()`` (a window pushed when a lane needs
 one, as the stream does) and of recording the batch as the pipeline does
-(its per-dataset counts, then ``Progress.observe``), in several rounds; nothing
+(``Progress.observe_batch``), in several rounds; nothing
 asserts a time.
 
     python benchmarks/bench_batcher.py [--quick] [--rounds N]
