@@ -205,3 +205,23 @@ def test_worker_killed_mid_group_changes_nothing(corpus_dir):
         p.close()
     assert got == truth
     assert any(str(t["key"]).startswith("zephon-windows-") for t in ts.data)
+
+
+def test_automatic_windows_per_task_leaves_two_tasks_per_worker_thread(corpus_dir, cluster):
+    """Auto: ``prefetch // (2 x threads)``, 1 to 4, on the distributed runner; 1 on the in-process
+    runners; ``fuse=False`` never groups. The default prefetch on 2 worker threads (8) gives 2."""
+    from zephon_dask.execution.cluster import DistributedRunner
+
+    runner = DistributedRunner(build(corpus_dir).spec, client=cluster)
+    assert [runner.windows_per_task(n) for n in (1, 4, 7, 8, 12, 100)] == [1, 1, 1, 2, 3, 4]
+    runner.close()
+    p = build(corpus_dir, client=cluster)
+    assert "auto: as many as leave 2 tasks" in str(p.explain())
+    with p:
+        next(iter(p))
+        assert p.session.stream.fetcher.windows_per_task == 2
+        assert "auto: 2 (" in str(p.explain())
+    with build(corpus_dir, runner="threads", n_workers=1) as p:
+        next(iter(p))
+        assert p.session.stream.fetcher.windows_per_task == 1
+    assert "1 (fuse=False" in str(build(corpus_dir, fuse=False, windows_per_task=3).explain())

@@ -271,14 +271,17 @@ class DistributedHandle(WindowHandle):
     A result lost with its worker (a gather that fails or a future the scheduler
     cancels) is resubmitted under the same keys: the window is pure, so the
     recomputation gives the same bytes. A window still computing after the
-    runner's ``stall`` seconds is logged with the workers computing it, and (if a
-    worker holds it and others exist) its :meth:`~zephon_dask.graph.WindowGraph.fused_copy`
+    runner's ``stall`` seconds (a task of n windows: n times that) is logged with
+    the workers computing it, and (if a worker holds it and others exist) its
+    :meth:`~zephon_dask.graph.WindowGraph.fused_copy`
     is submitted to the other workers, carrying the spec by value; the first of the two to finish is used
     (the same bytes either way)."""
 
     def __init__(self, graph: WindowGraph | GroupGraph, futures, runner, priority):
         super().__init__(graph, future=futures[-1])
         self._chunks, self._runner, self._priority = futures[:-1], runner, priority
+        # stall_timeout is per window: a task of several windows may compute as many times longer
+        self._stall = runner.stall * (len(graph.windows) if isinstance(graph, GroupGraph) else 1)
         self._copy, self._copies = None, 0
         self._copy_on: list[str] = []  # the workers the copy may run on
 
@@ -294,13 +297,13 @@ class DistributedHandle(WindowHandle):
                 exc.add_note(f"zephon_dask: while waiting for {self.graph.label}")
                 raise
             if done is None:
-                if time.monotonic() - reported >= runner.stall:
+                if time.monotonic() - reported >= self._stall:
                     reported = time.monotonic()
                     self._stalled(reported - started)
                 continue
             finished = done.status == "finished"
             try:
-                return done.result(timeout=runner.stall) if finished else done.result()
+                return done.result(timeout=self._stall) if finished else done.result()
             except RuntimeError as exc:  # "IOLoop is closed" when the client closed meanwhile; else the task's own
                 runner.watch.check_open()
                 exc.add_note(f"zephon_dask: while computing {self.graph.label}")
@@ -344,7 +347,7 @@ class DistributedHandle(WindowHandle):
         copy = bool(busy and others) and self._copy is None
         plan = ("computing it again on " + ", ".join(others) if copy else "a copy already runs elsewhere"
                 if self._copy is not None else "no responsive worker to compute it" if busy else "it is still queued")
-        logger.warning("zephon_dask: %s has been computing (or fetched) for %.0f s (stall_timeout %g s) "
+        logger.warning("zephon_dask: %s has been computing (or fetched) for %.0f s (stall_timeout %g s a window) "
                        "on %s; workers not heard from for over %g s: %s; %s", self.graph.label,
                        waited, runner.stall, ", ".join(busy) or "no worker yet", max(runner.stall, SILENT_AFTER),
                        ", ".join(silent) or "none", plan)
