@@ -302,13 +302,14 @@ def ref_submissions(num_windows: dict, start: dict, prefetch: int, gets: list[in
 
 
 def ref_grouped_submissions(num_windows: dict, start: dict, prefetch: int, gets: list[int], size: int,
-                            split_first: int = 0) -> list[tuple[tuple[int, int], ...]]:
+                            split_first: int = 0, alone_at_end: int = 0) -> list[tuple[tuple[int, int], ...]]:
     """The tasks a fused window fetcher submits with ``windows_per_task=size``, each as its
     (lane, window) members, when the consumer asks for ``gets``: windows in the order of
     :func:`ref_submissions` (recomputed over every lane at each step); a lane's first window among
     the first ``split_first`` submissions goes alone, as does a window asked for before it was
-    submitted; other windows go ``size`` at a time (fewer only when none is left or a lone one
-    comes next), once ``prefetch`` leaves room for ``size`` more."""
+    submitted; so does each of the last ``alone_at_end`` windows when every lane ends; other
+    windows go ``size`` at a time (fewer only when none is left or a lone one comes next), once
+    ``prefetch`` leaves room for ``size`` more."""
     lanes = list(num_windows)
     size = max(1, min(size, prefetch))
     next_submit, next_needed = dict(start), dict(start)
@@ -326,6 +327,10 @@ def ref_grouped_submissions(num_windows: dict, start: dict, prefetch: int, gets:
         return lane, w
 
     def alone(lane, w, seq):
+        if all(n is not None for n in num_windows.values()):
+            left = sum(max(0, num_windows[la] - next_submit[la]) for la in lanes)  # counts (lane, w) too
+            if left <= alone_at_end:
+                return True
         return w == start[lane] and seq < split_first
 
     def submitted():

@@ -74,7 +74,8 @@ class GroupingRunner:
 @given(data=st.data())
 def test_fetcher_groups_consecutive_fused_windows_and_keeps_workers_fed(data):
     """The fetcher submits the oracle's tasks; each task is fused windows taken in the order they
-    are needed (a split first window or one asked for out of turn goes alone); windows in flight
+    are needed (a split first window, one asked for out of turn, or one of the last ``alone_at_end``
+    goes alone); windows in flight
     never pass ``prefetch`` (+1 for one asked for out of turn) and, while any is left to submit,
     never fall below ``prefetch - windows_per_task + 1``; with one window per task the order is
     the ungrouped fetcher's."""
@@ -83,11 +84,11 @@ def test_fetcher_groups_consecutive_fused_windows_and_keeps_workers_fed(data):
     num_windows = {lane: data.draw(st.one_of(st.none(), st.integers(0, 6))) for lane in lanes}
     start = {lane: data.draw(st.integers(0, 3)) for lane in lanes}
     prefetch, size = data.draw(st.integers(1, 10)), data.draw(st.integers(1, 5))
-    split_first = data.draw(st.integers(0, 4))
+    split_first, alone_at_end = data.draw(st.integers(0, 4)), data.draw(st.integers(0, 3))
     gets = data.draw(st.lists(st.sampled_from(lanes), max_size=40))
     runner = GroupingRunner()
     fetcher = WindowFetcher(FakeSpec(num_windows), runner, lanes, prefetch, start_windows=start, fused=True,
-                            split_first=split_first, windows_per_task=size)
+                            split_first=split_first, windows_per_task=size, alone_at_end=alone_at_end)
     for lane in gets:
         out = fetcher.get(lane)
         assert out is None or out[0] == lane
@@ -95,11 +96,14 @@ def test_fetcher_groups_consecutive_fused_windows_and_keeps_workers_fed(data):
         assert held <= prefetch
         left = any(num_windows[la] is None or fetcher.next_submit[la] < num_windows[la] for la in lanes)
         assert not left or held >= prefetch - min(size, prefetch) + 1
-    assert runner.tasks == ref_grouped_submissions(num_windows, start, prefetch, gets, size, split_first)
+    assert runner.tasks == ref_grouped_submissions(num_windows, start, prefetch, gets, size, split_first,
+                                                   alone_at_end)
     assert all(len(t) <= size for t in runner.tasks)
     assert not any(split and len(t) > 1 for split, t in zip(runner.split, runner.tasks, strict=True))
     if size == 1:
         assert [t[0] for t in runner.tasks] == ref_submissions(num_windows, start, prefetch, gets)
+    if all(v is not None and fetcher.next_submit[la] >= v for la, v in num_windows.items()):  # all submitted
+        assert all(len(t) == 1 for t in runner.tasks[max(0, len(runner.tasks) - alone_at_end):])
     fetcher.close()
     assert not runner.held()
 

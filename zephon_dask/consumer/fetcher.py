@@ -24,7 +24,10 @@ With ``windows_per_task`` above 1, up to that many consecutive fused
 submissions go to the runner together (:meth:`Runner.submit_group`), which may
 compute them as one task: Dask's scheduling, messages and fetch are then paid
 once per task, not once per window. Split windows and windows asked for out of
-turn stay on their own. A group is submitted only once ``prefetch`` leaves room
+turn stay on their own, as do the last ``alone_at_end`` windows of an iteration
+whose lanes all end (the runner's worker threads: the iteration's end is then
+shared out window by window, not a group on one worker while the others
+idle). A group is submitted only once ``prefetch`` leaves room
 for all of it (fewer members only where lanes end), so the windows in flight
 stay between ``prefetch - windows_per_task + 1`` and ``prefetch``. Each window
 keeps its own handle, released as the consumer takes it.
@@ -45,16 +48,20 @@ from ..graph import window_graph
 class WindowFetcher:
     def __init__(self, spec: PipelineSpec, runner, lanes: list[int], prefetch: int,
                  start_windows: dict[int, int] | None = None, fused: bool = False, split_first: int = 0,
-                 windows_per_task: int = 1):
+                 windows_per_task: int = 1, alone_at_end: int = 0):
         self.spec, self.runner, self.lanes = spec, runner, list(lanes)
         self.prefetch = max(1, int(prefetch))
         self.windows_per_task = max(1, min(int(windows_per_task), self.prefetch))
+        self.alone_at_end = alone_at_end
         self.fused, self.split_first = fused, split_first
         start = start_windows or {}
         self.next_needed = {lane: start.get(lane, 0) for lane in self.lanes}
         self.next_submit = dict(self.next_needed)
         self.first = dict(self.next_needed)  # where each lane started (for stats)
         self.num_windows = {lane: spec.num_windows(lane) for lane in self.lanes}
+        # windows left to submit, when every lane ends (None: some lane is endless)
+        self._left = (None if any(n is None for n in self.num_windows.values())
+                      else sum(max(0, n - self.next_submit[lane]) for lane, n in self.num_windows.items()))
         self.inflight: OrderedDict = OrderedDict()
         # (next window to submit, position, lane) per lane that has one; an entry may lag behind
         # next_submit after a submission, and is corrected when it comes up
@@ -81,6 +88,17 @@ class WindowFetcher:
         self.inflight[(lane, w)] = self.runner.submit(graph, priority=-self._seq)
         self._seq += 1
         self.next_submit[lane] = w + 1
+        self._taken(1)
+
+    def _taken(self, n: int) -> None:
+        if self._left is not None:
+            self._left -= n
+
+    def _groupable(self, lane: int, w: int, later: int = 0) -> bool:
+        """Whether ``(lane, w)``, submitted ``later`` submissions from now, may share a task: fused,
+        and not among the iteration's last ``alone_at_end`` windows."""
+        near_end = self._left is not None and self._left - later <= self.alone_at_end
+        return not near_end and not self._split(lane, w, later)
 
     def _submit_group(self, members: list[tuple[int, int]]) -> None:
         """Submit the fused windows ``members`` (consecutive submissions) together; the first
@@ -94,6 +112,7 @@ class WindowFetcher:
             self.inflight[(lane, w)] = handle
             self.next_submit[lane] = w + 1
         self._seq += len(members)
+        self._taken(len(members))
 
     def _next(self) -> tuple[int, int] | None:
         """The lowest (window, lane position) not yet submitted, as ``(lane, window)``, or ``None``."""
@@ -110,18 +129,20 @@ class WindowFetcher:
 
     def _top_up(self) -> None:
         """Submit the lowest (window, lane position) not yet submitted until ``prefetch`` are in
-        flight: a split window alone, fused ones ``windows_per_task`` at a time once there is room
-        for as many."""
+        flight: a split window alone, as are the last ``alone_at_end`` windows of an iteration
+        whose lanes all end (so its end is shared out window by window), fused ones
+        ``windows_per_task`` at a time once there is room for as many."""
         size = self.windows_per_task
         while len(self.inflight) < self.prefetch and (nxt := self._next()) is not None:
-            if size == 1 or self._split(*nxt):
+            if size == 1 or not self._groupable(*nxt):
                 self.submit(*nxt)
                 continue
             if self.prefetch - len(self.inflight) < size:
                 return
             members = [nxt]
             self.next_submit[nxt[0]] = nxt[1] + 1  # taken (the lane's heap entry catches up in _next)
-            while len(members) < size and (nxt := self._next()) is not None and not self._split(*nxt, len(members)):
+            while len(members) < size and (nxt := self._next()) is not None \
+                    and self._groupable(*nxt, len(members)):
                 members.append(nxt)
                 self.next_submit[nxt[0]] = nxt[1] + 1
             self._submit_group(members)
