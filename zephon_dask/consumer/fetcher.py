@@ -60,8 +60,10 @@ class WindowFetcher:
         self.first = dict(self.next_needed)  # where each lane started (for stats)
         self.num_windows = {lane: spec.num_windows(lane) for lane in self.lanes}
         # windows left to submit, when every lane ends (None: some lane is endless)
-        self._left = (None if any(n is None for n in self.num_windows.values())
-                      else sum(max(0, n - self.next_submit[lane]) for lane, n in self.num_windows.items()))
+        ends = [(n, self.next_submit[lane]) for lane, n in self.num_windows.items()]
+        self._left: int | None = sum(max(0, n - at) for n, at in ends if n is not None)
+        if any(n is None for n, _ in ends):
+            self._left = None
         self.inflight: OrderedDict = OrderedDict()
         # (next window to submit, position, lane) per lane that has one; an entry may lag behind
         # next_submit after a submission, and is corrected when it comes up
