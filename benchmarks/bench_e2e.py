@@ -32,7 +32,7 @@ time.
 
     python benchmarks/bench_e2e.py [--workload prose|mixed|all] [--quick] [--docs N] [--workers N]
                                    [--repeat N] [--first-repeat N] [--train-steps N] [--train-rounds N]
-                                   [--no-head-start]
+                                   [--no-head-start] [--windows-per-task N]
 """
 
 from __future__ import annotations
@@ -639,14 +639,16 @@ def pipeline_child(args) -> None:
     answer."""
     rss_imports = _rss_mb()
     pipe = build_pipeline(WORKLOADS[args.workload], args.data, args.tokenizer, args.workers, args.passes).options(
-        head_start=args.head_start)
+        head_start=args.head_start, windows_per_task=args.windows_per_task)
     try:
         if args.mode == "train":
             print(json.dumps(_train_child(pipe, args.steps, args.rounds)), flush=True)
         else:
             cold = _timed_pass(pipe, first_only=args.mode == "first")
             runner = pipe.runner()
-            print(json.dumps({"cold": cold, "rss_imports_mb": rss_imports, "runner": runner.describe(),
+            print(json.dumps({"cold": cold, "rss_imports_mb": rss_imports,
+                              "runner": f"{runner.describe()}; {pipe.session.stream.fetcher.windows_per_task} "
+                                        "windows per task",
                               "worker_pids": sorted(runner.worker_pids().values())}), flush=True)
         for line in sys.stdin:
             if line.strip() != "warm":
@@ -661,10 +663,12 @@ class PipelineProcess:
     """The pipeline's training process, driven one pass at a time (so passes interleave with the pool's)."""
 
     def __init__(self, workload: str, data_dir: str, tokenizer_path: str, workers: int, mode: str = "full",
-                 steps: int = 0, rounds: int = 0, passes: int = 1, head_start: bool = True):
+                 steps: int = 0, rounds: int = 0, passes: int = 1, head_start: bool = True,
+                 windows_per_task: int | None = None):
         cmd = [sys.executable, os.path.abspath(__file__), CHILD_FLAG, "--workload", workload, "--data", data_dir,
                "--tokenizer", tokenizer_path, "--workers", str(workers), "--mode", mode,
-               "--steps", str(steps), "--rounds", str(rounds), "--passes", str(passes), *([] if head_start else ["--no-head-start"])]
+               "--steps", str(steps), "--rounds", str(rounds), "--passes", str(passes), *([] if head_start else ["--no-head-start"]),
+               *([] if windows_per_task is None else ["--windows-per-task", str(windows_per_task)])]
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         self.result = self._answer()  # the cold pass, or the training rounds
         self.result["warm"] = []
@@ -884,7 +888,8 @@ def run_training(wl: Workload, args, data_dir: str, tok_path: str, batches_per_w
     per_pass = batches_per_window * len(all_windows(pipe.spec))
     passes = int(needed / per_pass) + 2
     proc = PipelineProcess(wl.name, data_dir, tok_path, n_train, mode="train", steps=args.train_steps,
-                           rounds=args.train_rounds, passes=passes, head_start=args.head_start)
+                           rounds=args.train_rounds, passes=passes, head_start=args.head_start,
+                           windows_per_task=args.windows_per_task)
     return {**proc.finish(), "workers": n_train, "steps": args.train_steps, "passes": passes}
 
 
@@ -902,12 +907,14 @@ def run_workload(wl: Workload, args) -> None:
         firsts: dict[int, list[float]] = {}
         for _ in range(args.first_repeat):
             for n in range(1, args.workers + 1):
-                proc = PipelineProcess(wl.name, tmp, tok_path, n, mode="first", head_start=args.head_start)
+                proc = PipelineProcess(wl.name, tmp, tok_path, n, mode="first", head_start=args.head_start,
+                                       windows_per_task=args.windows_per_task)
                 firsts.setdefault(n, []).append(proc.result["cold"]["first"])
                 proc.finish()
         if firsts:
             print("cold first batches done: " + "; ".join(f"{k} workers {v}" for k, v in firsts.items()), flush=True)
-        child = PipelineProcess(wl.name, tmp, tok_path, args.workers, head_start=args.head_start)
+        child = PipelineProcess(wl.name, tmp, tok_path, args.workers, head_start=args.head_start,
+                                windows_per_task=args.windows_per_task)
         print(f"pipeline cold pass done: {child.result['cold']['wall']:.2f} s [{child.result['runner']}]",
               flush=True)
         pools = []
@@ -947,6 +954,8 @@ def main(argv=None) -> None:
                     help=f"training-loop rounds, each fed from memory then from the pipeline (default {TRAIN_ROUNDS})")
     ap.add_argument("--no-head-start", dest="head_start", action="store_false",
                     help="the pipeline with head_start=False: every window on the cluster, none in the training process")
+    ap.add_argument("--windows-per-task", type=int, default=None,
+                    help="the pipeline's windows_per_task option (default: its automatic choice)")
     ap.add_argument(CHILD_FLAG, dest="child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--data", help=argparse.SUPPRESS)
     ap.add_argument("--tokenizer", help=argparse.SUPPRESS)

@@ -299,3 +299,71 @@ def ref_submissions(num_windows: dict, start: dict, prefetch: int, gets: list[in
         next_needed[lane] = w + 1
         top_up()
     return out
+
+
+def ref_grouped_submissions(num_windows: dict, start: dict, prefetch: int, gets: list[int], size: int,
+                            split_first: int = 0, alone_at_end: int = 0) -> list[tuple[tuple[int, int], ...]]:
+    """The tasks a fused window fetcher submits with ``windows_per_task=size``, each as its
+    (lane, window) members, when the consumer asks for ``gets``: windows in the order of
+    :func:`ref_submissions` (recomputed over every lane at each step); a lane's first window among
+    the first ``split_first`` submissions goes alone, as does a window asked for before it was
+    submitted; so does each of the last ``alone_at_end`` windows when every lane ends; other
+    windows go ``size`` at a time (fewer only when none is left or a lone one comes next), once
+    ``prefetch`` leaves room for ``size`` more."""
+    lanes = list(num_windows)
+    size = max(1, min(size, prefetch))
+    next_submit, next_needed = dict(start), dict(start)
+    inflight: set[tuple[int, int]] = set()
+    out: list[tuple[tuple[int, int], ...]] = []
+
+    def exists(lane, w):
+        return num_windows[lane] is None or w < num_windows[lane]
+
+    def lowest():
+        candidates = [(next_submit[lane], i, lane) for i, lane in enumerate(lanes) if exists(lane, next_submit[lane])]
+        if not candidates:
+            return None
+        w, _, lane = min(candidates)
+        return lane, w
+
+    def alone(lane, w, seq):
+        if all(n is not None for n in num_windows.values()):
+            left = sum(max(0, num_windows[la] - next_submit[la]) for la in lanes)  # counts (lane, w) too
+            if left <= alone_at_end:
+                return True
+        return w == start[lane] and seq < split_first
+
+    def submitted():
+        return sum(len(t) for t in out)
+
+    def submit(members):
+        for lane, w in members:
+            inflight.add((lane, w))
+            next_submit[lane] = w + 1
+        out.append(tuple(members))
+
+    def top_up():
+        while len(inflight) < prefetch and (nxt := lowest()) is not None:
+            if size == 1 or alone(*nxt, submitted()):
+                submit([nxt])
+                continue
+            if prefetch - len(inflight) < size:
+                return
+            members = [nxt]
+            next_submit[nxt[0]] = nxt[1] + 1
+            while len(members) < size and (nxt := lowest()) is not None and not alone(*nxt, submitted() + len(members)):
+                members.append(nxt)
+                next_submit[nxt[0]] = nxt[1] + 1
+            submit(members)
+
+    top_up()
+    for lane in gets:
+        w = next_needed[lane]
+        if not exists(lane, w):
+            continue
+        if (lane, w) not in inflight:
+            submit([(lane, w)])
+        inflight.discard((lane, w))
+        next_needed[lane] = w + 1
+        top_up()
+    return out

@@ -426,6 +426,8 @@ def test_only_as_many_first_windows_as_workers_are_split(corpus_dir, cluster):
             keys = [t["key"] for t in ts.data if fp in str(t["key"])]
             split = {tuple(map(int, k.split("-")[-3:-1])) for k in keys if k.startswith("zephon-chunk-")}
             fused = {tuple(map(int, k.split("-")[-2:])) for k in keys if k.startswith("zephon-fused-window-")}
+            fused |= {tuple(map(int, m.split("."))) for k in keys if k.startswith("zephon-windows-")
+                      for m in k.split("-")[3:]}  # tasks of several fused windows
             assert split == {(0, 0), (1, 0)}
             assert {(2, 0), (3, 0)} <= fused and not split & fused
 

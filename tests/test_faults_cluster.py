@@ -10,6 +10,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -126,15 +127,23 @@ def test_all_workers_lost_raises_a_stall_error(corpus_dir, tmp_path):
     assert waited < 60, waited
 
 
-def test_frozen_worker_is_reported_and_its_windows_recomputed(corpus_dir, tmp_path, caplog):
+@pytest.mark.parametrize("windows_per_task", [1, 2])
+def test_frozen_worker_is_reported_and_its_windows_recomputed(corpus_dir, tmp_path, caplog, windows_per_task):
+    """With two windows per task, a stalled task is reported naming both windows, and its copy
+    on the other worker gives the same bytes."""
     with dask_cluster(tmp_path, 2) as (address, _, workers):
-        p = build(corpus_dir, address=address, prefetch_windows=4, stall_timeout=1, cluster_timeout=30)
+        p = build(corpus_dir, address=address, prefetch_windows=4, stall_timeout=1, cluster_timeout=30,
+                  windows_per_task=windows_per_task)
         truth = reference(p)
         with p, caplog.at_level(logging.WARNING, logger="zephon_dask.execution.cluster"):
             rows, err, _ = _consume_after(p, lambda: workers[0].send_signal(signal.SIGSTOP))
     assert err is None
     assert rows == truth
-    assert any("has been computing" in r.getMessage() for r in caplog.records)
+    stalls = [r.getMessage() for r in caplog.records if "has been computing" in r.getMessage()]
+    assert stalls
+    if windows_per_task > 1:
+        assert any(re.search(r"windows \(lane \d+, window \d+\), \(lane \d+, window \d+\) has been", m)
+                   for m in stalls), stalls
 
 
 def test_user_client_closed_mid_stream_gives_a_typed_error(corpus_dir, tmp_path):

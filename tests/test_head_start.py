@@ -32,11 +32,12 @@ def same_window(a, b) -> bool:
 
 @settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(prefetch=st.sampled_from([None, 1, 3]), fuse=st.booleans(), n_workers=st.integers(1, 2),
-       head_start=st.booleans(), microbatch=st.integers(1, 4))
+       head_start=st.booleans(), microbatch=st.integers(1, 4), per_task=st.sampled_from([None, 1, 3]))
 def test_embedded_cluster_with_and_without_head_start_matches_reference(corpus_dir, prefetch, fuse, n_workers,
-                                                                        head_start, microbatch):
+                                                                        head_start, microbatch, per_task):
+    """Windows offered to the head start stay one per task; later ones are grouped (``per_task``)."""
     p = build(corpus_dir, microbatch=microbatch, n_workers=n_workers, prefetch_windows=prefetch, fuse=fuse,
-              head_start=head_start)
+              head_start=head_start, windows_per_task=per_task)
     with p:
         got = [batch_rows(b) for b in p]
         here = p.runner().computed_here

@@ -19,6 +19,18 @@ already took). Later windows, other lanes' first ones included, are fused: the w
 are busy with one window each by then, so a split would add tasks (a chunk's
 result sent between workers, the scheduler's and workers' messages for each)
 and gain nothing. Both encodings give the same bytes.
+
+With ``windows_per_task`` above 1, up to that many consecutive fused
+submissions go to the runner together (:meth:`Runner.submit_group`), which may
+compute them as one task: Dask's scheduling, messages and fetch are then paid
+once per task, not once per window. Split windows and windows asked for out of
+turn stay on their own, as do the last ``alone_at_end`` windows of an iteration
+whose lanes all end (the runner's worker threads: the iteration's end is then
+shared out window by window, not a group on one worker while the others
+idle). A group is submitted only once ``prefetch`` leaves room
+for all of it (fewer members only where lanes end), so the windows in flight
+stay between ``prefetch - windows_per_task + 1`` and ``prefetch``. Each window
+keeps its own handle, released as the consumer takes it.
 """
 
 from __future__ import annotations
@@ -35,18 +47,26 @@ from ..graph import window_graph
 
 class WindowFetcher:
     def __init__(self, spec: PipelineSpec, runner, lanes: list[int], prefetch: int,
-                 start_windows: dict[int, int] | None = None, fused: bool = False, split_first: int = 0):
+                 start_windows: dict[int, int] | None = None, fused: bool = False, split_first: int = 0,
+                 windows_per_task: int = 1, alone_at_end: int = 0):
         self.spec, self.runner, self.lanes = spec, runner, list(lanes)
         self.prefetch = max(1, int(prefetch))
+        self.windows_per_task = max(1, min(int(windows_per_task), self.prefetch))
+        self.alone_at_end = alone_at_end
         self.fused, self.split_first = fused, split_first
         start = start_windows or {}
         self.next_needed = {lane: start.get(lane, 0) for lane in self.lanes}
         self.next_submit = dict(self.next_needed)
         self.first = dict(self.next_needed)  # where each lane started (for stats)
         self.num_windows = {lane: spec.num_windows(lane) for lane in self.lanes}
+        # windows left to submit, when every lane ends (None: some lane is endless)
+        ends = [(n, self.next_submit[lane]) for lane, n in self.num_windows.items()]
+        self._left: int | None = sum(max(0, n - at) for n, at in ends if n is not None)
+        if any(n is None for n, _ in ends):
+            self._left = None
         self.inflight: OrderedDict = OrderedDict()
         # (next window to submit, position, lane) per lane that has one; an entry may lag behind
-        # next_submit after get() submitted out of turn, and is corrected when it comes up
+        # next_submit after a submission, and is corrected when it comes up
         self._queue = [(self.next_submit[lane], i, lane) for i, lane in enumerate(self.lanes)]
         heapq.heapify(self._queue)
         self._seq = 0
@@ -58,28 +78,76 @@ class WindowFetcher:
         n = self.num_windows[lane]
         return n is None or w < n
 
+    def _split(self, lane: int, w: int, later: int = 0) -> bool:
+        """Whether ``(lane, w)``, submitted ``later`` submissions from now, is split into chunk tasks."""
+        return not self.fused or (w == self.first[lane] and self._seq + later < self.split_first)
+
     def submit(self, lane: int, w: int) -> None:
         """Submit lane ``lane``'s window ``w`` to the runner, after those already submitted: split
         into chunk tasks unless ``fused``, or if it is the lane's first and one of the first
         ``split_first`` submitted."""
-        split = not self.fused or (w == self.first[lane] and self._seq < self.split_first)
-        graph = window_graph(self.spec, lane, w, not split)
+        graph = window_graph(self.spec, lane, w, not self._split(lane, w))
         self.inflight[(lane, w)] = self.runner.submit(graph, priority=-self._seq)
         self._seq += 1
         self.next_submit[lane] = w + 1
+        self._taken(1)
 
-    def _top_up(self) -> None:
-        """Submit the lowest (window, lane position) not yet submitted until ``prefetch`` are in flight."""
+    def _taken(self, n: int) -> None:
+        if self._left is not None:
+            self._left -= n
+
+    def _groupable(self, lane: int, w: int, later: int = 0) -> bool:
+        """Whether ``(lane, w)``, submitted ``later`` submissions from now, may share a task: fused,
+        and not among the iteration's last ``alone_at_end`` windows."""
+        near_end = self._left is not None and self._left - later <= self.alone_at_end
+        return not near_end and not self._split(lane, w, later)
+
+    def _submit_group(self, members: list[tuple[int, int]]) -> None:
+        """Submit the fused windows ``members`` (consecutive submissions) together; the first
+        at the priority a lone submission would get, each of the others one lower."""
+        if len(members) == 1:
+            self.submit(*members[0])
+            return
+        graphs = [window_graph(self.spec, lane, w, True) for lane, w in members]
+        handles = self.runner.submit_group(graphs, priority=-self._seq)
+        for (lane, w), handle in zip(members, handles, strict=True):
+            self.inflight[(lane, w)] = handle
+            self.next_submit[lane] = w + 1
+        self._seq += len(members)
+        self._taken(len(members))
+
+    def _next(self) -> tuple[int, int] | None:
+        """The lowest (window, lane position) not yet submitted, as ``(lane, window)``, or ``None``."""
         queue = self._queue
-        while len(self.inflight) < self.prefetch and queue:
+        while queue:
             w, i, lane = queue[0]
             if w != self.next_submit[lane]:  # the lane moved on (next_submit only grows)
                 heapq.heapreplace(queue, (self.next_submit[lane], i, lane))
             elif not self._exists(lane, w):  # past the lane's end, for good
                 heapq.heappop(queue)
             else:
-                self.submit(lane, w)
-                heapq.heapreplace(queue, (w + 1, i, lane))
+                return lane, w
+        return None
+
+    def _top_up(self) -> None:
+        """Submit the lowest (window, lane position) not yet submitted until ``prefetch`` are in
+        flight: a split window alone, as are the last ``alone_at_end`` windows of an iteration
+        whose lanes all end (so its end is shared out window by window), fused ones
+        ``windows_per_task`` at a time once there is room for as many."""
+        size = self.windows_per_task
+        while len(self.inflight) < self.prefetch and (nxt := self._next()) is not None:
+            if size == 1 or not self._groupable(*nxt):
+                self.submit(*nxt)
+                continue
+            if self.prefetch - len(self.inflight) < size:
+                return
+            members = [nxt]
+            self.next_submit[nxt[0]] = nxt[1] + 1  # taken (the lane's heap entry catches up in _next)
+            while len(members) < size and (nxt := self._next()) is not None \
+                    and self._groupable(*nxt, len(members)):
+                members.append(nxt)
+                self.next_submit[nxt[0]] = nxt[1] + 1
+            self._submit_group(members)
 
     def get(self, lane: int) -> WindowOutput | None:
         """The lane's next window (blocking: the runner's handle bounds the wait), or ``None`` past

@@ -1,4 +1,5 @@
-"""The pure window function: ``compute_window(spec, lane, window) -> WindowOutput``.
+"""The pure window function: ``compute_window(spec, lane, window) -> WindowOutput``
+(and ``compute_windows`` for several windows in one task).
 
 A window is computed in two stages that map one-to-one onto Dask tasks:
 
@@ -186,3 +187,9 @@ def compute_window(spec: PipelineSpec, lane: int, window: int) -> WindowOutput:
             _note(exc, f"lane {lane}, window {window}")
             raise
     return finish_window(spec, lane, window, outs)
+
+
+def compute_windows(spec: PipelineSpec, members: tuple[tuple[int, int], ...]) -> tuple[WindowOutput, ...]:
+    """The windows ``members`` (``(lane, window)`` pairs), in order, each by :func:`compute_window`
+    (pure): several windows in one task give the bytes each gives alone."""
+    return tuple(compute_window(spec, lane, window) for lane, window in members)

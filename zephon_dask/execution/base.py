@@ -2,9 +2,12 @@
 
 A runner executes :class:`~zephon_dask.graph.WindowGraph` objects for one
 pipeline spec; ``submit`` returns a :class:`WindowHandle` whose ``result()``
-gives the window's output. A runner holds whatever it started (a thread pool,
-a cluster client) until ``close()``; a handle holds its pending result until
-``release()``. This module holds no state of its own.
+gives the window's output. ``submit_group`` takes several windows at once and
+returns a handle per window: by default each is submitted on its own; a runner
+that computes them as one task (:class:`GroupResult`) hands out
+:class:`MemberHandle` objects. A runner holds whatever it started (a thread
+pool, a cluster client) until ``close()``; a handle holds its pending result
+until ``release()``. This module holds no state of its own.
 """
 
 from __future__ import annotations
@@ -15,13 +18,14 @@ import dask
 
 from ..core.spec import PipelineSpec
 from ..core.window import WindowOutput
-from ..graph import WindowGraph
+from ..errors import ClosedError
+from ..graph import GroupGraph, WindowGraph
 
 
 class WindowHandle:
     """A submitted window: ``result()`` blocks for it, ``release()`` frees it."""
 
-    def __init__(self, graph: WindowGraph, future=None, compute=None):
+    def __init__(self, graph: WindowGraph | GroupGraph, future=None, compute=None):
         self.graph, self._future, self._compute = graph, future, compute
 
     def done(self) -> bool:
@@ -33,11 +37,73 @@ class WindowHandle:
                 return self._compute()
             return self._future.result()
         except Exception as exc:
-            exc.add_note(f"zephon_dask: while computing lane {self.graph.lane}, window {self.graph.window}")
+            exc.add_note(f"zephon_dask: while computing {self.graph.label}")
             raise
 
     def release(self) -> None:
         self._future = self._compute = None
+
+
+class GroupResult:
+    """The handle of one task computing several windows, shared by its members' handles.
+
+    The task's result (its windows, in member order) is fetched once, by the first member asked
+    for; the task's handle is released then (the windows are here now), or once every member has
+    been released unfetched. Each member's window is dropped from here as the member takes it."""
+
+    def __init__(self, handle: WindowHandle, size: int):
+        """``handle``: the task's, whose result is its windows in member order; ``size`` members."""
+        self._handle: WindowHandle | None = handle
+        self._values: list[WindowOutput | None] | None = None
+        self._open = set(range(size))  # members neither taken nor released
+
+    def done(self) -> bool:
+        return self._values is not None or self._handle is None or self._handle.done()
+
+    def take(self, i: int) -> WindowOutput:
+        """Member ``i``'s window (blocking on the first call)."""
+        if self._values is None:
+            if self._handle is None:
+                raise ClosedError("this window's task was released before its result was fetched")
+            self._values = list(self._handle.result())  # type: ignore[call-overload]
+            self._handle.release()
+            self._handle = None
+        value = self._values[i]
+        self._values[i] = None
+        if value is None:
+            raise ClosedError(f"member {i} of this task already took its window")
+        self.drop(i)
+        return value
+
+    def drop(self, i: int) -> None:
+        """Member ``i`` no longer needs its window; the last member out releases the task."""
+        self._open.discard(i)
+        if not self._open:
+            handle, self._handle, self._values = self._handle, None, None
+            if handle is not None:
+                handle.release()
+
+
+class MemberHandle(WindowHandle):
+    """One window of a :class:`GroupResult`: ``result()`` takes it, ``release()`` lets it go."""
+
+    def __init__(self, graph: WindowGraph, group: GroupResult, index: int):
+        super().__init__(graph)
+        self._group: GroupResult | None = group
+        self._index = index
+
+    def done(self) -> bool:
+        return self._group is None or self._group.done()
+
+    def result(self) -> WindowOutput:
+        if self._group is None:
+            raise ClosedError(f"{self.graph.label} was released before its result was taken")
+        return self._group.take(self._index)
+
+    def release(self) -> None:
+        group, self._group = self._group, None
+        if group is not None:
+            group.drop(self._index)
 
 
 class Runner:
@@ -65,6 +131,17 @@ class Runner:
 
     def submit(self, graph: WindowGraph, priority: int) -> WindowHandle:  # pragma: no cover
         raise NotImplementedError
+
+    def submit_group(self, graphs: list[WindowGraph], priority: int) -> list[WindowHandle]:
+        """A handle per window of ``graphs`` (fused windows, in the order they are needed, the
+        first at ``priority``): here, each submitted on its own, one priority lower than the one
+        before. A runner that computes them as one task overrides this."""
+        return [self.submit(g, priority - i) for i, g in enumerate(graphs)]
+
+    def windows_per_task(self, prefetch: int, lanes: int | None = None) -> int:
+        """How many windows one task computes when ``windows_per_task`` is not set: 1 here (an
+        in-process runner has no per-task cost worth saving)."""
+        return 1
 
     @property
     def shared(self) -> bool:

@@ -37,9 +37,9 @@ from tornado.ioloop import PeriodicCallback
 
 from ..core.spec import PipelineSpec
 from ..errors import ClosedError, ClusterError
-from ..graph import WindowGraph
+from ..graph import GroupGraph, WindowGraph, group_graph
 from ..graph import keys as graph_keys
-from .base import Runner, WindowHandle
+from .base import GroupResult, MemberHandle, Runner, WindowHandle
 from .head_start import HEAD_START_ALONE, Boot, HeadStart
 from .memory import TRIM_EVERY, trim_freed_memory
 from .spawned import spawned_cluster
@@ -260,23 +260,28 @@ def _quiet_for_shutdown(client: Client) -> None:
 LOST_RESULT = (CancelledError, CommClosedError, OSError)
 RESUBMITS = 3
 SILENT_AFTER = 3.0  # seconds without a heartbeat (at least) before a worker counts as frozen
+MAX_WINDOWS_PER_TASK = 4  # the automatic windows_per_task's ceiling (stall_timeout counts a whole task)
 
 
 class DistributedHandle(WindowHandle):
-    """A window's futures (one per task key of its graph), waited on through the runner's
-    :class:`ClusterWatch`.
+    """A window's futures (one per task key of its graph), or those of a task computing several
+    windows (a :class:`~zephon_dask.graph.GroupGraph`, one task), waited on through the runner's
+    :class:`ClusterWatch`; messages name every window of the task.
 
     A result lost with its worker (a gather that fails or a future the scheduler
     cancels) is resubmitted under the same keys: the window is pure, so the
     recomputation gives the same bytes. A window still computing after the
-    runner's ``stall`` seconds is logged with the workers computing it, and (if a
-    worker holds it and others exist) its :meth:`~zephon_dask.graph.WindowGraph.fused_copy`
+    runner's ``stall`` seconds (a task of n windows: n times that) is logged with
+    the workers computing it, and (if a worker holds it and others exist) its
+    :meth:`~zephon_dask.graph.WindowGraph.fused_copy`
     is submitted to the other workers, carrying the spec by value; the first of the two to finish is used
     (the same bytes either way)."""
 
-    def __init__(self, graph: WindowGraph, futures, runner, priority):
+    def __init__(self, graph: WindowGraph | GroupGraph, futures, runner, priority):
         super().__init__(graph, future=futures[-1])
         self._chunks, self._runner, self._priority = futures[:-1], runner, priority
+        # stall_timeout is per window: a task of several windows may compute as many times longer
+        self._stall = runner.stall * (len(graph.windows) if isinstance(graph, GroupGraph) else 1)
         self._copy, self._copies = None, 0
         self._copy_on: list[str] = []  # the workers the copy may run on
 
@@ -289,23 +294,23 @@ class DistributedHandle(WindowHandle):
             try:
                 done = runner.watch.wait(live or [self._future])
             except ClusterError as exc:
-                exc.add_note(f"zephon_dask: while waiting for lane {self.graph.lane}, window {self.graph.window}")
+                exc.add_note(f"zephon_dask: while waiting for {self.graph.label}")
                 raise
             if done is None:
-                if time.monotonic() - reported >= runner.stall:
+                if time.monotonic() - reported >= self._stall:
                     reported = time.monotonic()
                     self._stalled(reported - started)
                 continue
             finished = done.status == "finished"
             try:
-                return done.result(timeout=runner.stall) if finished else done.result()
+                return done.result(timeout=self._stall) if finished else done.result()
             except RuntimeError as exc:  # "IOLoop is closed" when the client closed meanwhile; else the task's own
                 runner.watch.check_open()
-                exc.add_note(f"zephon_dask: while computing lane {self.graph.lane}, window {self.graph.window}")
+                exc.add_note(f"zephon_dask: while computing {self.graph.label}")
                 raise
             except TimeoutError as exc:
                 if not finished:  # the task's own error
-                    exc.add_note(f"zephon_dask: while computing lane {self.graph.lane}, window {self.graph.window}")
+                    exc.add_note(f"zephon_dask: while computing {self.graph.label}")
                     raise
                 stuck.add(done.key)
                 reported = time.monotonic()
@@ -316,15 +321,15 @@ class DistributedHandle(WindowHandle):
                 if resubmits == RESUBMITS:
                     raise
                 resubmits += 1
-                logger.warning("lane %d, window %d: its result was lost with a worker (%s); computing it "
-                               "again (%d of %d)", self.graph.lane, self.graph.window, type(exc).__name__,
+                logger.warning("%s: its result was lost with a worker (%s); computing it "
+                               "again (%d of %d)", self.graph.label, type(exc).__name__,
                                resubmits, RESUBMITS)
                 runner.watch.check()
                 self.release()
-                again = runner.submit(self.graph, self._priority)
+                again = runner._submit_remote(self.graph, self._priority)
                 self._future, self._chunks = again._future, again._chunks
             except Exception as exc:
-                exc.add_note(f"zephon_dask: while computing lane {self.graph.lane}, window {self.graph.window}")
+                exc.add_note(f"zephon_dask: while computing {self.graph.label}")
                 raise
 
     def _stalled(self, waited: float) -> None:
@@ -342,8 +347,8 @@ class DistributedHandle(WindowHandle):
         copy = bool(busy and others) and self._copy is None
         plan = ("computing it again on " + ", ".join(others) if copy else "a copy already runs elsewhere"
                 if self._copy is not None else "no responsive worker to compute it" if busy else "it is still queued")
-        logger.warning("zephon_dask: lane %d, window %d has been computing (or fetched) for %.0f s (stall_timeout %g s) "
-                       "on %s; workers not heard from for over %g s: %s; %s", self.graph.lane, self.graph.window,
+        logger.warning("zephon_dask: %s has been computing (or fetched) for %.0f s (stall_timeout %g s a window) "
+                       "on %s; workers not heard from for over %g s: %s; %s", self.graph.label,
                        waited, runner.stall, ", ".join(busy) or "no worker yet", max(runner.stall, SILENT_AFTER),
                        ", ".join(silent) or "none", plan)
         if copy:
@@ -527,7 +532,21 @@ class DistributedRunner(Runner):
             self._boot.wait()  # raises the start's error
         return self._submit_remote(graph, priority)
 
-    def _submit_remote(self, graph: WindowGraph, priority: int) -> DistributedHandle:
+    def submit_group(self, graphs: list[WindowGraph], priority: int) -> list[WindowHandle]:
+        """Several fused windows as one task (:func:`~zephon_dask.graph.group_graph`), a
+        :class:`~.base.MemberHandle` per window; while the head start takes windows, each on its own."""
+        if self._head is not None or len(graphs) == 1:
+            return super().submit_group(graphs, priority)
+        shared = GroupResult(self._submit_remote(group_graph(self.spec, graphs), priority), len(graphs))
+        return [MemberHandle(g, shared, i) for i, g in enumerate(graphs)]
+
+    def windows_per_task(self, prefetch: int, lanes: int | None = None) -> int:
+        """Windows per task when ``windows_per_task`` is not set: as many as leave two tasks in
+        flight per worker thread of :meth:`share` (``prefetch // (2 * threads)``), at most
+        :data:`MAX_WINDOWS_PER_TASK`, at least 1."""
+        return max(1, min(MAX_WINDOWS_PER_TASK, prefetch // (2 * self.share(lanes))))
+
+    def _submit_remote(self, graph: WindowGraph | GroupGraph, priority: int) -> DistributedHandle:
         if self._live_only:  # while a worker is silent: avoid it, and do not fetch the spec from it
             futures = self.submit_tasks(graph, self.spec, priority, self.retries,
                                         workers=self._live_only, allow_other_workers=False)
@@ -535,7 +554,7 @@ class DistributedRunner(Runner):
             futures = self.submit_tasks(graph, self._spec_future, priority, self.retries)
         return DistributedHandle(graph, futures, self, priority)
 
-    def submit_tasks(self, graph: WindowGraph, spec, priority: int, retries: int | None, **where) -> list:
+    def submit_tasks(self, graph: WindowGraph | GroupGraph, spec, priority: int, retries: int | None, **where) -> list:
         """Submit ``graph.tasks_for(spec)`` as one graph; the futures of ``graph.task_keys``.
         ``where``: ``workers=`` / ``allow_other_workers=`` for every task."""
         c = self._client

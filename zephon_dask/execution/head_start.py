@@ -79,6 +79,8 @@ class Boot:
 class HeadStartHandle(WindowHandle):
     """A window queued while the cluster starts: computed here, or sent on to the cluster."""
 
+    graph: WindowGraph  # one window each: a task of several windows never waits here
+
     def __init__(self, graph: WindowGraph, priority: int, head: HeadStart):
         super().__init__(graph)
         self.priority, self._head = priority, head
@@ -106,7 +108,7 @@ class HeadStartHandle(WindowHandle):
         if self._error is not None:
             error = self._error
             if not isinstance(error, ClosedError):
-                error.add_note(f"zephon_dask: while computing lane {self.graph.lane}, window {self.graph.window}")
+                error.add_note(f"zephon_dask: while computing {self.graph.label}")
             raise error
         assert self._value is not None
         return self._value

@@ -6,8 +6,9 @@ changes a task's value changes (the fingerprint covers all of it). Dask's
 dashboard groups tasks by ``dask.utils.key_split``: the words before the first
 one that is not all letters, so the fingerprint and the indices are dropped
 and the groups are ``zephon-spec``, ``zephon-chunk``, ``zephon-window``,
-``zephon-fused-window`` and ``zephon-again-window`` / ``zephon-again-fused-window``
-(copies of stalled windows), shared by every pipeline on the cluster. (A
+``zephon-fused-window``, ``zephon-windows`` (several windows in one task) and
+``zephon-again-window`` / ``zephon-again-fused-window`` / ``zephon-again-windows``
+(copies of stalled tasks), shared by every pipeline on the cluster. (A
 fingerprint whose first 16 hex digits are all letters, about one in 6.5
 million, stays in the group name.)
 """
@@ -32,6 +33,12 @@ def chunk_key(fingerprint: str, lane: int, window: int, i: int) -> str:
 def window_key(fingerprint: str, lane: int, window: int, fused: bool = False) -> str:
     kind = "fused-window" if fused else "window"
     return f"zephon-{kind}-{_fp(fingerprint)}-{lane}-{window}"
+
+
+def windows_key(fingerprint: str, members) -> str:
+    """The key of one task computing the windows ``members`` (``(lane, window)`` pairs, in order):
+    every member is named, so two tasks share a key only if they compute the same windows."""
+    return f"zephon-windows-{_fp(fingerprint)}-" + "-".join(f"{lane}.{window}" for lane, window in members)
 
 
 def again_key(window_key: str, n: int) -> str:

@@ -36,6 +36,11 @@ class WindowGraph:
     fused: bool
 
     @property
+    def label(self) -> str:
+        """The window, for messages: ``lane 3, window 5``."""
+        return f"lane {self.lane}, window {self.window}"
+
+    @property
     def task_keys(self) -> tuple[str, ...]:
         """The keys of :meth:`tasks_for`, in dependency order: the chunks, then the window."""
         return (*self.chunk_keys, self.key)

@@ -244,6 +244,19 @@ def _prefetch(given: int | None, runner, pipeline) -> str:
     return f"auto: {runner.default_prefetch(len(pipeline.owned_lanes()))} ({per})"
 
 
+def _windows_per_task(given: int | None, options: dict, runner, pipeline) -> str:
+    if not options["fuse"]:
+        return "1 (fuse=False: every window split into chunk tasks)"
+    if given is not None:
+        return str(given)
+    rule = "as many as leave 2 tasks in flight per worker thread, at most 4; in-process runners: 1"
+    if runner is None:
+        return f"auto: {rule}"
+    lanes = len(pipeline.owned_lanes())
+    prefetch = options["prefetch_windows"] or runner.default_prefetch(lanes)
+    return f"auto: {runner.windows_per_task(prefetch, lanes)} ({rule})"
+
+
 def _dashboard(link: str | None) -> str:
     """The dashboard link, or what to install when Dask cannot serve it (it needs bokeh)."""
     if link is None:
@@ -271,6 +284,7 @@ def _execution(pipeline, options: dict, fingerprint: str) -> Section:
         ("n_workers", str(options["n_workers"] or "one per core")),
         ("prefetch_windows", _prefetch(options["prefetch_windows"], runner, pipeline)),
         ("tasks", fuse),
+        ("windows_per_task", _windows_per_task(options["windows_per_task"], options, runner, pipeline)),
         ("retries", str(options["retries"])),
         ("deterministic", str(options["deterministic"])),
         ("task keys", f"zephon-*-{fingerprint[:FP_CHARS]}-<lane>-<window>"),

@@ -104,11 +104,13 @@ class Session:
         runner = self.runner()
         settings = self.pipeline.settings
         slots = runner.share(len(lanes))  # as many first windows split as the workers compute together
+        prefetch = settings["prefetch_windows"] or runner.default_prefetch(len(lanes))
         return BatchStream(
-            self.pipeline.spec, self.pipeline.batch_options, lanes, runner,
-            settings["prefetch_windows"] or runner.default_prefetch(len(lanes)),
+            self.pipeline.spec, self.pipeline.batch_options, lanes, runner, prefetch,
             deterministic=settings["deterministic"], fused=settings["fuse"],
             start=start, first_lane=first_lane, split_first=slots if slots > 1 else 0,
+            windows_per_task=settings["windows_per_task"] or runner.windows_per_task(prefetch, len(lanes)),
+            alone_at_end=slots,  # an iteration's last windows, one per worker thread, one per task
         )
 
     def begin(self) -> tuple[Progress, int]:
