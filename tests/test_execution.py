@@ -182,7 +182,8 @@ def test_embedded_cluster_keeps_dasks_per_window_records_bounded(corpus_dir):
         plugins, names, collections = client.run_on_scheduler(_scheduler_records)
         assert TrimSchedulerRecords.name in plugins  # it trims every 30 s: sizes depend on when it last ran
         _, names, collections = client.run_on_scheduler(_scheduler_records, trim=True)
-        assert names == 0 and collections == 2  # a graph per window, and the spec's future
+        # one distinct entry per kind of graph: a window's, a several-window task's, the spec's future
+        assert names == 0 and collections <= 3
 
 
 def test_malloc_in_use_counts_live_allocations_not_freed_memory():
