@@ -219,7 +219,8 @@ def test_automatic_windows_per_task_leaves_two_tasks_per_worker_thread(corpus_di
     runner = DistributedRunner(build(corpus_dir).spec, client=cluster)
     assert [runner.windows_per_task(n) for n in (1, 4, 7, 8, 12, 100)] == [1, 1, 1, 2, 3, 4]
     runner.close()
-    p = build(corpus_dir, client=cluster)
+    assert build(corpus_dir).settings["windows_per_task"] == 1  # the default: one window per task
+    p = build(corpus_dir, client=cluster, windows_per_task=None)
     assert "auto: as many as leave 2 tasks" in str(p.explain())
     with p:
         next(iter(p))

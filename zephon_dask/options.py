@@ -135,8 +135,8 @@ OPTIONS: tuple[Option, ...] = (
            "worker threads) split into chunk tasks (True), or a task per chunk plus one per window "
            "throughout (False)",
            check_bool),
-    Option("windows_per_task", None, "execution", _INT,
-           "fused windows computed by one Dask task, consecutive in the order they are needed (default: "
+    Option("windows_per_task", 1, "execution", _INT,
+           "fused windows computed by one Dask task, consecutive in the order they are needed (None: "
            "as many as leave 2 tasks in flight per worker thread, at most 4; in-process runners: 1)",
            _optional_positive),
     Option("head_start", True, "execution", _BOOL,
