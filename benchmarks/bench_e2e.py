@@ -639,7 +639,9 @@ def pipeline_child(args) -> None:
     answer."""
     rss_imports = _rss_mb()
     pipe = build_pipeline(WORKLOADS[args.workload], args.data, args.tokenizer, args.workers, args.passes).options(
-        head_start=args.head_start, windows_per_task=args.windows_per_task)
+        head_start=args.head_start)
+    if args.windows_per_task is not None:
+        pipe = pipe.options(windows_per_task=args.windows_per_task or None)
     try:
         if args.mode == "train":
             print(json.dumps(_train_child(pipe, args.steps, args.rounds)), flush=True)
@@ -955,7 +957,8 @@ def main(argv=None) -> None:
     ap.add_argument("--no-head-start", dest="head_start", action="store_false",
                     help="the pipeline with head_start=False: every window on the cluster, none in the training process")
     ap.add_argument("--windows-per-task", type=int, default=None,
-                    help="the pipeline's windows_per_task option (default: its automatic choice)")
+                    help="the pipeline's windows_per_task option (default: the pipeline's default, 1; "
+                         "0: None, the automatic choice)")
     ap.add_argument(CHILD_FLAG, dest="child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--data", help=argparse.SUPPRESS)
     ap.add_argument("--tokenizer", help=argparse.SUPPRESS)
