@@ -11,6 +11,21 @@ import zephon_dask as z
 WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron".split()
 
 
+class FakeSpec:
+    """A stand-in spec for the window fetcher's unit tests: what a fetcher reads of a spec: windows per lane, the fingerprint, a window's chunks."""
+
+    fingerprint = "0" * 64
+
+    def __init__(self, num_windows: dict):
+        self.windows = num_windows
+
+    def num_windows(self, lane):
+        return self.windows[lane]
+
+    def window_chunks(self, lane, window):
+        return []
+
+
 def write_corpus(root, n_files=3, docs=60, seed=0, prefix="doc"):
     import random
 

@@ -10,24 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from oracles import ref_submissions
+from pipelines import FakeSpec
 
 from zephon_dask.consumer.fetcher import WindowFetcher
 from zephon_dask.errors import ClusterStallError
-
-
-class FakeSpec:
-    """What a fetcher reads of a spec: windows per lane, the fingerprint, a window's chunks."""
-
-    fingerprint = "0" * 64
-
-    def __init__(self, num_windows: dict):
-        self.windows = num_windows
-
-    def num_windows(self, lane):
-        return self.windows[lane]
-
-    def window_chunks(self, lane, window):
-        return []
 
 
 class Handle:

@@ -11,28 +11,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from oracles import batch_rows, ref_group_stream, ref_grouped_submissions, ref_submissions
-from pipelines import build
+from pipelines import FakeSpec, build
 
 from zephon_dask.consumer.fetcher import WindowFetcher
 from zephon_dask.errors import ClosedError
 from zephon_dask.execution.base import GroupResult, MemberHandle, WindowHandle
 from zephon_dask.graph import group_graph, window_graph
 from zephon_dask.graph.keys import windows_key
-
-
-class FakeSpec:
-    """What a fetcher reads of a spec: windows per lane, the fingerprint, a window's chunks."""
-
-    fingerprint = "0" * 64
-
-    def __init__(self, num_windows: dict):
-        self.windows = num_windows
-
-    def num_windows(self, lane):
-        return self.windows[lane]
-
-    def window_chunks(self, lane, window):
-        return []
 
 
 class Handle:
