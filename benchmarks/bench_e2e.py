@@ -16,6 +16,11 @@ tokenizer on a slice of it, then does the same work (read + tokenize + ...
   (default runner, ``n_workers`` = cores), iterated to the end in a separate
   "training process" that imports torch first; the wall time includes
   starting the cluster;
+* ``pipeline, first pass after the cold one``: one pass, left out of the
+  ratios. The head start may compute the whole cold pass in the training
+  process, so the workers' first tasks (importing the library, loading the
+  spec, ~0.7 s of CPU each) fall in this pass; the pool's workers do that
+  in its start-up, before their passes are timed;
 * ``pipeline, warm``: another iteration over the same, already started
   cluster.
 
@@ -489,6 +494,16 @@ def _cluster_cpu(pipe: Pipeline) -> dict[str, float]:
     return out
 
 
+def _executed(dask_worker) -> int:
+    return dask_worker.state.executed_count
+
+
+def _tasks_run(runner) -> list[int]:
+    """Tasks each worker has run so far, in the order of the workers' addresses."""
+    counts = runner.client.run(_executed)
+    return [counts[address] for address in sorted(counts)]
+
+
 def _self_cpu() -> float:
     t = os.times()
     return t.user + t.system
@@ -648,7 +663,14 @@ def pipeline_child(args) -> None:
         else:
             cold = _timed_pass(pipe, first_only=args.mode == "first")
             runner = pipe.runner()
-            print(json.dumps({"cold": cold, "rss_imports_mb": rss_imports,
+            answer = {"cold": cold}
+            if args.mode == "full":
+                # The head start may compute the whole cold pass in this process: the workers'
+                # first tasks (importing the library, loading the spec) would then fall in the first
+                # timed warm pass, while the pool's workers do that before theirs are timed.
+                answer["tasks_after_cold"] = _tasks_run(runner)
+                answer["settle"] = _timed_pass(pipe, warm=True)
+            print(json.dumps({**answer, "rss_imports_mb": rss_imports,
                               "runner": f"{runner.describe()}; {pipe.session.stream.fetcher.windows_per_task} "
                                         "windows per task",
                               "worker_pids": sorted(runner.worker_pids().values())}), flush=True)
@@ -795,7 +817,7 @@ def report_training(train: dict) -> tuple[float, float]:
 def report(wl: Workload, info: dict, single: dict, pools: list[dict], pipe: dict, workers: int,
            firsts: dict[int, list[float]], train: dict | None) -> None:
     total = single["tokens"]
-    cold, warms = pipe["cold"], pipe["warm"]
+    cold, settle, warms = pipe["cold"], pipe["settle"], pipe["warm"]
     pool, warm = _median_pass(pools), _median_pass(warms)
     pool_rate, pool_rate_warm = total / pool["wall"], total / pool["wall_warm"]
     single_rate = total / single["wall"]
@@ -808,11 +830,14 @@ def report(wl: Workload, info: dict, single: dict, pools: list[dict], pipe: dict
          cold["first"], pipe["rss_peak_mb"]),
         ("pipeline, cold (excl. cluster start)", cold["wall"] - cold["start"],
          cold["tokens"] / (cold["wall"] - cold["start"]), None, None),
+        ("pipeline, first pass after the cold one", settle["wall"], settle["tokens"] / settle["wall"],
+         settle["first"], None),
         ("pipeline, warm cluster", warm["wall"], warm["tokens"] / warm["wall"], warm["first"], None),
     ]
     print()
     print(f"== {wl.describe()}")
-    print(f"pool and warm pipeline: medians of {n} alternating passes; 1-process loop and cold pipeline: one pass")
+    print(f"pool and warm pipeline: medians of {n} alternating passes; 1-process loop, cold pipeline and the "
+          "pass after it (untimed in the ratios): one pass")
     print(f"{'mode':40s} {'wall s':>7s} {'tokens/s':>10s} {'vs pool':>8s} {'vs 1-proc':>9s} "
           f"{'1st batch':>9s} {'peak RSS':>9s}")
     for name, wall, rate, first, rss in rows:
@@ -842,15 +867,18 @@ def report(wl: Workload, info: dict, single: dict, pools: list[dict], pipe: dict
           f"tokens (threads: {', '.join(f'{k} {v:.2f} s' for k, v in threads.items() if v >= 0.005)}); "
           f"cold pass {cold['cpu_self']:.2f} s")
     print(f"cluster start (iter() returning, cold): {cold['start']:.2f} s; pool start: {pool['start']:.2f} s")
+    print(f"tasks each worker ran in the cold pass: {', '.join(map(str, pipe['tasks_after_cold']))} (the rest "
+          "computed in the training process by the head start); the workers' first tasks, which import the "
+          "library and load the spec, fall in the pass after it, which the ratios leave out")
     if firsts:
         print("cold first batch (fresh training process, cluster start included) by workers: "
               + "; ".join(f"{k}: {statistics.median(v):.2f} s ({', '.join(f'{x:.2f}' for x in v)})"
                           for k, v in sorted(firsts.items())))
     print(f"training process RSS: {pipe['rss_imports_mb']:.0f} MB after imports (torch included), "
           f"{pipe['rss_peak_mb']:.0f} MB peak")
-    shas = {single["sha"], cold["sha"], *(p["sha"] for p in pools), *(w["sha"] for w in warms)}
+    shas = {single["sha"], cold["sha"], settle["sha"], *(p["sha"] for p in pools), *(w["sha"] for w in warms)}
     print(f"batches byte-identical to the 1-process loop (sha256 of all tokens arrays) in all "
-          f"{2 + 2 * n} passes: {'YES' if len(shas) == 1 else 'NO'}  [{single['sha'][:16]}, "
+          f"{3 + 2 * n} passes: {'YES' if len(shas) == 1 else 'NO'}  [{single['sha'][:16]}, "
           f"{single['batches']} batches, {total:,} real tokens]")
     if pipe["leftover_pids"]:
         print(f"WARNING: Dask worker processes still alive after close(): {pipe['leftover_pids']}")
