@@ -669,7 +669,7 @@ def pipeline_child(args) -> None:
                 # first tasks (importing the library, loading the spec) would then fall in the first
                 # timed warm pass, while the pool's workers do that before theirs are timed.
                 answer["tasks_after_cold"] = _tasks_run(runner)
-                answer["settle"] = _timed_pass(pipe, warm=True)
+                answer["settle"] = _timed_pass(pipe)
             print(json.dumps({**answer, "rss_imports_mb": rss_imports,
                               "runner": f"{runner.describe()}; {pipe.session.stream.fetcher.windows_per_task} "
                                         "windows per task",
