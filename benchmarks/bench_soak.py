@@ -43,6 +43,7 @@ class Sample:
     in_use_mb: dict[str, float]  # through malloc (glibc's mallinfo2); absent where unknown
     py_live_mb: dict[str, float]  # Python's small objects alive (pymalloc); absent where unknown
     py_arenas_mb: dict[str, float]  # pymalloc's arenas holding them; absent where unknown
+    held_mb: dict[str, float]  # task results a worker holds (Dask's managed memory); workers only
 
 
 def _corpus(root: Path, files: int = 4, docs: int = 500) -> str:
@@ -71,19 +72,24 @@ def _measure(procs: dict[str, psutil.Process]) -> tuple[dict, dict, dict]:
     return rss, fds, threads
 
 
-def _asked(client, pids: dict[str, str]) -> tuple[dict[str, float], dict[str, float], dict[str, float]]:
+def _worker_stats(dask_worker) -> tuple[int | None, int | None, int | None, int]:
+    """A worker's :func:`allocator_stats` and the bytes of the task results it holds (window
+    results computed ahead and not yet fetched: at most ``prefetch`` windows in all)."""
+    return (*allocator_stats(), dask_worker.state.nbytes)
+
+
+def _asked(client, pids: dict[str, str]) -> tuple[dict[str, float], ...]:
     """Per process named in ``pids`` ("trainer", "scheduler", worker addresses), asked of each
-    process itself: memory in use through ``malloc``, Python's small objects alive and pymalloc's
-    arenas (MB)."""
-    values = {"trainer": allocator_stats()}
+    process itself: memory in use through ``malloc``, Python's small objects alive, pymalloc's
+    arenas and, for workers, the task results held (MB)."""
+    values = {"trainer": (*allocator_stats(), None)}
     try:
-        values.update(client.run(allocator_stats))
-        values["scheduler"] = client.run_on_scheduler(allocator_stats)
+        values.update(client.run(_worker_stats))
+        values["scheduler"] = (*client.run_on_scheduler(allocator_stats), None)
     except Exception:  # a process that is restarting: that sample has no value for it
         pass
-    in_use, live, arenas = ({name: values[key][i] / 2**20 for key, name in pids.items()
-                             if key in values and values[key][i] is not None} for i in range(3))
-    return in_use, live, arenas
+    return tuple({name: values[key][i] / 2**20 for key, name in pids.items()
+                  if key in values and values[key][i] is not None} for i in range(4))
 
 
 def soak(seconds: float, every: float, n_workers: int = 1, workdir: str | None = None) -> list[Sample]:
@@ -135,6 +141,8 @@ def growth(samples: list[Sample], warmup: float, span: float = 0.0) -> dict[str,
     return {name: {"rss": mean(tail, name) / mean(head, name) - 1,
                    **{key: mean(tail, name, f"{key}_mb") / mean(head, name, f"{key}_mb") - 1
                       for key in ("in_use", "py_live", "py_arenas")},
+                   "rss_less_held": (mean(tail, name) - mean(tail, name, "held_mb"))
+                   / (mean(head, name) - mean(head, name, "held_mb")) - 1,
                    "fds": last.fds[name] - first.fds[name],
                    "threads": last.threads[name] - first.threads[name]}
             for name in first.rss_mb if name in last.rss_mb}
@@ -151,12 +159,13 @@ def read_csv(path: str) -> list[Sample]:
                    {n: float(r[f"{n}_rss_mb"]) for n in names}, {n: int(r[f"{n}_fds"]) for n in names},
                    {n: int(r[f"{n}_threads"]) for n in names},
                    *({n: float(r[f"{n}_{key}_mb"]) for n in names if r.get(f"{n}_{key}_mb")}
-                     for key in ("in_use", "py_live", "py_arenas"))) for r in rows]
+                     for key in ("in_use", "py_live", "py_arenas", "held"))) for r in rows]
 
 
 def plot(samples: list[Sample], warmup: float, png: str) -> None:
-    """RSS, memory in use through malloc, Python's small objects (alive: solid; pymalloc's arenas:
-    dashed), fds and threads per process over time, warm-up marked; a small PNG (matplotlib)."""
+    """RSS, memory in use through malloc (solid) and the task results a worker holds (dashed),
+    Python's small objects (alive: solid; pymalloc's arenas: dashed), fds and threads per process
+    over time, warm-up marked; a small PNG (matplotlib)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -164,7 +173,7 @@ def plot(samples: list[Sample], warmup: float, png: str) -> None:
 
     minutes = [s.seconds / 60 for s in samples]
     fig, axes = plt.subplots(5, 1, figsize=(7, 10), sharex=True, dpi=72)
-    panels = [("RSS (MB)", ("rss_mb",)), ("in use via malloc (MB)", ("in_use_mb",)),
+    panels = [("RSS (MB)", ("rss_mb",)), ("in use via malloc,\nresults held (MB)", ("in_use_mb", "held_mb")),
               ("Python small objects:\nalive, arenas (MB)", ("py_live_mb", "py_arenas_mb")), ("open fds", ("fds",)),
               ("threads", ("threads",))]
     for ax, (label, fields) in zip(axes, panels, strict=True):
@@ -226,12 +235,13 @@ def main() -> None:
         names = sorted(samples[0].rss_mb)
         with open(args.csv, "w") as fh:
             fh.write("seconds,batches,"
-                     + ",".join(f"{n}_rss_mb,{n}_fds,{n}_threads,{n}_in_use_mb,{n}_py_live_mb,{n}_py_arenas_mb"
-                                for n in names) + "\n")
+                     + ",".join(f"{n}_rss_mb,{n}_fds,{n}_threads,{n}_in_use_mb,{n}_py_live_mb,{n}_py_arenas_mb,"
+                                f"{n}_held_mb" for n in names) + "\n")
             for s in samples:
                 cols = [f"{s.rss_mb.get(n, 0):.1f},{s.fds.get(n, 0)},{s.threads.get(n, 0)},"
                         + ",".join(f"{values[n]:.1f}" if n in values else ""
-                                   for values in (s.in_use_mb, s.py_live_mb, s.py_arenas_mb)) for n in names]
+                                   for values in (s.in_use_mb, s.py_live_mb, s.py_arenas_mb, s.held_mb))
+                        for n in names]
                 fh.write(f"{s.seconds:.1f},{s.batches}," + ",".join(cols) + "\n")
     warmup = args.warmup if args.warmup is not None else seconds / 10
     if args.png:
@@ -244,7 +254,9 @@ def main() -> None:
         s0 = next(s for s in samples if s.seconds >= warmup or s is samples[-1])
         print(f"  {name:10s} RSS {s0.rss_mb[name]:7.1f} -> {samples[-1].rss_mb[name]:7.1f} MB ({g['rss']:+.1%}; "
               f"{span:.0f}-s means {means[name]['rss']:+.1%}; in use via malloc {means[name]['in_use']:+.1%}, "
-              f"Python objects alive {means[name]['py_live']:+.1%}, arenas {means[name]['py_arenas']:+.1%}), "
+              f"Python objects alive {means[name]['py_live']:+.1%}, arenas {means[name]['py_arenas']:+.1%}"
+              + (f"; RSS less results held {means[name]['rss_less_held']:+.1%}"
+                 if not math.isnan(means[name]["rss_less_held"]) else "") + "), "
               f"fds {g['fds']:+d}, threads {g['threads']:+d}")
 
 
