@@ -2,12 +2,15 @@
 
 Samples the training process, the scheduler's process and every worker process (RSS,
 memory in use through ``malloc``, Python's small objects alive and the pymalloc arenas
-holding them, open file descriptors, threads) at a fixed interval while a repeating
-pipeline streams batches, then reports the change from the end of the warm-up to the last
-sample, and for memory also between the means of the first and last ``--span`` seconds
-after warm-up. Bounded state means flat curves after warm-up; memory in use through
-``malloc`` and Python objects alive that stay flat while RSS rises are not arrays, buffers
-or objects piling up but memory freed and kept by an allocator.
+holding them, open file descriptors, threads; in workers also the task results held) at a
+fixed interval while a repeating pipeline streams batches, then reports the change from the
+end of the warm-up to the last sample, and for memory also between the means of the first
+and last ``--span`` seconds after warm-up. Bounded state means flat curves after warm-up;
+memory in use through ``malloc`` and Python objects alive that stay flat while RSS rises are
+not arrays, buffers or objects piling up but memory freed and kept by an allocator. A
+worker's results held are the windows computed ahead and not yet fetched (at most
+``prefetch_windows`` in all): they move with how far the workers run ahead of the training
+loop, so a worker's RSS less them is what shows state that grows.
 
     python benchmarks/bench_soak.py --minutes 30 [--workers 2] [--every 10] [--warmup 360] [--span 300]
                                     [--csv soak.csv] [--png soak.png] [--quick]
@@ -72,19 +75,16 @@ def _measure(procs: dict[str, psutil.Process]) -> tuple[dict, dict, dict]:
     return rss, fds, threads
 
 
-def _worker_stats(dask_worker) -> tuple[int | None, int | None, int | None, int]:
-    """A worker's :func:`allocator_stats` and the bytes of the task results it holds (window
-    results computed ahead and not yet fetched: at most ``prefetch`` windows in all)."""
-    return (*allocator_stats(), dask_worker.state.nbytes)
-
-
 def _asked(client, pids: dict[str, str]) -> tuple[dict[str, float], ...]:
     """Per process named in ``pids`` ("trainer", "scheduler", worker addresses), asked of each
     process itself: memory in use through ``malloc``, Python's small objects alive, pymalloc's
     arenas and, for workers, the task results held (MB)."""
     values = {"trainer": (*allocator_stats(), None)}
     try:
-        values.update(client.run(_worker_stats))
+        # a worker's results held: the windows computed ahead and not yet fetched (at most
+        # ``prefetch_windows`` in all); a lambda, so that it travels by value (this module is
+        # not importable on the workers)
+        values.update(client.run(lambda dask_worker: (*allocator_stats(), dask_worker.state.nbytes)))
         values["scheduler"] = (*client.run_on_scheduler(allocator_stats), None)
     except Exception:  # a process that is restarting: that sample has no value for it
         pass
@@ -162,24 +162,34 @@ def read_csv(path: str) -> list[Sample]:
                      for key in ("in_use", "py_live", "py_arenas", "held"))) for r in rows]
 
 
+def _rss_less_held(s: Sample) -> dict[str, float]:
+    """Per worker, RSS less the task results it holds (MB)."""
+    return {name: s.rss_mb[name] - held for name, held in s.held_mb.items() if name in s.rss_mb}
+
+
 def plot(samples: list[Sample], warmup: float, png: str) -> None:
-    """RSS, memory in use through malloc (solid) and the task results a worker holds (dashed),
-    Python's small objects (alive: solid; pymalloc's arenas: dashed), fds and threads per process
-    over time, warm-up marked; a small PNG (matplotlib)."""
+    """Per process over time, warm-up marked: RSS (solid; a worker's less the results it holds:
+    dashed), memory in use through malloc (solid) and the results a worker holds (dashed), Python's
+    small objects (alive: solid; pymalloc's arenas: dashed), fds and threads; a small PNG
+    (matplotlib)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    def field(name: str):
+        return lambda s: getattr(s, name)
+
     minutes = [s.seconds / 60 for s in samples]
     fig, axes = plt.subplots(5, 1, figsize=(7, 10), sharex=True, dpi=72)
-    panels = [("RSS (MB)", ("rss_mb",)), ("in use via malloc,\nresults held (MB)", ("in_use_mb", "held_mb")),
-              ("Python small objects:\nalive, arenas (MB)", ("py_live_mb", "py_arenas_mb")), ("open fds", ("fds",)),
-              ("threads", ("threads",))]
-    for ax, (label, fields) in zip(axes, panels, strict=True):
+    panels = [("RSS; workers' less\nresults held (MB)", (field("rss_mb"), _rss_less_held)),
+              ("in use via malloc,\nresults held (MB)", (field("in_use_mb"), field("held_mb"))),
+              ("Python small objects:\nalive, arenas (MB)", (field("py_live_mb"), field("py_arenas_mb"))),
+              ("open fds", (field("fds"),)), ("threads", (field("threads"),))]
+    for ax, (label, getters) in zip(axes, panels, strict=True):
         for i, name in enumerate(sorted(samples[0].rss_mb)):
-            for field, style in zip(fields, ("-", "--"), strict=False):
-                ax.plot(minutes, [getattr(s, field).get(name, float("nan")) for s in samples], style,
+            for get, style in zip(getters, ("-", "--"), strict=False):
+                ax.plot(minutes, [get(s).get(name, float("nan")) for s in samples], style,
                         color=f"C{i}", label=name if style == "-" else None, lw=1.2)
         ax.axvline(warmup / 60, color="grey", ls="--", lw=0.8)
         ax.set_ylabel(label)
@@ -187,7 +197,7 @@ def plot(samples: list[Sample], warmup: float, png: str) -> None:
         ax.grid(alpha=0.3)
     axes[0].legend(loc="lower right", fontsize=8, ncol=3)
     axes[0].set_title(f"soak: {samples[-1].batches:,} batches in {samples[-1].seconds / 60:.0f} min "
-                      "(dashed: end of warm-up)", fontsize=10)
+                      "(grey: end of warm-up)", fontsize=10)
     axes[-1].set_xlabel("minutes")
     fig.tight_layout()
     fig.savefig(png)
