@@ -26,6 +26,7 @@ import os
 import tempfile
 import time
 from dataclasses import dataclass
+from operator import attrgetter
 from pathlib import Path
 
 import psutil
@@ -134,15 +135,16 @@ def growth(samples: list[Sample], warmup: float, span: float = 0.0) -> dict[str,
     head = [s for s in after if s.seconds <= first.seconds + span]
     tail = [s for s in after if s.seconds >= last.seconds - span]
 
-    def mean(picked: list[Sample], name: str, field: str = "rss_mb") -> float:
-        values = [getattr(s, field)[name] for s in picked if name in getattr(s, field)]
+    def mean(picked: list[Sample], name: str, field="rss_mb") -> float:
+        """The mean of ``name``'s values under ``field`` (a Sample attribute, or a function of a Sample)."""
+        get = field if callable(field) else attrgetter(field)
+        values = [get(s)[name] for s in picked if name in get(s)]
         return sum(values) / len(values) if values else math.nan
 
     return {name: {"rss": mean(tail, name) / mean(head, name) - 1,
                    **{key: mean(tail, name, f"{key}_mb") / mean(head, name, f"{key}_mb") - 1
                       for key in ("in_use", "py_live", "py_arenas")},
-                   "rss_less_held": (mean(tail, name) - mean(tail, name, "held_mb"))
-                   / (mean(head, name) - mean(head, name, "held_mb")) - 1,
+                   "rss_less_held": mean(tail, name, _rss_less_held) / mean(head, name, _rss_less_held) - 1,
                    "fds": last.fds[name] - first.fds[name],
                    "threads": last.threads[name] - first.threads[name]}
             for name in first.rss_mb if name in last.rss_mb}
@@ -177,15 +179,12 @@ def plot(samples: list[Sample], warmup: float, png: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    def field(name: str):
-        return lambda s: getattr(s, name)
-
     minutes = [s.seconds / 60 for s in samples]
     fig, axes = plt.subplots(5, 1, figsize=(7, 10), sharex=True, dpi=72)
-    panels = [("RSS; workers' less\nresults held (MB)", (field("rss_mb"), _rss_less_held)),
-              ("in use via malloc,\nresults held (MB)", (field("in_use_mb"), field("held_mb"))),
-              ("Python small objects:\nalive, arenas (MB)", (field("py_live_mb"), field("py_arenas_mb"))),
-              ("open fds", (field("fds"),)), ("threads", (field("threads"),))]
+    panels = [("RSS; workers' less\nresults held (MB)", (attrgetter("rss_mb"), _rss_less_held)),
+              ("in use via malloc,\nresults held (MB)", (attrgetter("in_use_mb"), attrgetter("held_mb"))),
+              ("Python small objects:\nalive, arenas (MB)", (attrgetter("py_live_mb"), attrgetter("py_arenas_mb"))),
+              ("open fds", (attrgetter("fds"),)), ("threads", (attrgetter("threads"),))]
     for ax, (label, getters) in zip(axes, panels, strict=True):
         for i, name in enumerate(sorted(samples[0].rss_mb)):
             for get, style in zip(getters, ("-", "--"), strict=False):
