@@ -19,6 +19,7 @@ _EXPORTS = {
     "BatchOptions": "consumer",
     "ChatFormatError": "errors",
     "ConfigError": "errors",
+    "DataChangedError": "errors",
     "DataFormatError": "errors",
     "Dataset": "data",
     "DatasetNotFoundError": "errors",
@@ -53,6 +54,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ im
     from .errors import (
         ChatFormatError,
         ConfigError,
+        DataChangedError,
         DataFormatError,
         DatasetNotFoundError,
         ElasticityWarning,

@@ -37,6 +37,12 @@ class DataFormatError(ZephonError, ValueError):
     """A data file cannot be parsed (malformed JSON line, unreadable parquet, bad zarr layout)."""
 
 
+class DataChangedError(DataFormatError):
+    """A data file differs from what its index recorded when the Dataset was built (size,
+    modification time, ETag or content fingerprint): it was rewritten, appended to or truncated
+    under a run. Rebuild the Dataset to read the new content."""
+
+
 class MissingFieldError(DataFormatError):
     """A record lacks the field an operator or reader needs."""
 

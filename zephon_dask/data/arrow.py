@@ -17,6 +17,7 @@ import pyarrow as pa
 
 from ..errors import DataFormatError, DatasetNotFoundError
 from .hf import is_saved
+from .integrity import changed
 from .memo import ByteLRU
 from .parquet import column_types, columns_html, columns_identity
 from .paths import FileInfo, filesystem, is_local
@@ -77,10 +78,7 @@ def read(
     """The rows at ``offsets`` (int64, validated) of ``shard``, in order; fresh dicts each."""
     table = _table(shard, storage_options)
     if table.num_rows != shard.num_samples:
-        raise DataFormatError(
-            f"Arrow file {shard.path!r} changed since it was indexed (indexed: "
-            f"{shard.num_samples} rows, now {table.num_rows}); rebuild the Dataset"
-        )
+        raise changed(None, str(shard.path), f"indexed: {shard.num_samples} rows, now {table.num_rows}")
     if columns:
         table = table.select(list(columns))
     # ``take`` on a table of many batches concatenates whole columns first: slice out the

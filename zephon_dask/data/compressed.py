@@ -29,6 +29,7 @@ import numpy as np
 from fsspec import AbstractFileSystem
 
 from ..errors import ConfigError, DataFormatError
+from .integrity import changed
 from .memo import ByteLRU
 
 GZIP_MAGIC = b"\x1f\x8b"
@@ -178,10 +179,8 @@ def _segment(fs: AbstractFileSystem, name: str, url: str, cp: Checkpoints, k: in
         raise _corrupt(url, cp.codec, lo, exc) from None
     out = b"".join(parts)
     if len(out) != want:
-        raise DataFormatError(
-            f"{url!r}: decompressing from compressed byte {lo} gave {len(out)} bytes, not the "
-            f"{want} indexed; the file changed since it was indexed: rebuild the Dataset"
-        )
+        raise changed(None, url, f"decompressing from compressed byte {lo} gave {len(out)} "
+                                 f"bytes, not the {want} indexed")
     SEGMENTS.put(key, out, len(out))
     return out
 

@@ -35,7 +35,7 @@ from ..errors import (
     RecordIndexError,
     ZephonWarning,
 )
-from . import formats, hf, mds, records, tokens
+from . import formats, hf, integrity, mds, records, tokens
 from .index import build_index
 from .parquet import is_text_type
 from .paths import FileInfo, Listing, filesystem, has_glob, list_files, match_data_files, to_url
@@ -268,7 +268,8 @@ class Dataset:
 
         Offsets may be unsorted and may repeat; each returned record is a fresh
         object. Raises :class:`~zephon_dask.errors.RecordIndexError` (an ``IndexError``) for an
-        out-of-range shard or offset.
+        out-of-range shard or offset, and :class:`~zephon_dask.errors.DataChangedError` when the
+        shard's file differs from what its index recorded (see :mod:`zephon_dask.data.integrity`).
         """
         idx = operator.index(shard)
         if not 0 <= idx < self.num_shards:
@@ -288,6 +289,7 @@ class Dataset:
                 f"dataset {self.name!r} shard {sh.shard_id!r} has {sh.num_samples} samples; "
                 f"offset {int(bad[0])} is out of range"
             )
+        integrity.verify(sh, self.storage_options, self.name)
         return self.reader.read(self, idx, off)
 
     # --------------------------------------------------------- constructors
@@ -331,7 +333,8 @@ class Dataset:
                     "text with .map(...) in the pipeline and .tokenize(field=...) that field"
                 )
         shards = tuple(
-            Shard(f.rel, f.url, e["num_samples"], f.size, f.mtime)
+            Shard(f.rel, f.url, e["num_samples"], e["size"], f.mtime, e["mtime_ns"], e["etag"],
+                  e["fingerprint"])
             for f, e in zip(files, index.entries, strict=True)
         )
         return cls(

@@ -4,17 +4,21 @@ Nothing is ever written beside the data: the index of the files of one data
 directory is one JSON file under :func:`cache_dir` (``index/<hh>/<sha256 of the
 directory's URL>.json``), keyed by file name::
 
-    {"version": 3, "url": "s3://bucket/web",
+    {"version": 4, "url": "s3://bucket/web", "sha256": "<of the rest>",
      "files": {"a.jsonl": {"format": "jsonl", "size": 123, "mtime": 1.7e9,
-                           "etag": null, "num_samples": 10}}}
+                           "mtime_ns": 1700000000123456789, "etag": null,
+                           "fingerprint": "9f2c...", "num_samples": 10}}}
 
 Format-specific extras ride along (parquet and Arrow store their ``columns`` and
-their ``types``; version 3 added the types, so older caches are rebuilt). An entry is
-reused only when format, size, mtime and etag (the content signature) still
-match; otherwise the file is re-inspected (in a thread pool, with a tqdm bar).
-Writes merge with the entries already cached and go through a temp file +
-rename. The cache is best effort: an unreadable or unwritable cache only costs a
-rebuild (and one warning).
+their ``types``). Each entry records the file's signature
+(:mod:`zephon_dask.data.integrity`: size, mtime, etag, and a content fingerprint
+for local files, taken afresh on every build) and is reused only when format and
+signature still match; otherwise the file is re-inspected (in a thread pool,
+with a tqdm bar). The document carries the sha256 of its own content: a cache
+that fails it (edited by hand, damaged) is not trusted but rebuilt, with one
+warning. Older versions are rebuilt too. Writes merge with the entries already
+cached and go through a temp file + rename. The cache is best effort: an
+unreadable or unwritable cache only costs a rebuild (and one warning).
 
 The cache directory is, in order: the ``cache_dir`` argument, the
 ``ZEPHON_DASK_CACHE_DIR`` environment variable, or the user's cache directory
@@ -41,10 +45,13 @@ from typing import Any
 import platformdirs
 from fsspec import AbstractFileSystem
 
+from ..errors import ZephonWarning
 from ..progress_bar import progress_bar
+from . import integrity
+from .integrity import Signature
 from .paths import FileInfo, is_local
 
-INDEX_VERSION = 3
+INDEX_VERSION = 4
 CACHE_ENV = "ZEPHON_DASK_CACHE_DIR"
 _MIN_FILES_FOR_BAR = 4
 _warned: set[str] = set()
@@ -94,6 +101,7 @@ def build_index(
     ``cache`` overrides the cache directory (see :func:`cache_dir`).
     """
     root = cache_dir(cache)
+    sigs = _signatures(fs, files, max_workers)
     by_dir: dict[str, list[int]] = {}
     for i, f in enumerate(files):
         by_dir.setdefault(_dir_url(fs, f.name), []).append(i)
@@ -103,12 +111,12 @@ def build_index(
     for d, idx in by_dir.items():
         for i in idx:
             entry = cached[d].get(posixpath.basename(files[i].name))
-            if _valid(entry, files[i], fmt):
+            if _valid(entry, files[i], sigs[i], fmt):
                 entries[i] = entry
             else:
                 todo.append(i)
     if todo:
-        errors = _run(fs, files, fmt, inspect, sorted(todo), entries, progress, max_workers)
+        errors = _run(fs, files, sigs, fmt, inspect, sorted(todo), entries, progress, max_workers)
         rebuilt = set(todo)
         for d, idx in by_dir.items():
             fresh = {
@@ -131,7 +139,17 @@ def _dir_url(fs: AbstractFileSystem, name: str) -> str:
     return os.path.abspath(directory) if is_local(fs) else fs.unstrip_protocol(directory)
 
 
-def _run(fs, files, fmt, inspect, todo, entries, progress, max_workers) -> dict[int, BaseException]:
+def _signatures(
+    fs: AbstractFileSystem, files: Sequence[FileInfo], max_workers: int | None
+) -> list[Signature]:
+    """Each file's signature now (local files fingerprinted, in a thread pool when many)."""
+    if not is_local(fs) or len(files) < _MIN_FILES_FOR_BAR:
+        return [integrity.of_file(fs, f) for f in files]
+    with ThreadPoolExecutor(max_workers=max_workers) as pool:
+        return list(pool.map(lambda f: integrity.of_file(fs, f), files))
+
+
+def _run(fs, files, sigs, fmt, inspect, todo, entries, progress, max_workers) -> dict[int, BaseException]:
     """Inspect ``files[todo]`` in a thread pool, filling ``entries``; returns errors by index."""
     errors: dict[int, BaseException] = {}
     bar = progress_bar(
@@ -151,21 +169,27 @@ def _run(fs, files, fmt, inspect, todo, entries, progress, max_workers) -> dict[
                 for other in futures:
                     other.cancel()
                 continue
-            f = files[i]
-            entries[i] = {"format": fmt, "size": f.size, "mtime": f.mtime, "etag": f.etag, **extra}
+            sig = sigs[i]
+            entries[i] = {"format": fmt, "size": sig.size, "mtime": files[i].mtime, **sig.entry(), **extra}
             bar.update()
     return errors
 
 
-def _valid(entry: Any, f: FileInfo, fmt: str) -> bool:
+def _valid(entry: Any, f: FileInfo, sig: Signature, fmt: str) -> bool:
     return (
         isinstance(entry, dict)
         and entry.get("format") == fmt
-        and entry.get("size") == f.size
+        and entry.get("size") == sig.size
         and entry.get("mtime") == f.mtime
-        and entry.get("etag") == f.etag
+        and all(entry.get(k, "absent") == v for k, v in sig.entry().items())
         and isinstance(entry.get("num_samples"), int)
     )
+
+
+def _checksum(doc: dict[str, Any]) -> str:
+    """The sha256 of a cache document without its own ``sha256`` key. Pure."""
+    body = {k: v for k, v in doc.items() if k != "sha256"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
 def _load(target: str, url: str) -> dict[str, Any]:
@@ -177,6 +201,16 @@ def _load(target: str, url: str) -> dict[str, Any]:
         return {}
     if not isinstance(doc, dict) or doc.get("version") != INDEX_VERSION or doc.get("url") != url:
         return {}
+    if doc.get("sha256") != _checksum(doc):
+        if target not in _warned:
+            _warned.add(target)
+            warnings.warn(
+                f"zephon_dask: the index cache {target!r} does not match its own checksum (edited "
+                "or damaged); it is not used: the files it lists are indexed again",
+                ZephonWarning,
+                stacklevel=5,
+            )
+        return {}
     files = doc.get("files")
     return dict(files) if isinstance(files, dict) else {}
 
@@ -187,7 +221,8 @@ def _store(target: str, url: str, fresh: dict[str, Any]) -> None:
     try:
         os.makedirs(os.path.dirname(target), exist_ok=True)
         files = {**_load(target, url), **fresh}
-        doc = {"version": INDEX_VERSION, "url": url, "files": dict(sorted(files.items()))}
+        doc: dict[str, Any] = {"version": INDEX_VERSION, "url": url, "files": dict(sorted(files.items()))}
+        doc["sha256"] = _checksum(doc)
         with open(tmp, "w", encoding="utf-8") as fh:
             json.dump(doc, fh, indent=1, sort_keys=True)
         os.replace(tmp, target)  # atomic, and never moves *into* a directory

@@ -14,7 +14,8 @@ in the index cache (too big): they live in a per-process LRU (:data:`SPANS`,
 bounded in bytes) keyed by ``(path, size, mtime)``, with the compressed file's
 checkpoints; indexing fills it, and any other process rescans on its first
 read. A rescan that disagrees with the indexed size or count raises
-DataFormatError (the file changed since it was indexed).
+DataChangedError (the file changed since it was indexed; ``Dataset.read`` checks
+the file's signature before, see :mod:`zephon_dask.data.integrity`).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from fsspec import AbstractFileSystem
 
 from ..errors import DataFormatError, DatasetNotFoundError, MissingFieldError
 from . import compressed
+from .integrity import changed
 from .memo import ByteLRU
 from .paths import FileInfo, filesystem
 from .reader import Reader
@@ -130,10 +132,9 @@ def _layout(fs: AbstractFileSystem, name: str, shard: Shard) -> _Layout:
     if layout is None:
         layout, size = _scan_any(fs, name, str(shard.path))
         if size != shard.size_bytes or layout.spans.shape[0] != shard.num_samples:
-            raise DataFormatError(
-                f"JSONL file {shard.path!r} changed since it was indexed (indexed: "
-                f"{shard.num_samples} records, {shard.size_bytes} bytes; now: "
-                f"{layout.spans.shape[0]} records, {size} bytes); rebuild the Dataset to re-index it"
+            raise changed(
+                None, str(shard.path), f"indexed: {shard.num_samples} records, {shard.size_bytes} "
+                f"bytes; now: {layout.spans.shape[0]} records, {size} bytes"
             )
         SPANS.put(key, layout, layout.nbytes)
     return layout

@@ -11,7 +11,9 @@ Layout (what mosaicml-streaming's ``MDSWriter`` writes)::
                  | samples; a sample is one uint32 size per variable-size column, then the
                  columns
 
-The folder's ``index.json`` is the index (nothing is cached or written). A
+The folder's ``index.json`` is the index (nothing is cached or written); each
+shard file's signature (:mod:`zephon_dask.data.integrity`) is taken when the
+folder is opened and checked on every read. A
 shard reads its raw file when present, else its compressed file, which is
 decompressed whole once per process (as mosaicml-streaming does) and kept in
 :data:`DECODED` (bounded LRU); raw shards keep only their offset table
@@ -33,9 +35,10 @@ from typing import Any
 import numpy as np
 
 from ..errors import ConfigError, DataFormatError, DatasetNotFoundError
+from . import integrity
 from .compressed import zstandard
 from .memo import ByteLRU
-from .paths import file_mtime, filesystem, to_url
+from .paths import file_mtime, filesystem, is_local, to_url
 from .reader import Reader
 from .shard import Shard
 
@@ -121,7 +124,9 @@ def open_folder(
         n = e.get("samples")
         if not isinstance(n, int) or n < 0:
             raise _bad(url, f"shard #{k} has samples = {n!r}")
-        shards.append(Shard(str(raw or name), f"{url}/{name}", n, int(info["size"]), file_mtime(info)))
+        sig = integrity.local(f"{root}/{name}") if is_local(fs) else integrity.from_info(info)
+        shards.append(Shard(str(raw or name), f"{url}/{name}", n, sig.size, file_mtime(info),
+                            sig.mtime_ns, sig.etag, sig.fingerprint))
     assert schema is not None
     if not isinstance(schema["column_names"], list) or not (
         len(schema["column_names"]) == len(schema["column_encodings"] or ())

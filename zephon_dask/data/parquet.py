@@ -15,6 +15,7 @@ import pyarrow.parquet as pq
 from fsspec import AbstractFileSystem
 
 from ..errors import DataFormatError, DatasetNotFoundError
+from .integrity import changed
 from .paths import FileInfo, filesystem
 from .reader import Reader
 from .shard import Shard
@@ -70,10 +71,8 @@ def read(
             )
             bounds = np.concatenate(([0], np.cumsum(counts)))
             if bounds[-1] != shard.num_samples:
-                raise DataFormatError(
-                    f"parquet file {shard.path!r} changed since it was indexed (indexed: "
-                    f"{shard.num_samples} rows, now {int(bounds[-1])}); rebuild the Dataset"
-                )
+                raise changed(None, str(shard.path),
+                              f"indexed: {shard.num_samples} rows, now {int(bounds[-1])}")
             uniq, inverse = np.unique(offsets, return_inverse=True)
             group = np.searchsorted(bounds, uniq, side="right") - 1
             needed = np.unique(group)

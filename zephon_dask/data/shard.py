@@ -12,7 +12,9 @@ class Shard:
     ``shard_id`` is the path relative to the dataset root (or the user's key for
     in-memory records, or the group name inside a token store); ``path`` is the
     full fsspec URL or local path (``None`` for records). ``size_bytes`` and
-    ``mtime`` are the file's size and modification time when it was indexed.
+    ``mtime`` (seconds, as listed) are the file's size and modification time when
+    it was indexed; ``mtime_ns``, ``etag`` and ``fingerprint`` complete its
+    signature (see :mod:`zephon_dask.data.integrity`), checked on every read.
     """
 
     shard_id: str
@@ -20,3 +22,6 @@ class Shard:
     num_samples: int
     size_bytes: int | None = None
     mtime: float | None = None
+    mtime_ns: int | None = None
+    etag: str | None = None
+    fingerprint: str | None = None

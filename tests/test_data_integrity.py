@@ -1,0 +1,216 @@
+"""Data changed under a run is refused, and nothing is lost or ignored silently.
+
+Real files in every format, the real ``datasets`` library writing ``save_to_disk``
+folders, a real embedded Dask cluster for the error that must arrive typed in the
+training process.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import json
+import os
+import uuid
+import warnings
+from pathlib import Path
+
+import fsspec
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_formats_mds import own_write, samples
+
+import zephon_dask as z
+from zephon_dask.data import Dataset, formats, integrity
+from zephon_dask.data import index as index_mod
+from zephon_dask.errors import (
+    DataChangedError,
+    DataFormatError,
+    DatasetNotFoundError,
+    ZephonError,
+    ZephonWarning,
+)
+
+
+def write_jsonl(path: Path, records: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    return path
+
+
+def docs(n: int, tag: str = "r") -> list[dict]:
+    return [{"text": f"{tag}{i:04d} " + "word " * (i % 7)} for i in range(n)]
+
+
+def keep_mtime(path: Path, change) -> None:
+    """Apply ``change(path)`` and put the file's modification time back as it was."""
+    st_ = os.stat(path)
+    change(path)
+    os.utime(path, ns=(st_.st_atime_ns, st_.st_mtime_ns))
+
+
+def flip_middle_byte(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def assert_changed(exc_info, path, *words):
+    exc = exc_info.value
+    assert isinstance(exc, DataChangedError) and isinstance(exc, DataFormatError)
+    assert isinstance(exc, ZephonError) and isinstance(exc, ValueError)
+    text = str(exc)
+    assert str(path) in text and "changed since it was indexed" in text and "rebuild the Dataset" in text
+    for w in words:
+        assert w in text, (w, text)
+
+
+# ---------------------------------------------------------------- the signature
+@settings(max_examples=60, deadline=None)
+@given(size=st.integers(0, 10**12))
+def test_fingerprint_ranges_lie_in_the_file_and_cover_small_files(size):
+    got = integrity.ranges(size)
+    assert all(0 <= lo < hi <= size for lo, hi in got) or got == [(0, 0)]
+    if size <= 5 * integrity.SPAN:
+        assert got == [(0, size)]
+    else:
+        assert got[0][0] == 0 and got[-1][1] == size and len(got) == 5
+
+
+def test_plain_jsonl_rewritten_with_the_same_length_is_refused(tmp_path):
+    path = write_jsonl(tmp_path / "a.jsonl", docs(100, "r"))
+    ds = Dataset.from_jsonl("a", path, progress=False)
+    assert ds.read(0, [0]) == [docs(1, "r")[0]]
+    write_jsonl(path, docs(100, "s"))  # same length, other records
+    with pytest.raises(DataChangedError) as ei:
+        ds.read(0, [0])
+    assert_changed(ei, path, "dataset 'a'", "indexed (modified ", "; content differs")
+    assert " bytes;" not in str(ei.value)  # no size change reported
+
+
+def test_plain_jsonl_appended_to_is_refused(tmp_path):
+    path = write_jsonl(tmp_path / "a.jsonl", docs(100))
+    ds = Dataset.from_jsonl("a", path, progress=False)
+    before = path.stat().st_size
+    with open(path, "a") as fh:
+        fh.write(json.dumps({"text": "appended"}) + "\n")
+    with pytest.raises(DataChangedError) as ei:
+        ds.read(0, [99])
+    assert_changed(ei, path, f"size {before:,} -> {path.stat().st_size:,} bytes")
+    # rebuilt, the Dataset sees the new row
+    assert Dataset.from_jsonl("a", path, progress=False).num_samples == 101
+
+
+def write_format(fmt: str, folder: Path) -> Path:
+    """One small file (or MDS folder) of ``fmt`` holding the same 60 documents."""
+    rows = docs(60)
+    if fmt == "jsonl":
+        return write_jsonl(folder / "a.jsonl", rows)
+    if fmt == "jsonl.gz":
+        path = folder / "a.jsonl.gz"
+        path.write_bytes(gzip.compress("".join(json.dumps(r) + "\n" for r in rows).encode(), mtime=0))
+        return path
+    table = pa.Table.from_pylist(rows)
+    if fmt == "parquet":
+        pq.write_table(table, folder / "a.parquet")
+        return folder / "a.parquet"
+    if fmt == "arrow":
+        with pa.OSFile(str(folder / "a.arrow"), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as w:
+            w.write_table(table)
+        return folder / "a.arrow"
+    assert fmt == "mds"
+    own_write(folder / "mds", samples(30), per_shard=30, compression=None)
+    return folder / "mds"
+
+
+def data_file(path: Path) -> Path:
+    return path if path.is_file() else next(p for p in path.iterdir() if p.suffix == ".mds")
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "jsonl.gz", "parquet", "arrow", "mds"])
+def test_same_size_change_with_its_mtime_restored_is_refused_in_every_format(tmp_path, fmt):
+    # the hardest case: only the content fingerprint can tell
+    path = write_format(fmt, tmp_path)
+    ds = Dataset.from_path("d", path, progress=False)
+    assert len(ds.read(0, [0, 1])) == 2
+    target = data_file(path)
+    keep_mtime(target, flip_middle_byte)
+    with pytest.raises(DataChangedError) as ei:
+        ds.read(0, [0])
+    assert_changed(ei, target.name, "indexed (content differs in the sampled byte ranges);")
+
+
+def test_a_file_on_an_fsspec_filesystem_is_checked_by_what_the_filesystem_reports():
+    fs = fsspec.filesystem("memory")
+    root = f"/zephon-test-{uuid.uuid4().hex}"
+    fs.pipe(f"{root}/a.jsonl", b'{"text": "aa"}\n{"text": "bb"}\n')
+    ds = Dataset.from_jsonl("m", f"memory://{root}", progress=False)
+    assert ds.shards[0].fingerprint is None and ds.shards[0].mtime_ns is not None
+    assert ds.read(0, [1]) == [{"text": "bb"}]
+    fs.pipe(f"{root}/a.jsonl", b'{"text": "cc"}\n{"text": "dd"}\n')  # same size
+    with pytest.raises(DataChangedError) as ei:
+        ds.read(0, [1])
+    assert_changed(ei, f"memory://{root}/a.jsonl", "modified")
+
+
+def test_a_deleted_file_is_named(tmp_path):
+    path = write_jsonl(tmp_path / "a.jsonl", docs(5))
+    ds = Dataset.from_jsonl("a", path, progress=False)
+    path.unlink()
+    with pytest.raises(DatasetNotFoundError, match="no longer exists") as ei:
+        ds.read(0, [0])
+    assert str(path) in str(ei.value) and "dataset 'a'" in str(ei.value)
+
+
+# ----------------------------------------------------------------- the index cache
+def cache_file(directory: Path) -> str:
+    return index_mod.index_file(os.path.abspath(directory), index_mod.cache_dir())
+
+
+def test_an_index_cache_edited_by_hand_is_rebuilt_never_trusted(tmp_path):
+    path = write_jsonl(tmp_path / "a.jsonl", docs(3000))
+    assert Dataset.from_jsonl("a", path, progress=False).num_samples == 3000
+    target = cache_file(tmp_path)
+    doc = json.loads(Path(target).read_text())
+    doc["files"]["a.jsonl"]["num_samples"] = 42
+    Path(target).write_text(json.dumps(doc))
+    with pytest.warns(ZephonWarning, match="checksum") as seen:
+        ds = Dataset.from_jsonl("a", path, progress=False)
+    assert ds.num_samples == 3000 and len(seen) == 1 and target in str(seen[0].message)
+    assert json.loads(Path(target).read_text())["files"]["a.jsonl"]["num_samples"] == 3000
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the rewritten cache is trusted again
+        assert Dataset.from_jsonl("a", path, progress=False).num_samples == 3000
+
+
+def test_a_cached_entry_whose_file_changed_behind_size_and_mtime_is_indexed_again(tmp_path, monkeypatch):
+    # the fingerprint is taken afresh on every build, so the cache never outlives the content
+    path = write_jsonl(tmp_path / "a.jsonl", docs(40))
+    Dataset.from_jsonl("a", path, progress=False)
+    keep_mtime(path, lambda p: write_jsonl(p, docs(40, "s")))  # same size, same mtime
+    calls = []
+    reader = formats.READERS["jsonl"]
+    monkeypatch.setitem(formats.READERS, "jsonl", dataclasses.replace(
+        reader, inspect=lambda fs, f: calls.append(f.rel) or reader.inspect(fs, f)))
+    ds = Dataset.from_jsonl("a", path, progress=False)
+    assert calls == ["a.jsonl"] and ds.read(0, [0]) == [docs(1, "s")[0]]
+
+
+@pytest.mark.slow
+def test_a_file_changed_under_a_run_on_the_default_runner_arrives_typed(tmp_path):
+    folder = tmp_path / "web"
+    folder.mkdir()
+    for k in range(2):
+        write_jsonl(folder / f"part-{k}.jsonl", docs(60, f"p{k}-"))
+    ds = Dataset.from_jsonl("web", folder, progress=False)
+    with open(folder / "part-1.jsonl", "a") as fh:  # appended after the Dataset was built
+        fh.write(json.dumps({"text": "late"}) + "\n")
+    ws = z.MixtureWorkSource([ds], chunk_size=8, seed=0)
+    # the default runner; every window on the cluster's worker (no head start in this process)
+    p = z.Pipeline(ws).tokenize("bytes").pack(64).batch(2).options(
+        canonical_replicas=2, n_workers=1, head_start=False)
+    with p, pytest.raises(DataChangedError) as ei:
+        list(p)
+    assert_changed(ei, folder / "part-1.jsonl", "dataset 'web'", "size ")
