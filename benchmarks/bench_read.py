@@ -16,7 +16,13 @@ zstd. Then, per format:
   (compressed JSONL segments, decompressed MDS shards) emptied before each read:
   what a chunk costs when nothing decoded is reused (line index and checkpoints kept);
 * ``scattered``: records/s over ``--reads / 10`` reads of ``--chunk`` random offsets
-  anywhere in the shard (what ``shuffle_within_shard`` with large blocks asks).
+  anywhere in the shard (what ``shuffle_within_shard`` with large blocks asks);
+* ``check``: what the check that the file is unchanged costs each read (its size,
+  mtime and content fingerprint against the index; ``zephon_dask.data.integrity``):
+  ``chunks`` again, each chunk read with and without it (the same Dataset with
+  its shards' recorded signature set aside) in alternating order, as the ratio of
+  the median read times (checked rate / unchecked rate), and the check alone in
+  microseconds.
 
 Nothing asserts a time; the figures vary with the machine and its load.
 
@@ -26,6 +32,7 @@ Nothing asserts a time; the figures vary with the machine and its load.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gzip
 import json
 import os
@@ -38,7 +45,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import zstandard
 
-from zephon_dask.data import Dataset, arrow, compressed, jsonl, mds
+from zephon_dask.data import Dataset, arrow, compressed, integrity, jsonl, mds
 
 
 def documents(n: int) -> list[dict]:
@@ -135,9 +142,35 @@ def bench(label: str, path: Path, chunk: int, reads: int, rng) -> dict:
         ds.read(0, offs)
     scattered_s = time.perf_counter() - t0
     size = sum(p.stat().st_size for p in ([path] if path.is_file() else path.iterdir()))
+    ratio, check_us = check_cost(ds, chunk, reads, rng)
     return {"format": label, "MiB": size / 2**20, "index_s": index_s, "first_ms": first_s * 1e3,
             "chunks": chunk * reads / chunks_s, "uncached": uncached,
-            "scattered": chunk * len(scattered) / scattered_s}
+            "scattered": chunk * len(scattered) / scattered_s, "ratio": ratio, "check_us": check_us}
+
+
+def unchecked(ds: Dataset) -> Dataset:
+    """``ds`` with its shards' signatures set aside: ``Dataset.read`` then checks nothing."""
+    shards = tuple(dataclasses.replace(s, mtime_ns=None, etag=None, fingerprint=None) for s in ds.shards)
+    return dataclasses.replace(ds, shards=shards)
+
+
+def check_cost(ds: Dataset, chunk: int, reads: int, rng) -> tuple[float, float]:
+    """``(checked / unchecked chunk read rate, microseconds per check)``: the same chunks read
+    with and without the check, in alternating order, compared by their median times."""
+    bare = unchecked(ds)
+    n = ds.num_samples
+    spent: dict[bool, list[float]] = {True: [], False: []}
+    for k, s in enumerate(rng.integers(0, n - chunk, size=reads).tolist()):
+        for checked in ((True, False) if k % 2 else (False, True)):
+            which = ds if checked else bare
+            t0 = time.perf_counter()
+            which.read(0, np.arange(s, s + chunk))
+            spent[checked].append(time.perf_counter() - t0)
+    t0 = time.perf_counter()
+    for _ in range(reads):
+        integrity.verify(ds.shards[0], ds.storage_options, ds.name)
+    ratio = float(np.median(spent[False]) / np.median(spent[True]))
+    return ratio, (time.perf_counter() - t0) / reads * 1e6
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -156,13 +189,14 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{docs_n:,} documents, chunks of {args.chunk}, {reads} chunk reads, "
               f"{max(5, reads // 10)} scattered reads\n")
         print(f"{'format':<11}{'MiB':>8}{'index s':>9}{'first ms':>10}"
-              f"{'chunks rec/s':>14}{'uncached rec/s':>16}{'scattered rec/s':>17}")
+              f"{'chunks rec/s':>14}{'uncached rec/s':>16}{'scattered rec/s':>17}"
+              f"{'checked/unchecked':>19}{'check us':>10}")
         rng = np.random.default_rng(1)
         for label, path in paths.items():
             r = bench(label, path, args.chunk, reads, rng)
             print(f"{r['format']:<11}{r['MiB']:>8.1f}{r['index_s']:>9.2f}{r['first_ms']:>10.1f}"
-                  f"{r['chunks']:>14,.0f}{r['uncached']:>16,.0f}{r['scattered']:>17,.0f}",
-                  flush=True)
+                  f"{r['chunks']:>14,.0f}{r['uncached']:>16,.0f}{r['scattered']:>17,.0f}"
+                  f"{r['ratio']:>19.3f}{r['check_us']:>10.0f}", flush=True)
 
 
 if __name__ == "__main__":

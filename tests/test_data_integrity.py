@@ -214,3 +214,91 @@ def test_a_file_changed_under_a_run_on_the_default_runner_arrives_typed(tmp_path
     with p, pytest.raises(DataChangedError) as ei:
         list(p)
     assert_changed(ei, folder / "part-1.jsonl", "dataset 'web'", "size ")
+
+
+# -------------------------------------------------------- save_to_disk folders
+def hf_rows(n: int, start: int = 0) -> dict[str, list]:
+    return {"text": [f"doc {i} " + "x" * (i % 5) for i in range(start, start + n)],
+            "id": list(range(start, start + n))}
+
+
+def everything(ds: Dataset) -> list[dict]:
+    return [r for i, n in enumerate(ds.shard_sizes) for r in ds.read(i, list(range(n)))]
+
+
+@pytest.fixture
+def hf():
+    datasets = pytest.importorskip("datasets")
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+    return datasets
+
+
+def test_save_to_disk_files_are_read_in_state_json_order(tmp_path, hf):
+    folder = tmp_path / "one"
+    hf.Dataset.from_dict(hf_rows(120)).save_to_disk(str(folder), num_shards=4)
+    state = json.loads((folder / "state.json").read_text())
+    state["_data_files"] = state["_data_files"][::-1]  # an order that is not the names' order
+    (folder / "state.json").write_text(json.dumps(state))
+    theirs = hf.load_from_disk(str(folder))
+    for ours in (Dataset.from_hf("one", folder, progress=False),
+                 Dataset.from_path("one", folder, progress=False)):
+        assert [s.shard_id for s in ours.shards] == [f["filename"] for f in state["_data_files"]]
+        assert everything(ours) == [theirs[i] for i in range(len(theirs))]
+
+
+def test_a_save_to_disk_folder_missing_an_arrow_file_is_refused(tmp_path, hf):
+    one = tmp_path / "one"
+    hf.Dataset.from_dict(hf_rows(120)).save_to_disk(str(one), num_shards=3)
+    gone = one / "data-00001-of-00003.arrow"
+    gone.unlink()
+    with pytest.raises(FileNotFoundError):  # what datasets itself does
+        hf.load_from_disk(str(one))
+    for build in (lambda: Dataset.from_hf("one", one, progress=False),
+                  lambda: Dataset.from_path("one", one, progress=False),
+                  lambda: Dataset.from_arrow("one", one, progress=False)):
+        with pytest.raises(DataFormatError) as ei:
+            build()
+        assert gone.name in str(ei.value) and "state.json" in str(ei.value), str(ei.value)
+        assert "incomplete" in str(ei.value)
+
+    dd = tmp_path / "dd"
+    hf.DatasetDict({"train": hf.Dataset.from_dict(hf_rows(90)),
+                    "test": hf.Dataset.from_dict(hf_rows(9, 500))}).save_to_disk(str(dd), num_shards={"train": 3, "test": 1})
+    (dd / "train" / "data-00002-of-00003.arrow").unlink()
+    with pytest.raises(DataFormatError, match="data-00002-of-00003.arrow"):
+        Dataset.from_hf("t", dd, split="train", progress=False)
+    assert Dataset.from_hf("t", dd, split="test", progress=False).num_samples == 9
+
+
+def test_a_save_to_disk_folder_without_state_json_says_so(tmp_path, hf):
+    one = tmp_path / "one"
+    hf.Dataset.from_dict(hf_rows(40)).save_to_disk(str(one), num_shards=2)
+    (one / "state.json").unlink()
+    for build in (lambda: Dataset.from_hf("one", one, progress=False),
+                  lambda: Dataset.from_path("one", one, progress=False)):
+        with pytest.raises(DataFormatError) as ei:
+            build()
+        text = str(ei.value)
+        assert "no state.json" in text and "mixes formats" not in text and "data_files='*.arrow'" in text
+    # the fix the message gives works
+    assert Dataset.from_hf("one", one, data_files="*.arrow", progress=False).num_samples == 40
+    dd = tmp_path / "dd"
+    hf.DatasetDict({"train": hf.Dataset.from_dict(hf_rows(30))}).save_to_disk(str(dd))
+    (dd / "train" / "state.json").unlink()
+    with pytest.raises(DataFormatError, match="has no state.json"):
+        Dataset.from_hf("t", dd, split="train", progress=False)
+
+
+def test_a_split_a_saved_dataset_does_not_have_is_refused(tmp_path, hf):
+    one = tmp_path / "one"
+    hf.Dataset.from_dict(hf_rows(20)).save_to_disk(str(one))
+    with pytest.raises(z.ConfigError) as ei:
+        Dataset.from_hf("v", one, split="validation", progress=False)
+    assert "'validation'" in str(ei.value) and "no splits" in str(ei.value)
+    with pytest.raises(z.ConfigError, match="validation"):
+        Dataset.from_path("v", one, split="validation", progress=False)
+    named = tmp_path / "named"
+    hf.Dataset.from_dict(hf_rows(20), split=hf.Split.TRAIN).save_to_disk(str(named))
+    assert Dataset.from_hf("t", named, split="train", progress=False).num_samples == 20
+    with pytest.raises(z.ConfigError, match="its only split is 'train'"):
+        Dataset.from_hf("t", named, split="test", progress=False)

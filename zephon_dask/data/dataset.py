@@ -463,7 +463,11 @@ class Dataset:
     ) -> Dataset:
         """Arrow IPC files: a ``save_to_disk`` folder (its files, in order), or ``*.arrow`` files.
 
-        A ``DatasetDict`` folder needs ``split=`` unless it holds one split.
+        A ``save_to_disk`` folder is read as ``datasets.load_from_disk`` reads it: every
+        file its ``state.json`` lists, in that order (a missing one is a DataFormatError
+        naming it), unless ``data_files`` globs choose files. A ``DatasetDict`` folder
+        needs ``split=`` unless it holds one split; a single Dataset's folder takes no
+        ``split=`` but its own.
 
         Example:
             >>> zephon_dask.Dataset.from_arrow("wiki", "saved/wiki", split="train")  # doctest: +SKIP
@@ -473,14 +477,17 @@ class Dataset:
         if not has_glob(fpath) and fs.isdir(fpath) and hf.is_saved(fs, fpath):
             url = to_url(fs, fpath)
             folder = hf.saved_split(fs, fpath, split, url)
-            patterns = (
-                _patterns(data_files)
-                if data_files is not None
-                else tuple(hf.saved_files(fs, folder, url))
-            )
-            return cls._from_listing(
-                "arrow", name, to_url(fs, folder), text_field, columns, data_files=patterns,
+            if data_files is not None:
+                return cls._from_listing(
+                    "arrow", name, to_url(fs, folder), text_field, columns, data_files=data_files,
+                    storage_options=storage_options, progress=progress, cache_dir=cache_dir,
+                )
+            _check_text_field(text_field)
+            files = hf.saved_file_infos(fs, folder, to_url(fs, folder))
+            return cls._from_files(
+                name, formats.get("arrow"), fs, files, text_field, columns,
                 storage_options=storage_options, progress=progress, cache_dir=cache_dir,
+                source=to_url(fs, folder), data_files=tuple(f.rel for f in files),
             )
         return cls._from_listing(
             "arrow", name, path, text_field, columns, data_files=data_files,
@@ -521,6 +528,8 @@ class Dataset:
             return cls.from_arrow(
                 name, path, text_field, columns, split=split, data_files=data_files, **kw
             )
+        if data_files is None and not has_glob(fpath) and fs.isdir(fpath) and hf.saved_without_state(fs, fpath):
+            raise hf.missing_state(to_url(fs, fpath))
         root = hf.snapshot(fs, fpath)
         url = to_url(fs, root)
         listing = list_files(url, storage_options)
@@ -674,6 +683,8 @@ def _detect(
         folder = formats.of_folder(fs, fpath.rstrip("/"))
         if folder is not None:
             return folder
+        if data_files is None and hf.saved_without_state(fs, fpath):
+            raise hf.missing_state(to_url(fs, fpath))
     listing = list_files(path, storage_options)
     files, searched = listing.files, listing.searched
     patterns = _patterns(data_files)

@@ -3,8 +3,10 @@
 Pure apart from reading small metadata files and listing folders; no network.
 
 - A ``save_to_disk`` folder holds ``state.json`` (its Arrow files, in order,
-  under ``_data_files``) and ``dataset_info.json``; a ``DatasetDict`` folder
-  holds ``dataset_dict.json`` (``{"splits": [...]}``) and one such folder per split.
+  under ``_data_files``, and its ``_split``) and ``dataset_info.json``; a
+  ``DatasetDict`` folder holds ``dataset_dict.json`` (``{"splits": [...]}``) and
+  one such folder per split. Every file ``state.json`` lists must be there, and
+  they are read in its order, as ``datasets.load_from_disk`` reads them.
 - A repository folder (a clone, or a hub cache snapshot, whose files are links
   into ``blobs/``) holds data files; a split is chosen by ``data_files`` globs or,
   by default, by the same conventions as ``datasets``: ``data/<split>-NNNNN-of-NNNNN*``
@@ -25,10 +27,11 @@ from typing import Any
 from fsspec import AbstractFileSystem
 
 from ..errors import ConfigError, DataFormatError
-from .paths import FileInfo, glob_regex
+from .paths import FileInfo, file_etag, file_mtime, glob_regex, to_url
 
 STATE = "state.json"
 DATASET_DICT = "dataset_dict.json"
+INFO = "dataset_info.json"
 _SEP = "[-._ 0-9]"
 SPLIT_KEYWORDS = {
     "train": ("train", "training"),
@@ -56,11 +59,40 @@ def is_saved(fs: AbstractFileSystem, directory: str) -> bool:
     return bool(fs.isfile(f"{d}/{STATE}") or fs.isfile(f"{d}/{DATASET_DICT}"))
 
 
+def saved_without_state(fs: AbstractFileSystem, directory: str) -> bool:
+    """Whether ``directory`` looks like a ``save_to_disk`` folder that lost its ``state.json``:
+    ``dataset_info.json`` beside Arrow files, and neither ``state.json`` nor ``dataset_dict.json``."""
+    d = directory.rstrip("/")
+    if is_saved(fs, d) or not fs.isfile(f"{d}/{INFO}"):
+        return False
+    return any(str(n).endswith(".arrow") for n in fs.ls(d, detail=False))
+
+
+def missing_state(url: str) -> DataFormatError:
+    """The error for a folder :func:`saved_without_state` recognises."""
+    return DataFormatError(
+        f"{url!r} holds {INFO} and Arrow files but no {STATE}: a save_to_disk folder whose "
+        f"{STATE} is missing (it lists the Arrow files and their order), or a folder of another "
+        "tool. Save the dataset again with save_to_disk, or read the Arrow files in name order "
+        "with data_files='*.arrow' (or Dataset.from_arrow)"
+    )
+
+
 def saved_split(fs: AbstractFileSystem, directory: str, split: str | None, url: str) -> str:
-    """The folder of ``split`` in a ``save_to_disk`` folder (itself for a single Dataset)."""
+    """The folder of ``split`` in a ``save_to_disk`` folder (itself for a single Dataset, whose
+    ``state.json`` must then name ``split`` as its ``_split``)."""
     d = directory.rstrip("/")
     doc = _json(fs, f"{d}/{DATASET_DICT}")
     if doc is None:
+        if split is not None:
+            state = _json(fs, f"{d}/{STATE}")
+            own = state.get("_split") if isinstance(state, dict) else None
+            if split != own:
+                raise ConfigError(
+                    f"{url!r} is one saved Dataset, not a DatasetDict: it has no split {split!r} "
+                    + (f"(its only split is {own!r}); " if isinstance(own, str) else "(it has no splits); ")
+                    + "omit split=, or point at the DatasetDict folder that holds that split"
+                )
         return d
     splits = doc.get("splits") if isinstance(doc, dict) else None
     if not isinstance(splits, list) or not all(isinstance(s, str) for s in splits):
@@ -78,6 +110,11 @@ def saved_split(fs: AbstractFileSystem, directory: str, split: str | None, url: 
 def saved_files(fs: AbstractFileSystem, directory: str, url: str) -> list[str]:
     """The Arrow file names of a ``save_to_disk`` Dataset folder, in their order."""
     state = _json(fs, f"{directory}/{STATE}")
+    if state is None:
+        raise DataFormatError(
+            f"{url!r} has no {STATE} (the list of its Arrow files): the save_to_disk folder is "
+            "incomplete; save the dataset again with save_to_disk"
+        )
     files = state.get("_data_files") if isinstance(state, dict) else None
     names = [f.get("filename") for f in files] if isinstance(files, list) else None
     if not names or not all(isinstance(n, str) and "/" not in n for n in names):
@@ -91,6 +128,31 @@ def saved_files(fs: AbstractFileSystem, directory: str, url: str) -> list[str]:
             "after dataset.flatten_indices()"
         )
     return names
+
+
+def saved_file_infos(fs: AbstractFileSystem, directory: str, url: str) -> list[FileInfo]:
+    """The Arrow files of a ``save_to_disk`` Dataset folder in ``state.json``'s order (one listing).
+
+    Raises DataFormatError naming the files ``state.json`` lists that are missing.
+    """
+    names = saved_files(fs, directory, url)
+    d = directory.rstrip("/")
+    present = {str(i["name"]).rstrip("/").rsplit("/", 1)[-1]: i for i in fs.ls(d, detail=True)}
+    missing = [n for n in names if n not in present]
+    if missing:
+        raise DataFormatError(
+            f"{url!r}: {STATE} lists {len(names)} Arrow file(s), but {missing} "
+            f"{'is' if len(missing) == 1 else 'are'} not in the folder; the save_to_disk folder "
+            "is incomplete (an interrupted copy?): copy it again or save the dataset again"
+        )
+    out = []
+    for n in names:
+        info = present[n]
+        if info.get("type") != "file":  # a symbolic link: follow it
+            info = fs.info(f"{d}/{n}")
+        out.append(FileInfo(f"{d}/{n}", to_url(fs, f"{d}/{n}"), n, int(info["size"]),
+                            file_mtime(info), file_etag(info)))
+    return out
 
 
 def snapshot(fs: AbstractFileSystem, directory: str) -> str:
