@@ -182,6 +182,31 @@ def test_mask_equals_transformers_assistant_masks(bpe):
         assert a.record["loss_mask"].tolist() == b.record["loss_mask"].tolist() == list(want["assistant_masks"])
 
 
+# a template that renders tool calls, as most templates of tool-using models do
+TOOLS = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
+    "{% if message.content %}{{ message.content }}{% endif %}"
+    "{% for call in message.tool_calls or [] %}<tool>{{ call.function.name }}</tool>{% endfor %}"
+    "<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+def test_tool_call_messages_with_content_none_render_as_transformers_renders_them(bpe):
+    call = {"type": "function", "function": {"name": "add", "arguments": {"a": 2}}}
+    conv = [{"role": "user", "content": "two plus three"},
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "content": "five"},
+            {"role": "assistant", "content": "the answer is five"}]
+    hf = hf_tokenizer(bpe, TOOLS)
+    op = TokenizeChat(hf)
+    [row] = run_op(op, [conv])
+    assert op.template.render(op.messages({"messages": conv}, "")) == hf.apply_chat_template(conv, tokenize=False)
+    assert row.record["tokens"].tolist() == list(hf.apply_chat_template(conv, tokenize=True, return_dict=True)["input_ids"])
+    trained = bpe.decode(row.record["tokens"][row.record["loss_mask"] == 1].tolist(), skip_special_tokens=False)
+    assert "<tool>add</tool>" in trained and "the answer is five" in trained  # the call is learnt too
+
+
 def test_template_raise_exception_names_the_record(bpe):
     op = TokenizeChat(bpe, chat_template=LLAMA2ISH, bos_token="<s>", eos_token="</s>")
     bad = [{"role": "user", "content": "hi"}, {"role": "user", "content": "again"}]
@@ -209,8 +234,8 @@ def one_lane(ds):
     ([{"content": "hi"}], MissingFieldError, ValueError, "message 0 has no 'role'"),
     ([{"role": "user", "content": "hi"}, {"role": "assistant"}], MissingFieldError, ValueError,
      "message 1 has no 'content'"),
-    ([{"role": "user", "content": "hi"}, {"role": "assistant", "content": None}], MissingFieldError, ValueError,
-     "message 1 has no 'content'"),
+    ([{"role": "user", "content": "hi"}, {"role": "assistant", "content": None}], ChatFormatError, ValueError,
+     "message(s) [1] have content None, which this template does not render"),
     ([{"role": "robot", "content": "hi"}], ChatFormatError, ValueError, "role 'robot'"),
     ([{"role": "user", "content": 3}], FieldTypeError, TypeError, "content 3"),
 ])

@@ -302,3 +302,57 @@ def test_a_split_a_saved_dataset_does_not_have_is_refused(tmp_path, hf):
     assert Dataset.from_hf("t", named, split="train", progress=False).num_samples == 20
     with pytest.raises(z.ConfigError, match="its only split is 'train'"):
         Dataset.from_hf("t", named, split="test", progress=False)
+
+
+# -------------------------------------------------------------- reader errors
+def mds_with_encoding(folder: Path, encoding: str) -> Path:
+    own_write(folder, samples(6), per_shard=6, compression=None)
+    index = json.loads((folder / "index.json").read_text())
+    for shard in index["shards"]:
+        shard["column_encodings"][shard["column_names"].index("tokens")] = encoding
+    (folder / "index.json").write_text(json.dumps(index))
+    return folder
+
+
+@pytest.mark.parametrize("encoding, words", [
+    ("ndarray:uint32:abc", ["shape 'abc'", "comma-separated"]),
+    ("ndarray:complex64", ["dtype 'complex64'", "supported", "uint32"]),
+    ("ndarray:not_a_dtype", ["dtype 'not_a_dtype'"]),
+    ("ndarray:uint32:2:3", ["ndarray[:dtype[:shape]]"]),
+])
+def test_mds_column_encodings_mds_does_not_write_are_refused_at_open(tmp_path, encoding, words):
+    folder = mds_with_encoding(tmp_path / "m", encoding)
+    with pytest.raises(DataFormatError) as ei:
+        Dataset.from_mds("m", folder)
+    text = str(ei.value)
+    assert str(folder) in text and "column 'tokens'" in text and repr(encoding) in text, text
+    for w in words:
+        assert w in text, (w, text)
+    ok = Dataset.from_mds("ok", mds_with_encoding(tmp_path / "ok", "ndarray:uint32"))
+    assert ok.read(0, [0])[0]["tokens"].dtype.name == "uint32"
+
+
+def test_a_tokenizer_config_that_is_not_json_is_named(tmp_path):
+    from test_chat import SPECIALS
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    tok = Tokenizer(models.WordLevel({t: i for i, t in enumerate(SPECIALS)}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.save(str(tmp_path / "tokenizer.json"))
+    (tmp_path / "tokenizer_config.json").write_text('{"chat_template": "{{ messages }}",')  # cut short
+    ds = Dataset.from_records("c", [{"messages": [{"role": "user", "content": "hi"}]}], text_field="messages")
+    pipe = z.Pipeline(z.MixtureWorkSource([ds], chunk_size=1))
+    with pytest.raises(z.ConfigError) as ei:
+        pipe.tokenize_chat(tmp_path)
+    text = str(ei.value)
+    assert "tokenizer_config.json" in text and "not valid JSON" in text and "chat_template=" in text
+    (tmp_path / "tokenizer_config.json").write_text("[1, 2]")
+    with pytest.raises(z.ConfigError, match="not an object"):
+        pipe.tokenize_chat(tmp_path)
+
+
+def test_a_lone_surrogate_in_records_names_the_record():
+    with pytest.raises(DataFormatError) as ei:
+        Dataset.from_records("r", {"a": [{"text": "ok"}], "b": [{"text": "ok"}, {"text": "bad \ud800 x"}]})
+    text = str(ei.value)
+    assert "shard 'b', record 1" in text and "lone surrogate" in text and "'\\ud800'" in text

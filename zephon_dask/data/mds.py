@@ -133,8 +133,10 @@ def open_folder(
         == len(schema["column_sizes"] or ())
     ):
         raise _bad(url, f"column names, encodings and sizes do not match: {schema}")
-    for enc in schema["column_encodings"]:
-        _decoder(enc, url)
+    for column, enc in zip(schema["column_names"], schema["column_encodings"], strict=True):
+        if not isinstance(enc, str):
+            raise _bad(url, f"column {column!r} has encoding {enc!r}, not a string")
+        _decoder(enc, f"MDS folder {url!r}, column {column!r}")
     return tuple(shards), {"schema": schema, "compressed": compressed}
 
 
@@ -167,7 +169,7 @@ def _decompress(data: bytes, algo: str, url: str) -> bytes:
 
 
 def _decoder(encoding: str, url: str):
-    """A ``bytes -> value`` function for one MDS column encoding."""
+    """A ``bytes -> value`` function for one MDS column encoding (``url`` names the column in errors)."""
     base = encoding.split(":")[0]
     if base == "str":
         return lambda b: b.decode("utf-8")
@@ -187,18 +189,40 @@ def _decoder(encoding: str, url: str):
     if base == "json":
         return lambda b: json.loads(b.decode("utf-8"))
     if base == "ndarray":
-        return _ndarray_decoder(encoding)
+        return _ndarray_decoder(encoding, url)
     raise DataFormatError(
-        f"MDS folder {url!r}: column encoding {encoding!r} is not read by zephon_dask (pickle is "
+        f"{url}: column encoding {encoding!r} is not read by zephon_dask (pickle is "
         "unsafe to load, images are not text); store the column as str, bytes, json, ints or "
         "ndarray"
     )
 
 
-def _ndarray_decoder(encoding: str):
+def _ndarray_decoder(encoding: str, url: str):
+    """The decoder of ``ndarray[:dtype[:shape]]`` (shape: comma-separated sizes); a dtype or
+    shape MDS does not write is a DataFormatError naming the encoding."""
     parts = encoding.split(":")
-    dtype = np.dtype(parts[1]) if len(parts) > 1 and parts[1] else None
-    shape = tuple(int(x) for x in parts[2].split(",")) if len(parts) > 2 else None
+    if len(parts) > 3:
+        raise DataFormatError(f"{url}: column encoding {encoding!r} has {len(parts)} "
+                              "parts; an MDS ndarray encoding is ndarray[:dtype[:shape]]")
+    dtype = None
+    if len(parts) > 1 and parts[1]:
+        if parts[1] not in _VALUE_DTYPES.values():
+            raise DataFormatError(
+                f"{url}: column encoding {encoding!r} has dtype {parts[1]!r}, which MDS "
+                f"ndarray columns do not hold (supported: {sorted(set(_VALUE_DTYPES.values()))}); "
+                "write the column with one of them"
+            )
+        dtype = np.dtype(parts[1])
+    shape = None
+    if len(parts) > 2:
+        sizes = parts[2].split(",")
+        if not all(x.isdigit() for x in sizes):
+            raise DataFormatError(
+                f"{url}: column encoding {encoding!r} has shape {parts[2]!r}; a shape is "
+                "comma-separated non-negative integers (e.g. 'ndarray:uint32:2,3'): index.json is "
+                "damaged, write the folder again with MDSWriter"
+            )
+        shape = tuple(int(x) for x in sizes)
 
     def decode(b: bytes) -> np.ndarray:
         i, dt, shp = 0, dtype, shape

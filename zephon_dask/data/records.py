@@ -77,6 +77,16 @@ def _freeze_one(rec: Any, i: int, sid: str, text_field: str, dataset: str) -> tu
         canonical = json.dumps(rec, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
     except (TypeError, ValueError) as exc:
         raise DataFormatError(f"{where} is not JSON-serialisable ({exc})") from None
+    try:
+        canonical.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        bad = canonical[exc.start : exc.end]
+        raise DataFormatError(
+            f"{where} holds {bad!r}, a lone surrogate (half of a UTF-16 pair: text that is not valid "
+            f"Unicode, often from a bad decode), at character {exc.start} of its JSON "
+            f"{canonical[max(0, exc.start - 30) : exc.start + 10]!r}; fix the text, e.g. "
+            "s.encode('utf-8', 'replace').decode('utf-8')"
+        ) from None
     return text, canonical
 
 

@@ -168,11 +168,22 @@ def _read_config(tokenizer_json: str) -> tuple[str | None, dict[str, str]]:
     template, variables = None, {}
     config_path = os.path.join(folder, "tokenizer_config.json")
     if os.path.isfile(config_path):
-        with open(config_path, encoding="utf-8") as f:
-            config = json.load(f)
+        try:
+            with open(config_path, encoding="utf-8") as f:
+                config = json.load(f)
+        except (ValueError, UnicodeDecodeError) as exc:  # JSONDecodeError is a ValueError
+            raise ConfigError(
+                f"{config_path!r} is not valid JSON ({exc}); tokenize_chat reads the chat template and "
+                "the special tokens from it: fix the file (or copy it again from the model), or pass "
+                "chat_template= and bos_token=/eos_token= yourself"
+            ) from None
+        if not isinstance(config, dict):
+            raise ConfigError(f"{config_path!r} holds a JSON {type(config).__name__}, not an object; "
+                              "a tokenizer_config.json is an object with chat_template and the special tokens")
         template = config.get("chat_template")
         if isinstance(template, list):  # named templates: the "default" one
-            template = next((t.get("template") for t in template if t.get("name") == "default"), None)
+            template = next((t.get("template") for t in template
+                             if isinstance(t, dict) and t.get("name") == "default"), None)
         for key in SPECIAL_TOKENS:
             if (text := _token_text(config.get(key))) is not None:
                 variables[key] = text
@@ -266,7 +277,9 @@ class TokenizeChat(Tokenize):
 
     def messages(self, record: dict, where: str) -> list[dict]:
         """The record's conversation, checked, as the template sees it (None-valued keys dropped,
-        reasoning fields aliased, as ``transformers`` does)."""
+        reasoning fields aliased, as ``transformers`` does). ``content: None`` (a tool-call
+        message) is accepted as ``transformers`` accepts it: the template sees no content and
+        renders the message its way (or refuses it: a ChatFormatError naming the message)."""
         if self.field not in record:
             raise MissingFieldError(f"record at {where} has no field {self.field!r} (fields: {sorted(record)}); "
                                     "pass tokenize_chat(field=...)")
@@ -282,16 +295,18 @@ class TokenizeChat(Tokenize):
             if not isinstance(message, dict):
                 raise FieldTypeError(f"record at {where}: message {i} is {type(message).__name__} "
                                      f"{_short_text(message)}, not a {{'role', 'content'}} dict")
-            message = {k: v for k, v in message.items() if v is not None}
             for key in ("role", "content"):
                 if key not in message:
                     raise MissingFieldError(f"record at {where}: message {i} has no {key!r} "
                                             f"(keys: {sorted(message)})")
-            role, content = message["role"], message["content"]
+            if message["role"] is None:
+                raise FieldTypeError(f"record at {where}: message {i} has role None; give every message a role")
+            message = {k: v for k, v in message.items() if v is not None}
+            role, content = message["role"], message.get("content")
             if role not in self.roles:
                 raise ChatFormatError(f"record at {where}: message {i} has role {_short_text(role)}, not one of "
                                       f"{list(self.roles)}; map it first, or pass tokenize_chat(roles=...)")
-            if not isinstance(content, str):
+            if content is not None and not isinstance(content, str):
                 raise FieldTypeError(f"record at {where}: message {i} has content {_short_text(content)} "
                                      f"({type(content).__name__}), not a string")
             reasoning = next((message[k] for k in REASONING_FIELDS if message.get(k) is not None), None)
@@ -321,7 +336,11 @@ class TokenizeChat(Tokenize):
                     )
                 spans.append((len(head), len(upto)))
         except jinja2.exceptions.TemplateError as exc:
-            raise ChatFormatError(f"record at {where}: the chat template refused the conversation: {exc}") from None
+            empty = [i for i, m in enumerate(messages) if "content" not in m]
+            hint = (f" (message(s) {empty} have content None, which this template does not render, as "
+                    "transformers' apply_chat_template would not either: give them content '' or use a "
+                    "template that renders tool calls)") if empty else ""
+            raise ChatFormatError(f"record at {where}: the chat template refused the conversation: {exc}{hint}") from None
         return text, spans
 
     def encode(self, texts: Sequence[str], spans: Sequence[list[tuple[int, int]]]):
