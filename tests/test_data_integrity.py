@@ -356,3 +356,68 @@ def test_a_lone_surrogate_in_records_names_the_record():
         Dataset.from_records("r", {"a": [{"text": "ok"}], "b": [{"text": "ok"}, {"text": "bad \ud800 x"}]})
     text = str(ei.value)
     assert "shard 'b', record 1" in text and "lone surrogate" in text and "'\\ud800'" in text
+
+
+# ------------------------------------------ a stream that loses data silently
+def one_pass(datasets, weights=None, **options):
+    ws = z.MixtureWorkSource(datasets, weights, chunk_size=8, seed=0)
+    return z.Pipeline(ws), {"runner": "synchronous", "canonical_replicas": 2, **options}
+
+
+def test_a_filter_dropping_everything_on_a_one_pass_stream_raises_a_typed_error():
+    ds = Dataset.from_records("d", [{"text": f"doc {i} " * 4} for i in range(64)])
+    base, opts = one_pass([ds])
+    p = base.filter(lambda r: False).tokenize("bytes").pack(16).batch(1).options(**opts)
+    with p, pytest.raises(z.EmptyDatasetError) as ei:
+        next(iter(p))  # not a bare StopIteration at step 0
+    assert isinstance(ei.value, ZephonError) and isinstance(ei.value, ValueError)
+    assert type(ei.value).__name__ == "EmptyStreamError"
+    text = str(ei.value)
+    assert "gave no sample although 64 records were read" in text and "'filter.dropped': 64" in text
+    # a stream resumed at its end gives nothing, as the uninterrupted one did there: no error
+    good = base.tokenize("bytes").pack(16).batch(1).options(**opts)
+    with good:
+        n = len(list(good))
+        state = good.state_dict()
+    again = base.tokenize("bytes").pack(16).batch(1).options(**opts).load_state_dict(state)
+    with again:
+        assert n > 0 and list(again) == []
+
+
+def test_a_dataset_a_filter_removes_from_a_mixture_is_named_once(recwarn):
+    a = Dataset.from_records("a", [{"text": f"a {i} " * 4} for i in range(200)])
+    b = Dataset.from_records("b", [{"text": f"b {i} " * 4} for i in range(200)])
+    base, opts = one_pass([a, b], {"a": 1, "b": 1})
+    p = base.filter(lambda r: r["text"][0] != "b").tokenize("bytes").pack(16).batch(1).options(**opts)
+    with p:
+        rows = list(p)
+    mine = [w for w in recwarn if issubclass(w.category, ZephonWarning)]
+    assert rows and len(mine) == 1, [str(w.message) for w in mine]
+    text = str(mine[0].message)
+    assert "dataset 'b' contributes nothing to the first window" in text and "'filter.dropped'" in text
+    recwarn.clear()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ZephonWarning)  # a filter keeping some of each: no warning
+        q = base.filter(lambda r: int(r["text"].split()[1]) % 2 == 0).tokenize("bytes").pack(16).batch(1)
+        with q.options(**opts) as q:
+            assert list(q)
+
+
+def test_a_chat_template_that_never_renders_assistant_turns_is_refused_at_the_first_window():
+    from test_chat import CHATML
+
+    silent = ("{% for m in messages %}{% if m['role'] != 'assistant' %}<|im_start|>{{ m['role'] }}\n"
+              "{{ m['content'] }}<|im_end|>\n{% endif %}{% endfor %}")
+    convs = [{"messages": [{"role": "user", "content": f"hi {i}"}, {"role": "assistant", "content": "hello"}]}
+             for i in range(40)]
+    ds = Dataset.from_records("c", convs, text_field="messages")
+    base, opts = one_pass([ds], canonical_replicas=1)
+    p = base.tokenize_chat("bytes", chat_template=silent).pack(32).batch(1).options(**opts)
+    with p, pytest.raises(z.ChatFormatError) as ei:
+        next(iter(p))
+    text = str(ei.value)
+    assert "not one trained token" in text and "lane 0, window 0" in text and "sha256 " in text
+    assert "{% for m in messages %}" in text  # the template is named
+    good = base.tokenize_chat("bytes", chat_template=CHATML).pack(32).batch(1).options(**opts)
+    with good:
+        assert next(iter(good))["tokens"].shape == (1, 32)

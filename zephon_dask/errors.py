@@ -33,6 +33,10 @@ class EmptyDatasetError(ZephonError, ValueError):
     """A dataset has no samples."""
 
 
+class EmptyStreamError(EmptyDatasetError):
+    """A pipeline's stream read records but gives no sample: its operators drop every one."""
+
+
 class DataFormatError(ZephonError, ValueError):
     """A data file cannot be parsed (malformed JSON line, unreadable parquet, bad zarr layout)."""
 

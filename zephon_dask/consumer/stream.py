@@ -14,6 +14,9 @@ wrong batch: an offset past its window's end when the lane's window is read,
 and a lane the state calls finished that still has a batch to give before
 the first batch (genuine finished lanes sit at their end: this reads
 nothing, or their last window).
+
+A stream that starts at the beginning checks its first window for data lost
+silently and raises when it ends without a sample (:mod:`.checks`).
 """
 
 from __future__ import annotations
@@ -22,9 +25,10 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Protocol
 
 from ..core.spec import PipelineSpec
-from ..errors import EmptyDatasetError, StateError
+from ..errors import StateError
 from .batch import Batch, BatchOptions
 from .batcher import LaneBatcher
+from .checks import check_first_window, empty_stream
 from .fetcher import WindowFetcher
 from .waiting import FirstBatchWait
 
@@ -52,7 +56,11 @@ class BatchStream:
                  windows_per_task: int = 1, alone_at_end: int = 0):
         self.lanes = list(lanes)
         self.deterministic = deterministic
+        self.spec = spec
         at = {lane: start[lane] for lane in self.lanes}
+        self._fresh = all(f.window == 0 and f.offset == 0 and f.batches_delivered == 0 and not f.finished
+                          for f in at.values())
+        self._check_first = self._fresh
         self.finished = {lane: bool(at[lane].finished) for lane in self.lanes}
         self._skip = {lane: at[lane].offset for lane in self.lanes}
         ends = {lane: spec.num_windows(lane) for lane in self.lanes}
@@ -89,11 +97,10 @@ class BatchStream:
                 return False
             empty = 0 if len(out) else empty + 1
             if empty == EMPTY_WINDOWS_LIMIT:  # a repeating source would loop forever
-                dropped = {k: n for k, n in out.stats.items() if k.endswith(".dropped")}
-                raise EmptyDatasetError(
-                    f"lane {lane}: {empty} windows in a row (up to window {window}) produced no sample "
-                    f"(last window: {out.stats.get('records', 0)} records read, dropped {dropped}); "
-                    "a .filter or .map drops every record? check it on .preview()")
+                raise empty_stream(out.stats, f"lane {lane}: {empty} windows in a row (up to window {window})")
+            if self._check_first and out.stats.get("records"):
+                self._check_first = False
+                check_first_window(self.spec, lane, window, out)
             for key, n in out.stats.items():
                 self.stats[key] = self.stats.get(key, 0) + n
             batcher.push(window, out.table, skip=self._skip.pop(lane, 0))
@@ -137,6 +144,8 @@ class BatchStream:
             if batch is not None:
                 return batch
         self.close()
+        if self._fresh and self.stats.get("records") and not self.stats.get("samples"):
+            raise empty_stream(self.stats, f"the stream over lanes {self.lanes}, from its start to its end,")
         raise StopIteration
 
     def _order(self) -> Iterator[int]:

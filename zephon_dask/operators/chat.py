@@ -273,6 +273,23 @@ class TokenizeChat(Tokenize):
             "spans": SPAN_METHOD,
         }
 
+    def check_first_window(self, stats: dict[str, int], samples: int, where: str) -> None:
+        """Raise :class:`ChatFormatError` when a stream's first window (``where``) holds samples
+        but not one trained token: every ``loss_mask`` is zero, so training would learn nothing."""
+        if samples and stats.get("tokenize_chat.trained_tokens", 0) == 0:
+            truncated = stats.get("tokenize_chat.truncated_tokens", 0)
+            cut = (f"; max_length={self.max_length} cut {truncated:,} tokens, perhaps every assistant turn"
+                   if truncated else "")
+            raise ChatFormatError(
+                f"tokenize_chat: the first window ({where}) holds {samples:,} samples (of "
+                f"{stats.get('records', 0):,} records read) and not one trained token (loss_mask is all "
+                f"zero{cut}). The chat template (sha256 {self.template.identity()['sha256'][:12]}, "
+                f"{_short_text(self.template.source, 60)}) renders no assistant turn the loss can be put "
+                f"on, or the conversations have no assistant message (loss_on={self.loss_on!r}). "
+                "Check a record with pipeline.preview(); use a template that "
+                "renders the assistant's messages"
+            )
+
     # -- per conversation --------------------------------------------------------------
 
     def messages(self, record: dict, where: str) -> list[dict]:

@@ -1,0 +1,67 @@
+"""Data lost or ignored silently, caught from what a fresh stream's windows report. Pure apart
+from the warnings it gives.
+
+A stream starting at the beginning checks its first window that read records
+(:func:`check_first_window`): a dataset whose records were read there but of
+which no sample is left (a ``.filter`` or ``.map`` dropping all of it, so the
+mixture delivers the other datasets only) is a :class:`ZephonWarning` naming it
+and the window's drop counters; a record operator with a ``check_first_window``
+method checks the window's counters itself (``tokenize_chat``: not one trained
+token). A fresh stream that ends without a single sample although it read
+records raises :func:`empty_stream` (a filter that drops everything). Only a
+fresh stream checks, so a resumed run behaves as the uninterrupted one did.
+Deterministic: everything comes from the window's counters and lineage and
+from the pure chunk mapping.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Mapping
+
+import numpy as np
+
+from ..core.spec import PipelineSpec
+from ..core.window import WindowOutput
+from ..errors import EmptyStreamError, ZephonWarning
+
+MIN_RECORDS = 8  # records of a dataset read in the first window before its absence is worth a warning
+
+
+def _dropped(stats: Mapping[str, int]) -> dict[str, int]:
+    return {k: n for k, n in sorted(stats.items()) if k.endswith(".dropped") or k.endswith("_tokens")}
+
+
+def check_first_window(spec: PipelineSpec, lane: int, window: int, out: WindowOutput) -> None:
+    """Warn for each dataset that contributes nothing to the window although at least
+    :data:`MIN_RECORDS` of its records were read there; run the record operators' own checks."""
+    where = f"lane {lane}, window {window}"
+    names = spec.source.names
+    if len(names) > 1:
+        read = np.zeros(len(names), np.int64)
+        for g in out.chunks:
+            read += np.bincount(spec.source.chunk_arrays(g).dataset, minlength=len(names))
+        kept = np.bincount(out.table.lineage[:, 0], minlength=len(names))
+        for d in np.flatnonzero((read >= MIN_RECORDS) & (kept == 0)).tolist():
+            warnings.warn(
+                f"dataset {names[d]!r} contributes nothing to the first window ({where}): "
+                f"{int(read[d])} of its records were read there and no sample is left of them "
+                f"(the window's counters: {_dropped(out.stats)}). If a .filter or .map drops all of "
+                f"{names[d]!r}, the mixture delivers the other datasets only; check the operators "
+                "on pipeline.preview()",
+                ZephonWarning,
+                stacklevel=2,
+            )
+    for op in spec.record_ops:
+        check = getattr(op, "check_first_window", None)
+        if check is not None:
+            check(out.stats, len(out), where)
+
+
+def empty_stream(stats: Mapping[str, int], what: str) -> EmptyStreamError:
+    """The error for ``what`` (a stream, or a run of windows) that read records and gave no sample."""
+    return EmptyStreamError(
+        f"{what} gave no sample although {stats.get('records', 0):,} records were read (counters: "
+        f"{_dropped(stats)}): a .filter or .map drops every record, or the documents are too "
+        "short for what follows (pack's dropped tokens). Check the operators on pipeline.preview()"
+    )
