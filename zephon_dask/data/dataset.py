@@ -128,7 +128,8 @@ class Dataset:
     Build one with :meth:`from_path` (any format, detected), :meth:`from_jsonl`,
     :meth:`from_parquet`, :meth:`from_arrow`, :meth:`from_hf`, :meth:`from_mds`,
     :meth:`from_records` or :meth:`from_tokens`. Shards are sorted by ``shard_id``
-    (MDS shards keep their ``index.json`` order). ``source`` is the path given and
+    (MDS shards keep their ``index.json`` order, ``save_to_disk`` files their
+    ``state.json`` order). ``source`` is the path given and
     ``data_files`` the globs that chose the files; ``skipped`` names the first
     files that discovery passed over (not of the format) and ``num_skipped``
     counts them all; ``vocab_size`` (token stores) is the vocabulary every id read

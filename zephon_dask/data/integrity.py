@@ -83,9 +83,12 @@ def from_info(info: dict[str, Any]) -> Signature:
 
 def of_file(fs: AbstractFileSystem, f: FileInfo) -> Signature:
     """The signature of a listed file: taken afresh for a local file, from the listing otherwise."""
-    if is_local(fs):
+    if not is_local(fs):
+        return Signature(f.size, _ns(f.mtime), f.etag)
+    try:
         return local(f.name)
-    return Signature(f.size, _ns(f.mtime), f.etag)
+    except FileNotFoundError:
+        raise DatasetNotFoundError(f"file {f.url!r} no longer exists (it was listed a moment ago)") from None
 
 
 def current(fs: AbstractFileSystem, name: str) -> Signature:
