@@ -4,6 +4,7 @@ CPU); its configuration errors, its state's one key and its RNG neutrality in pr
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import warnings
 from pathlib import Path
@@ -23,6 +24,7 @@ from zephon_dask.integrations.torchtitan import STATE_KEY, ZephonDataLoader, con
 
 STEPS, SAVE_AT, G = 6, 3, 4  # G: the pipeline's global step (canonical_replicas=4 batches)
 RECIPE = Path(__file__).resolve().parents[1] / "examples" / "recipe.toml"
+EXAMPLE = RECIPE.parent / "frameworks" / "torchtitan_loop.py"
 
 
 def build_loader(pipeline, world=1, rank=0, seq_len=SEQ_LEN, local_batch_size=2) -> ZephonDataLoader:
@@ -180,3 +182,16 @@ def test_titans_command_line_sets_the_recipe_and_leaves_the_pipeline_out():
     assert (parsed.recipe, parsed.num_workers, parsed.pipeline) == ("b.toml", 2, None)
     with pytest.raises(SystemExit):
         tyro.cli(ZephonDataLoader.Config, args=["--pipeline", "x"], default=default, registry=custom_registry)
+
+
+def test_example_trains_checkpoints_and_resumes(tmp_path, capsys):
+    spec = importlib.util.spec_from_file_location("example_torchtitan_loop", EXAMPLE)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    common = ["--save-every", "1", "--runner", "synchronous"]
+    example.main(["--steps", "1", "--out", str(tmp_path / "a"), *common])
+    example.main(["--steps", "2", "--out", str(tmp_path / "b"), "--resume",
+                  str(tmp_path / "a" / "checkpoint" / "step-1"), *common])
+    assert (tmp_path / "b" / "checkpoint" / "step-2" / ".metadata").is_file()
+    out = capsys.readouterr().out
+    assert out.count("step 1:") == 1 and "step 2:" in out  # the second run started after step 1
