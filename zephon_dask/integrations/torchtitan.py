@@ -93,8 +93,7 @@ class ZephonDataLoader(BaseDataLoader):
 
     def __init__(self, config: Config, *, dp_world_size: int, dp_rank: int, seq_len: int,
                  local_batch_size: int, **kwargs):
-        given = self._pipeline_of(config)
-        pipeline = given
+        pipeline = self._pipeline_of(config)
         if pipeline.identity() != (dp_world_size, dp_rank):  # tensor/pipeline-parallel ranks share a DP rank
             pipeline = pipeline.options(dp_degree=dp_world_size, dp_group_id=dp_rank)
         self.pipeline = pipeline
