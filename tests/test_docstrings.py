@@ -11,12 +11,12 @@ import zephon_dask
 
 MODULES = ("zephon_dask.inspect", "zephon_dask.integrations", "zephon_dask.integrations.hf",
            "zephon_dask.integrations.lightning", "zephon_dask.integrations.accelerate",
-           "zephon_dask.jobs")
+           "zephon_dask.integrations.torchtitan", "zephon_dask.jobs")
 # the main user-facing API: the docstring shows a short example
 WITH_EXAMPLE = {
     "Pipeline", "Dataset", "MixtureWorkSource", "save_state", "load_state", "merge_states",
     "gather_state", "verify_ledgers", "prepare_tokens", "set_log_level", "ZephonTrainer",
-    "ZephonDataModule", "prepare_pipeline",
+    "ZephonDataModule", "prepare_pipeline", "ZephonDataLoader", "configure",
 }
 
 

@@ -5,7 +5,9 @@
 - :mod:`zephon_dask.integrations.lightning`: ``ZephonDataModule`` for PyTorch
   Lightning (``pip install 'zephon_dask[lightning]'``);
 - :mod:`zephon_dask.integrations.accelerate`: ``prepare_pipeline`` for
-  accelerate (``pip install 'zephon_dask[accelerate]'``).
+  accelerate (``pip install 'zephon_dask[accelerate]'``);
+- :mod:`zephon_dask.integrations.torchtitan`: ``ZephonDataLoader``, a TorchTitan
+  data loader whose checkpoint resumes at another DP degree (``pip install 'zephon_dask[torchtitan]'``).
 
 Importing this package imports no framework; :mod:`zephon_dask.pipeline.guard` refuses the wrappers
 that would split a pipeline's already rank-split stream a second time.
