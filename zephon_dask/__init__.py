@@ -29,6 +29,8 @@ _EXPORTS = {
     "MixtureWorkSource": "curriculum",
     "Pipeline": "pipeline",
     "Pointer": "curriculum",
+    "Preempted": "preemption",
+    "Preemption": "preemption",
     "StateError": "errors",
     "Tokenize": "operators",
     "WindowOutput": "core",
@@ -67,6 +69,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ im
     from .log import set_log_level
     from .operators import Tokenize
     from .pipeline import Pipeline
+    from .preemption import Preempted, Preemption
     from .state import gather_state, load_state, merge_states, save_state, verify_ledgers
 
 

@@ -4,6 +4,11 @@ A global step is ``--global-batches-per-step`` batches over all ranks (else
 the recipe's setting, else one batch per lane). With ``--resume`` it comes
 from the checkpoint: the recipe's per-rank ``batches_per_step`` was written
 for one DP degree, so it gives way to the checkpoint's count.
+
+SIGINT (Ctrl-C) and SIGTERM (a scheduler's preemption) stop the run where it
+is: the checkpoint of the last completed global step is written (with
+``--checkpoint``), one line says so, and the exit status is 130 or 143.
+``--checkpoint-every N`` also writes it every N global steps.
 """
 
 from ..options import BY_NAME as OPTIONS
@@ -16,7 +21,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("recipe", help="a TOML recipe (see docs/recipes.md)")
     parser.add_argument("--steps", type=positive_int, required=True, help="global steps to stream")
     parser.add_argument("--resume", help="a checkpoint written by --checkpoint (or save_state) to start from")
-    parser.add_argument("--checkpoint", help="write the state here after the last step")
+    parser.add_argument("--checkpoint", help="write the state here after the last step (and when interrupted)")
+    parser.add_argument("--checkpoint-every", type=positive_int, metavar="N",
+                        help="also write --checkpoint every N global steps")
     parser.add_argument("--ledger", help="append a ledger line per batch to DIR/rank-<n>.jsonl")
     parser.add_argument("--runner", choices=OPTIONS["runner"].choices,
                         help="override the recipe's runner")
@@ -29,29 +36,56 @@ def add_arguments(parser) -> None:
                              "recipe's, else canonical_replicas)")
 
 
-def _stream(pipeline, steps: int) -> int:
-    from tqdm import tqdm
+class _Run:
+    """One ``run``: streams steps and writes the checkpoint. Holds the steps done."""
 
-    per_step = pipeline.step_shape().per_rank
-    batches = iter(pipeline)
-    done = 0
-    with tqdm(total=steps, desc="global steps", unit="step") as bar:
-        for _ in range(steps):
-            for _ in range(per_step):
-                batch = next(batches, None)
-                if batch is None:
-                    bar.write(f"the stream ended after {done} full steps")
-                    return done
-            done += 1
-            bar.update(1)  # throughput: one figure, in the stats printed at the end
-    return done
+    def __init__(self, pipeline, args, stop):
+        self.pipeline, self.args, self.stop = pipeline, args, stop
+        self.done = 0
+
+    def stream(self) -> None:
+        from tqdm import tqdm
+
+        per_step = self.pipeline.step_shape().per_rank
+        every = self.args.checkpoint_every
+        batches = iter(self.pipeline)
+        with tqdm(total=self.args.steps, desc="global steps", unit="step") as bar:
+            for _ in range(self.args.steps):
+                for _ in range(per_step):
+                    if next(batches, None) is None:
+                        bar.write(f"the stream ended after {self.done} full steps")
+                        return
+                self.done += 1
+                bar.update(1)  # throughput: one figure, in the stats printed at the end
+                if every and self.args.checkpoint and self.done % every == 0:
+                    self.save(self.pipeline.state_dict())
+
+    def last_step_state(self) -> dict:
+        """The state at the end of the last completed global step (the consumed position when the
+        step began further back than a state can be rewound)."""
+        from ..errors import StateError
+
+        completed = self.pipeline.session.current_progress().global_step
+        try:
+            return self.pipeline.state_dict(at_step=completed)
+        except StateError:
+            return self.pipeline.state_dict()
+
+    def save(self, state: dict) -> None:
+        from ..state import save_state
+
+        with self.stop.deferred():  # a signal now waits for the file to be complete
+            save_state(self.args.checkpoint, state)
 
 
 def run(args) -> int:
     from ..errors import ZephonError
+    from ..preemption import Preempted, Preemption
     from ..recipe import load_recipe
-    from ..state import load_state, save_state
+    from ..state import load_state
 
+    if args.checkpoint_every and not args.checkpoint:
+        return fail("run", ValueError("--checkpoint-every needs --checkpoint PATH (where to write)"))
     try:  # paths first: a run must not stream for minutes and then fail to write its results
         if args.checkpoint:
             writable_file(args.checkpoint, "--checkpoint")
@@ -59,28 +93,48 @@ def run(args) -> int:
             writable_dir(args.ledger, "--ledger")
     except OSError as exc:
         return fail("run", exc)
-    try:
-        pipeline = load_recipe(args.recipe).pipeline()
-        overrides = {"dp_degree": args.dp_degree, "dp_group_id": args.dp_group_id, "runner": args.runner,
-                     "address": args.address, "ledger": args.ledger}
-        pipeline = pipeline.options(**{k: v for k, v in overrides.items() if v is not None})
-        if args.global_batches_per_step is not None:
-            pipeline = pipeline.options(batches_per_step=None, global_batches_per_step=args.global_batches_per_step)
-        if args.resume:
-            state = load_state(args.resume)
-            if args.global_batches_per_step is None:
-                pipeline = pipeline.options(batches_per_step=None)  # per rank, for the recipe's degree
-            pipeline.load_state_dict(state)
-        shape = pipeline.step_shape()
-        print(f"global step: {shape.global_batches} batches, {shape.per_rank} per rank "
-              f"at dp_degree={shape.dp_degree}")
-        with pipeline:
-            done = _stream(pipeline, args.steps)
-            print(pipeline.stats())
-            if args.checkpoint:
-                state = pipeline.state_dict()
-                save_state(args.checkpoint, state)
-                print(f"checkpoint at global step {state['step']['global_step']} -> {args.checkpoint}")
-    except (ZephonError, OSError) as exc:
-        return fail("run", exc)
-    return 0 if done == args.steps else 1
+    with Preemption(at_once=True) as stop:
+        try:
+            pipeline = load_recipe(args.recipe).pipeline()
+            overrides = {"dp_degree": args.dp_degree, "dp_group_id": args.dp_group_id, "runner": args.runner,
+                         "address": args.address, "ledger": args.ledger}
+            pipeline = pipeline.options(**{k: v for k, v in overrides.items() if v is not None})
+            if args.global_batches_per_step is not None:
+                pipeline = pipeline.options(batches_per_step=None,
+                                            global_batches_per_step=args.global_batches_per_step)
+            if args.resume:
+                state = load_state(args.resume)
+                if args.global_batches_per_step is None:
+                    pipeline = pipeline.options(batches_per_step=None)  # per rank, for the recipe's degree
+                pipeline.load_state_dict(state)
+            shape = pipeline.step_shape()
+            print(f"global step: {shape.global_batches} batches, {shape.per_rank} per rank "
+                  f"at dp_degree={shape.dp_degree}")
+            with pipeline:
+                job = _Run(pipeline, args, stop)
+                try:
+                    job.stream()
+                except Preempted as exc:
+                    return _interrupted(job, exc)
+                print(pipeline.stats())
+                if args.checkpoint:
+                    state = pipeline.state_dict()
+                    job.save(state)
+                    print(f"checkpoint at global step {state['step']['global_step']} -> {args.checkpoint}")
+        except Preempted as exc:  # before the stream began: nothing to save
+            print(f"zephon-dask run: {exc}", flush=True)
+            return exc.exit_code
+        except (ZephonError, OSError) as exc:
+            return fail("run", exc)
+    return 0 if job.done == args.steps else 1
+
+
+def _interrupted(job: _Run, exc) -> int:
+    """Write the checkpoint of the last completed step (with ``--checkpoint``); one line; the status."""
+    where = ""
+    if job.args.checkpoint:
+        state = job.last_step_state()
+        job.save(state)
+        where = f": checkpoint at global step {state['step']['global_step']} -> {job.args.checkpoint}"
+    print(f"\nzephon-dask run: {exc} after {job.done} of {job.args.steps} steps{where}", flush=True)
+    return exc.exit_code

@@ -12,6 +12,13 @@ process is gone; the workers exit with their nanny), through an environment of
 its own (this process's is never changed; its ``PYTHONPATH`` is this process's
 ``sys.path``). Its stderr is this process's. Its
 scheduler file lives in the temporary directory and is removed on close.
+
+A terminal's Ctrl-C goes to every process of its foreground group; the training process
+alone decides what an interrupt means (a checkpoint, then ``close()``). So the scheduler
+runs in a session of its own and the workers ignore SIGINT (:class:`QuietWorker`, from the
+moment the worker is built: a worker process still importing its libraries takes it).
+SIGTERM keeps its default in the workers: Python's exit terminates leftover worker
+processes with it and then waits for them.
 """
 
 from __future__ import annotations
@@ -21,14 +28,16 @@ import contextlib
 import json
 import logging
 import os
+import signal
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from pathlib import Path
 
 import dask
-from distributed import Nanny, SpecCluster
+from distributed import Nanny, SpecCluster, Worker
 from distributed.deploy.spec import ProcessInterface
 
 from ..errors import ClusterError
@@ -54,6 +63,23 @@ class QuietNanny(Nanny):
             self.periodic_callbacks.pop(name, None)
 
 
+def _not_a_dropped_fetch(record: logging.LogRecord) -> bool:
+    """False for the worker's report of a result transfer the training process broke off (an
+    interrupt while it fetched a window): the window is computed again if it is asked for again."""
+    return not str(record.msg).startswith("failed during get data")
+
+
+class QuietWorker(Worker):
+    """A worker that ignores SIGINT (a terminal's Ctrl-C is the training process's to handle) and
+    does not report a result transfer the training process broke off."""
+
+    def __init__(self, *args, **kwargs):
+        if threading.current_thread() is threading.main_thread():  # a worker process's, as its nanny builds it
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            logging.getLogger("distributed.worker").addFilter(_not_a_dropped_fetch)
+        super().__init__(*args, **kwargs)
+
+
 class SchedulerProcess(ProcessInterface):
     """``python -m dask spec`` running a ``distributed.Scheduler(**options)`` with environment
     ``env``; its address is read from the scheduler file it writes. Holds the process."""
@@ -66,7 +92,7 @@ class SchedulerProcess(ProcessInterface):
     async def start(self) -> None:
         spec = json.dumps({"cls": "distributed.Scheduler", "opts": self.options})
         self.process = await asyncio.create_subprocess_exec(sys.executable, "-m", "dask", "spec", "--spec", spec,
-                                                            env=self.env)
+                                                            env=self.env, start_new_session=True)
         path, deadline = Path(self.options["scheduler_file"]), time.monotonic() + self.timeout
         while self.address is None:
             with contextlib.suppress(OSError, ValueError):  # not written yet, or half-written
@@ -111,6 +137,7 @@ def spawned_cluster(n_workers: int, threads_per_worker: int, host: str, dashboar
                "scheduler_file": os.path.join(tempfile.gettempdir(), f"zephon-dask-scheduler-{uuid.uuid4().hex}.json")}
     scheduler = {"cls": SchedulerProcess, "options": {"options": options, "env": env, "timeout": timeout}}
     worker = {"cls": QuietNanny, "options": {"nthreads": threads_per_worker, "host": host, "env": worker_env,
+                                         "worker_class": QuietWorker,
                                          "memory_limit": 1 / n_workers, "dashboard": False,
                                          "silence_logs": silence_logs}}
     return SpecCluster(workers={i: worker for i in range(n_workers)}, scheduler=scheduler, worker=worker,
