@@ -150,12 +150,15 @@ def hand_eval(model, pipeline) -> tuple[float, int, list[str]]:
 
 
 def record_eval_inputs(model) -> list[str]:
-    """Digests of every ``input_ids`` the model's forward receives in evaluation mode."""
+    """Digests of every ``input_ids`` the model's forward receives in evaluation mode; ``"blank"`` for a
+    batch without label tokens (what a rank whose evaluation stream ended runs while others go on)."""
     seen: list[str] = []
 
     def hook(module, args, kwargs):
         if not module.training:
-            seen.append(digest(kwargs["input_ids"] if "input_ids" in kwargs else args[0]))
+            labels = kwargs.get("labels")
+            blank = labels is not None and bool((labels == -100).all())
+            seen.append("blank" if blank else digest(kwargs["input_ids"] if "input_ids" in kwargs else args[0]))
 
     model.register_forward_pre_hook(hook, with_kwargs=True)
     return seen

@@ -3,7 +3,9 @@
 Each rank trains a tiny model through each framework's zephon_dask integration
 and writes the digests of the ``input_ids`` its model received to
 ``--out/rank-<r>.json``: per framework, ``inputs`` and, where the job also
-resumes from the step-6 checkpoint in the same ranks, ``resumed``.
+resumes from the step-6 checkpoint in the same ranks, ``resumed``; for Hugging
+Face also what its evaluations read (``evaluated``), the final ``eval_loss``
+and this rank's share of its oracle (``by_hand``, ``own_batches``).
 """
 
 from __future__ import annotations
@@ -16,22 +18,40 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from frameworks import SAVE_AT, STEPS, hf_pipeline, record_inputs, tiny_gpt2  # noqa: E402
+from frameworks import (  # noqa: E402
+    SAVE_AT,
+    STEPS,
+    hand_eval,
+    hf_eval_pipeline,
+    hf_pipeline,
+    record_eval_inputs,
+    record_inputs,
+    tiny_gpt2,
+)
 
 
 def run_hf(args) -> dict:
+    """Training with an evaluation every 3 steps, then one more evaluation and its oracle on this rank."""
     from transformers import TrainingArguments
 
     from zephon_dask.integrations.hf import ZephonTrainer
 
     model = tiny_gpt2()
-    seen = record_inputs(model)
-    targs = TrainingArguments(output_dir=str(Path(args.out) / "hf"), max_steps=STEPS, save_strategy="steps",
-                              save_steps=SAVE_AT, report_to=[], logging_strategy="no", disable_tqdm=True,
-                              use_cpu=True, seed=0, ddp_backend="gloo")
-    with hf_pipeline(Path(args.corpus), runner="threads") as pipe:
-        ZephonTrainer(model=model, args=targs, train_dataset=pipe).train()
-    return {"inputs": seen}
+    seen, evaluated = record_inputs(model), record_eval_inputs(model)
+    # a global step is 2 batches per rank at dp=2: STEPS batches per rank in STEPS // 2 steps
+    targs = TrainingArguments(output_dir=str(Path(args.out) / "hf"), max_steps=STEPS // 2, save_strategy="steps",
+                              save_steps=SAVE_AT // 2, eval_strategy="steps", eval_steps=SAVE_AT // 2, report_to=[],
+                              logging_strategy="no", disable_tqdm=True, use_cpu=True, seed=0, ddp_backend="gloo")
+    with (hf_pipeline(Path(args.corpus), runner="threads") as pipe,
+          hf_eval_pipeline(Path(args.eval_corpus), runner="threads") as held_out):
+        trainer = ZephonTrainer(model=model, args=targs, train_dataset=pipe, eval_dataset=held_out)
+        trainer.train()
+        metrics = trainer.evaluate()
+        evaluated = list(evaluated)
+        total, count, own = hand_eval(model, held_out)
+    return {"inputs": seen, "evaluated": evaluated, "eval_loss": metrics["eval_loss"],
+            "eval_samples": round(metrics["eval_samples_per_second"] * metrics["eval_runtime"]),
+            "by_hand": [total, count], "own_batches": own}
 
 
 def run_lightning(args) -> dict:
@@ -60,6 +80,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--frameworks", nargs="+", required=True, choices=["hf", "lightning", "accelerate"])
     ap.add_argument("--corpus", required=True)
+    ap.add_argument("--eval-corpus", help="a held-out corpus (Hugging Face evaluation)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     runs = {"hf": run_hf, "lightning": run_lightning, "accelerate": run_accelerate}

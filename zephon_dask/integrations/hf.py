@@ -320,11 +320,17 @@ class ZephonTrainerMixin(_TrainerBase):
         collectives in ``compute_loss`` match). ``{prefix}_loss`` is the sum over
         every rank's batches of (the batch's loss x its label tokens), divided by
         all label tokens: the loss per token of the whole stream, the same at any
-        dp degree. The batches come through the pipeline's own iterator (no
-        ``DataLoader``), so no random number generator is drawn from.
+        dp degree (``average_tokens_across_devices`` is off meanwhile, so a batch's
+        loss is its own mean). The batches come through the pipeline's own
+        iterator (no ``DataLoader``), so no random number generator is drawn from.
         """
         start = time.time()
-        loss, samples, steps = self._pipeline_loss(pipeline, ignore_keys)
+        averaged = self.args.average_tokens_across_devices
+        self.args.average_tokens_across_devices = False  # each batch's loss per its own tokens; ranks summed here
+        try:
+            loss, samples, steps = self._pipeline_loss(pipeline, ignore_keys)
+        finally:
+            self.args.average_tokens_across_devices = averaged
         metrics = {f"{metric_key_prefix}_loss": loss}
         metrics.update(speed_metrics(metric_key_prefix, start, num_samples=samples, num_steps=steps))
         self.log(metrics)
