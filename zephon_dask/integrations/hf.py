@@ -36,7 +36,7 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from transformers import Trainer, TrainerCallback
@@ -123,20 +123,17 @@ class _SavePipelineState(TrainerCallback):
         return control
 
 
-def _stand_in_rows(fields: tuple[str, ...]):
-    yield {name: [IGNORE_INDEX] * 2 if name == "labels" else [0, 0] for name in fields}
-
-
 def stand_in(fields: tuple[str, ...]):
     """A one-row ``datasets.IterableDataset`` with the model's fields, for a trainer's ``__init__`` that
-    accepts only ``datasets`` objects and looks at their first row (TRL's); ``None`` without ``datasets``."""
+    accepts only ``datasets`` objects and looks at their first row (TRL's); ``None`` without ``datasets``.
+    In memory: no cache file is written."""
     try:
         import datasets
     except ImportError:
         return None
     features = datasets.Features({name: datasets.Sequence(datasets.Value("int64")) for name in fields})
-    return datasets.IterableDataset.from_generator(_stand_in_rows, features=features,
-                                                   gen_kwargs={"fields": tuple(fields)})
+    row = {name: [[IGNORE_INDEX] * 2 if name == "labels" else [0, 0]] for name in fields}
+    return datasets.Dataset.from_dict(row, features=features).to_iterable_dataset()
 
 
 def _distributed():
@@ -160,7 +157,7 @@ def _blank(fields: tuple[str, ...], like: dict | None, device) -> dict:
 
 
 if TYPE_CHECKING:  # the mixin's attributes are the Trainer's
-    _TrainerBase = Trainer
+    from transformers import Trainer as _TrainerBase
 else:
     _TrainerBase = object
 
@@ -183,6 +180,9 @@ class ZephonTrainerMixin(_TrainerBase):
         ...                         train_dataset=pipeline, eval_dataset=held_out)
         >>> trainer.train()  # doctest: +SKIP
     """
+
+    eval_dataset: Any  # set by the Trainer, replaced here
+    control: Any
 
     def __init__(self, model=None, args=None, *, train_dataset=None, eval_dataset=None,
                  model_fields=MODEL_FIELDS, **kwargs):
@@ -289,7 +289,7 @@ class ZephonTrainerMixin(_TrainerBase):
         if checkpoint is not None and Path(checkpoint).is_dir():
             self.pipeline.load_state_dict(checkpoint_state(checkpoint))
         self._match_step()
-        return super().train(resume_from_checkpoint, *args, **kwargs)  # type: ignore[misc]
+        return super().train(resume_from_checkpoint, *args, **kwargs)
 
     # -- evaluation -------------------------------------------------------------------------
 
@@ -306,7 +306,7 @@ class ZephonTrainerMixin(_TrainerBase):
                                              f"{metric_key_prefix}_{name}"))
             return metrics
         if not is_pipeline(chosen):
-            return super().evaluate(eval_dataset, ignore_keys, metric_key_prefix)  # type: ignore[misc]
+            return super().evaluate(eval_dataset, ignore_keys, metric_key_prefix)
         pipeline = pipeline_of(chosen, "eval_dataset")
         self._check_eval(pipeline, f"the evaluation {metric_key_prefix!r}", self.compute_metrics)
         return self.evaluate_pipeline(pipeline, ignore_keys, metric_key_prefix)
