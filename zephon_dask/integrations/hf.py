@@ -380,7 +380,11 @@ class ZephonTrainerMixin(_TrainerBase):
             dist.all_reduce(summed)
             totals = summed.cpu()
         loss_sum, tokens, samples = totals.tolist()
-        return (loss_sum / tokens if tokens else float("nan")), int(samples), steps
+        if not tokens:
+            raise ConfigError(f"the evaluation pipeline gave {int(samples)} samples and no label token: nothing "
+                              "to evaluate. Its lanes may each hold less than one batch, which drop_last drops: "
+                              ".batch(n, labels='hf', drop_last=False), or more data")
+        return loss_sum / tokens, int(samples), steps
 
 
 class ZephonTrainer(ZephonTrainerMixin, Trainer):
