@@ -1,9 +1,10 @@
 """Each framework under ``torchrun --nproc-per-node 2`` (gloo, CPU): every lane trained exactly once,
 (Lightning, accelerate) a resume from the step-6 checkpoint on the same ranks is exact, and (Hugging
-Face) evaluations read every lane of the evaluation stream once, the ranks in step."""
+Face, TRL) evaluations read every lane of the evaluation stream once, the ranks in step."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 
 import pytest
@@ -23,7 +24,8 @@ FRAMEWORKS = ("hf", "lightning", "accelerate")
 def ranks(corpus_dir, eval_corpus_dir, tmp_path_factory):
     """One launch runs every framework in turn (the imports are paid once); per rank, its results."""
     out = tmp_path_factory.mktemp("ddp")
-    torchrun(2, "--frameworks", *FRAMEWORKS, "--corpus", str(corpus_dir), "--eval-corpus", str(eval_corpus_dir),
+    trl = ("trl",) if importlib.util.find_spec("trl") else ()
+    torchrun(2, "--frameworks", *FRAMEWORKS, *trl, "--corpus", str(corpus_dir), "--eval-corpus", str(eval_corpus_dir),
              "--out", str(out), job="integrations_job.py", timeout=420)
     return [json.loads((out / f"rank-{r}.json").read_text()) for r in range(2)]
 
@@ -63,4 +65,16 @@ def test_hf_evaluates_every_lane_once_with_the_ranks_in_step(ranks, eval_corpus_
         assert len(r["evaluated"]) == max(map(len, own)) * 3
     total, count = (sum(r["by_hand"][i] for r in hf) for i in range(2))
     for r in hf:  # the loss per label token over both ranks' batches, on every rank
+        assert abs(r["eval_loss"] - total / count) <= 1e-6 * total / count
+
+
+@pytest.mark.slow
+def test_trl_evaluates_with_the_ranks_in_step(ranks):
+    """TRL gathers its metrics at every evaluation batch: a rank with fewer batches must keep pace."""
+    if "trl" not in ranks[0]:
+        pytest.skip("trl is not installed")
+    trl = [r["trl"] for r in ranks]
+    assert len(trl[0]["own_batches"]) != len(trl[1]["own_batches"])
+    total, count = (sum(r["by_hand"][i] for r in trl) for i in range(2))
+    for r in trl:
         assert abs(r["eval_loss"] - total / count) <= 1e-6 * total / count
