@@ -24,7 +24,7 @@ from transformers import Trainer, TrainingArguments  # noqa: E402
 from zephon_dask.errors import ConfigError, ShardingError, UnsizedPipelineError, ZephonError  # noqa: E402
 from zephon_dask.integrations.hf import STATE_FILE, ZephonTrainer  # noqa: E402
 
-STEPS, SAVE_AT = 6, 3  # optimizer steps
+STEPS, SAVE_AT = 4, 2  # optimizer steps
 PER_STEP = 4  # batches per optimizer step: the pipeline's global step, 4 lanes at dp=1
 MICROBATCH = 2
 
@@ -171,7 +171,7 @@ def test_evaluation_pipelines_restart_each_time_and_leave_training_as_it_was(ful
     assert seen == full["seen"]  # the same run without evaluation
     for p, q in zip(full["trainer"].model.parameters(), model.parameters(), strict=True):
         assert (p == q).all()
-    # the checkpoint written right after the step-3 evaluation: the same data position, and the same
+    # the checkpoint written right after the step-2 evaluation: the same data position, and the same
     # random number generator states (the evaluation drew no random number)
     saved = [full["out"] / f"checkpoint-{SAVE_AT}", tmp_path / "evaluated" / f"checkpoint-{SAVE_AT}"]
     assert (saved[0] / STATE_FILE).read_bytes() == (saved[1] / STATE_FILE).read_bytes()
@@ -179,13 +179,13 @@ def test_evaluation_pipelines_restart_each_time_and_leave_training_as_it_was(ful
     assert torch.equal(rng[0]["cpu"], rng[1]["cpu"]) and rng[0]["python"] == rng[1]["python"]
     assert all((x == y).all() for x, y in zip(rng[0]["numpy"][1:2], rng[1]["numpy"][1:2]))
 
-    # two evaluations (steps 3 and 6), each over both streams from their beginning
+    # two evaluations (steps 2 and 4), each over both streams from their beginning
     assert evaluated == (by_hand["a"][2] + by_hand["b"][2]) * 2
     for name in ("a", "b"):  # the last evaluation saw the final weights: the loss per label token
         total, count, _ = by_hand[name]
         assert math.isclose(history[(STEPS, f"eval_{name}_loss")], total / count, rel_tol=1e-6)
 
-    # a resume from the step-3 checkpoint evaluates exactly as the uninterrupted run
+    # a resume from the step-2 checkpoint evaluates exactly as the uninterrupted run
     _, resumed_seen, _, resumed_history, _ = run("resumed", resume=str(saved[1]))
     assert resumed_seen == seen[SAVE_AT * PER_STEP:]
     assert {k: v for k, v in history.items() if k[0] > SAVE_AT} == {k: v for k, v in resumed_history.items()
