@@ -370,9 +370,9 @@ class ZephonTrainerMixin(_TrainerBase):
             if loss is None:
                 raise ConfigError(f"the model returned no loss for an evaluation batch with the fields "
                                   f"{sorted(inputs)}: it needs labels (label_names={self.label_names})")
-            if targets:
-                totals += torch.tensor([float(loss) * targets, targets, inputs["input_ids"].shape[0]],
-                                       dtype=torch.float64)
+            if batch is not None:  # a batch without label tokens adds its samples, not its (undefined) loss
+                totals += torch.tensor([float(loss) * targets if targets else 0.0, targets,
+                                        inputs["input_ids"].shape[0]], dtype=torch.float64)
             self.control = self.callback_handler.on_prediction_step(self.args, self.state, self.control)
             steps += 1
         if dist is not None:
