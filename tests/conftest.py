@@ -25,3 +25,9 @@ def corpus_dir(tmp_path_factory):
     write_corpus(root / "web", 3, 60, 1, "web")
     write_corpus(root / "code", 2, 50, 2, "code")
     return root
+
+
+@pytest.fixture(scope="session")
+def eval_corpus_dir(tmp_path_factory):
+    """A small held-out JSONL corpus (one file, ten documents) for evaluation streams."""
+    return write_corpus(tmp_path_factory.mktemp("held_out"), 1, 10, 3, "held")

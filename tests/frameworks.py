@@ -115,3 +115,50 @@ def accelerate_run(pipeline_factory, root) -> tuple[list[str], list[str]]:
 
     full = run(STEPS)
     return full, run(STEPS - SAVE_AT, load=str(root))
+
+
+def hf_eval_pipeline(eval_dir, microbatch: int = 2, **options):
+    """A finite evaluation stream: one pass over a small corpus, four lanes, Hugging Face labels."""
+    import zephon_dask as z
+
+    options.setdefault("runner", "synchronous")
+    held_out = z.Dataset.from_jsonl("held_out", str(eval_dir), progress=False)
+    source = z.MixtureWorkSource([held_out], chunk_size=4, seed=7, stop_after_passes=1)
+    return (z.Pipeline(source).tokenize().pack(96).batch(microbatch, labels="hf")
+            .options(canonical_replicas=4, flush_every_k_chunks=1, **options))
+
+
+def hand_eval(model, pipeline) -> tuple[float, int, list[str]]:
+    """Oracle for eval_loss: over the pipeline's own batches (this rank's lanes), the summed cross
+    entropy of every label token (the model's logits, labels shifted by hand, in float64), the
+    number of label tokens, and the batches' digests."""
+    import torch
+    import torch.nn.functional as F
+
+    model.eval()
+    total, count, seen = 0.0, 0, []
+    with torch.no_grad():
+        for batch in pipeline.to_torch():
+            logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                           position_ids=batch["position_ids"]).logits
+            target = batch["labels"][:, 1:]
+            keep = target != -100
+            total += F.cross_entropy(logits[:, :-1][keep].double(), target[keep], reduction="sum").item()
+            count += int(keep.sum())
+            seen.append(digest(batch["input_ids"]))
+    return total, count, seen
+
+
+def record_eval_inputs(model) -> list[str]:
+    """Digests of every ``input_ids`` the model's forward receives in evaluation mode; ``"blank"`` for a
+    batch without label tokens (what a rank whose evaluation stream ended runs while others go on)."""
+    seen: list[str] = []
+
+    def hook(module, args, kwargs):
+        if not module.training:
+            labels = kwargs.get("labels")
+            blank = labels is not None and bool((labels == -100).all())
+            seen.append("blank" if blank else digest(kwargs["input_ids"] if "input_ids" in kwargs else args[0]))
+
+    model.register_forward_pre_hook(hook, with_kwargs=True)
+    return seen

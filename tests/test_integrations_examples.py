@@ -21,8 +21,10 @@ def load(name: str):
     return module
 
 
-@pytest.mark.parametrize("name", ["hf_trainer", "lightning_fit", "accelerate_loop"])
+@pytest.mark.parametrize("name", ["hf_trainer", "trl_sft", "lightning_fit", "accelerate_loop"])
 def test_example_imports_and_has_main(name):
+    if name == "trl_sft":
+        pytest.importorskip("trl")
     assert callable(load(name).main)
 
 

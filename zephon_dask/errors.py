@@ -25,6 +25,11 @@ class EndlessStreamError(ZephonError, TypeError):
     """``len()`` was asked of a stream that never ends (``exhausted_policy='repeat'``)."""
 
 
+class UnsizedPipelineError(ZephonError, TypeError):
+    """``len()`` was asked of a :class:`~zephon_dask.Pipeline`: a stream of ready-made batches, which
+    something took for a map-style dataset (a ``DataLoader`` or a ``Trainer`` given the pipeline)."""
+
+
 class DatasetNotFoundError(ZephonError, FileNotFoundError):
     """A dataset path, glob or tokenizer file does not exist."""
 

@@ -1,12 +1,14 @@
-"""Train a tiny Llama with the Hugging Face Trainer on a zephon_dask pipeline.
+"""Train a tiny Llama with the Hugging Face Trainer on a zephon_dask pipeline, and evaluate it.
 
     python examples/frameworks/hf_trainer.py --steps 12 --out runs/hf
     python examples/frameworks/hf_trainer.py --steps 24 --out runs/hf --resume runs/hf/checkpoint-12
     torchrun --nproc-per-node 2 examples/frameworks/hf_trainer.py --steps 12 --out runs/hf-ddp
 
-One optimizer step is one global step of the pipeline (gradient accumulation =
-the pipeline's batches per rank per step), each checkpoint-N holds the
-pipeline's state, and a resume restores it instead of re-reading N steps.
+One optimizer step is one global step of the pipeline (ZephonTrainer sets the
+gradient accumulation to the pipeline's batches per rank per step), each
+checkpoint-N holds the pipeline's state, and a resume restores it instead of
+re-reading N steps. Every --save-every steps the model is evaluated on a
+finite evaluation pipeline, read from its beginning each time.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ from transformers import LlamaConfig, LlamaForCausalLM, TrainingArguments
 import zephon_dask as z
 from zephon_dask.integrations.hf import ZephonTrainer
 
-RECIPE = Path(__file__).resolve().parents[1] / "recipe.toml"  # examples/recipe.toml
+EXAMPLES = Path(__file__).resolve().parents[1]
+RECIPE = EXAMPLES / "recipe.toml"
 
 
 def tiny_llama() -> LlamaForCausalLM:
@@ -28,6 +31,14 @@ def tiny_llama() -> LlamaForCausalLM:
                          num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=512,
                          bos_token_id=256, eos_token_id=257, pad_token_id=0)
     return LlamaForCausalLM(config)
+
+
+def evaluation_pipeline() -> z.Pipeline:
+    """One pass over the code snippets (in a real run: held-out data), in threads: it is small."""
+    code = z.Dataset.from_jsonl("code", str(EXAMPLES / "data" / "code.jsonl"), progress=False)
+    source = z.MixtureWorkSource([code], chunk_size=8, stop_after_passes=1)  # a finite stream
+    return (z.Pipeline(source).tokenize("bytes").pack(512).batch(4, labels="hf", drop_last=False)  # every row
+            .options(canonical_replicas=4, runner="threads"))
 
 
 def main(argv=None) -> None:
@@ -40,13 +51,13 @@ def main(argv=None) -> None:
     a = ap.parse_args(argv)
 
     args = TrainingArguments(output_dir=a.out, max_steps=a.steps, save_steps=a.save_every,
-                             learning_rate=1e-3, logging_steps=a.save_every, report_to=[])
+                             eval_strategy="steps", eval_steps=a.save_every, learning_rate=1e-3,
+                             logging_steps=a.save_every, report_to=[])
     pipeline = (z.Pipeline.from_config(RECIPE)
                 .batch(4, labels="hf", mask_document_boundaries=True)  # unshifted labels: the model shifts
                 .options(runner=a.runner))
-    with pipeline:
-        args.gradient_accumulation_steps = pipeline.step_shape().per_rank  # after torch.distributed is up
-        trainer = ZephonTrainer(model=tiny_llama(), args=args, train_dataset=pipeline)
+    with pipeline, evaluation_pipeline() as held_out:
+        trainer = ZephonTrainer(model=tiny_llama(), args=args, train_dataset=pipeline, eval_dataset=held_out)
         trainer.train(resume_from_checkpoint=a.resume)
 
 

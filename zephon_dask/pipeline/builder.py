@@ -29,7 +29,7 @@ from ..core.spec import PipelineSpec
 from ..core.window import WindowOutput, compute_window
 from ..curriculum import MixtureWorkSource
 from ..curriculum.routing import group_lanes
-from ..errors import ConfigError, StateError, ZephonWarning
+from ..errors import ConfigError, StateError, UnsizedPipelineError, ZephonWarning
 from ..log import logger
 from ..operators.base import Accumulator, RecordOp
 from ..operators.chat import ROLES, TokenizeChat
@@ -664,6 +664,29 @@ class Pipeline:
         session = self._session
         progress, generation = session.begin()
         return session.serve(session.tracked_stream(progress), generation, progress.observe_batch)
+
+    def __len__(self) -> int:
+        """A pipeline has no length: it is a stream cut into batches at run time.
+
+        ``len()`` is what a ``DataLoader`` or a ``Trainer`` asks of a map-style
+        dataset before indexing it, so this raises a ``TypeError`` naming the
+        adapter to use (``tqdm``, ``list()`` and ``has_length`` checks catch it).
+
+        Raises:
+            UnsizedPipelineError: always.
+        """
+        raise UnsizedPipelineError(
+            "a zephon_dask Pipeline is a stream of ready-made batches, with no length and no indexing, but "
+            "something took it for a map-style dataset (a DataLoader, or a Trainer given train_dataset= or "
+            "eval_dataset=pipeline). Hand it over through an adapter: the Hugging Face Trainer as "
+            "zephon_dask.integrations.hf.ZephonTrainer (TRL's trainers with ZephonTrainerMixin), a "
+            "DataLoader as pipeline.to_torch_loader(), Lightning as integrations.lightning.ZephonDataModule, "
+            "accelerate as integrations.accelerate.prepare_pipeline"
+        )
+
+    def __bool__(self) -> bool:
+        """Always true (``__len__`` would raise)."""
+        return True
 
     def to_torch(self, device=None, pin_memory: bool | None = None, prefetch: int = 2):
         """Yield dicts of torch tensors; on CUDA pinned and copied ahead on a side stream.
