@@ -24,6 +24,7 @@ import sys
 import threading
 import time
 from types import FrameType
+from typing import Any
 
 from .errors import ConfigError
 
@@ -70,7 +71,7 @@ class Preemption:
         self.at_once = bool(at_once)
         self.signum: int | None = None  # the first signal received
         self._first_at = 0.0  # monotonic time of the first signal
-        self._previous: dict[int, object] = {}
+        self._previous: dict[int, Any] = {}  # signal -> the handler it had
         self._deferring = 0
         self._pending: int | None = None  # a signal held by deferred()
 
