@@ -243,27 +243,32 @@ class _Delivering:
 
     def __init__(self, loader: PipelineLoader):
         self.loader, self.pipeline = loader, loader.pipeline
-        self.progress, self.generation, self.base = loader.begin_iteration()
-        self.chain, self.served = self.pipeline.session.from_loaded, False
+        progress, generation, base = loader.begin_iteration()
+        self._batches = self._deliver(progress, generation, base, self.pipeline.session.from_loaded)
 
     def __iter__(self):
         return self
 
     def __next__(self) -> dict:
-        self.pipeline.check_live(self.generation)
-        out = next(self.base, None)
-        if out is None:
-            if self.served or not self.chain:
-                raise StopIteration
-            self.chain = False
-            self.progress, self.generation, self.base = self.loader.begin_iteration()  # the next pass
-            return next(self)
-        window, offset = (int(v) for v in out["position"])
-        self.progress.observe(int(out["lane"]), int(out["index_in_lane"]), window, offset,
-                              bool(out["last"]), out["tokens"].numpy(),
-                              np.stack((out["dataset_tokens"].numpy(), out["dataset_samples"].numpy())))
-        self.served = True
-        return out
+        return next(self._batches)
+
+    def _deliver(self, progress: Progress, generation: int, base: Iterator[dict], chain: bool):
+        served = False
+        while True:
+            self.pipeline.check_live(generation)
+            out = next(base, None)
+            if out is None:
+                if served or not chain:
+                    return
+                chain = False
+                progress, generation, base = self.loader.begin_iteration()  # the next pass
+                continue
+            window, offset = (int(v) for v in out["position"])
+            progress.observe(int(out["lane"]), int(out["index_in_lane"]), window, offset, bool(out["last"]),
+                             out["tokens"].numpy(),
+                             np.stack((out["dataset_tokens"].numpy(), out["dataset_samples"].numpy())))
+            served = True
+            yield out
 
 
 def loader_generator(seed: int) -> torch.Generator:
