@@ -233,7 +233,7 @@ def same_weights(a, b) -> bool:
 
 
 def test_hf_trainer_runs_past_the_end_and_resumes_exactly(small_corpus, tmp_path):
-    """One batch a step, a pass of n = 50 steps, checkpoints every n/2 steps, 70 steps: resumed at
+    """One batch a step, a pass of n = 50 steps, checkpoints every n/2 steps, n + 8 steps: resumed at
     step 25 (the pass continues, then a new one) and at step 50 (the state at the end: the first
     iteration is the next pass, not an empty epoch that stops the Trainer)."""
     pytest.importorskip("transformers")
@@ -242,7 +242,7 @@ def test_hf_trainer_runs_past_the_end_and_resumes_exactly(small_corpus, tmp_path
     from zephon_dask.integrations.hf import ZephonTrainer
 
     n = pass_length(small_corpus)
-    steps, save = n + 20, n // 2
+    steps, save = n + 8, n // 2
     assert n % save == 0
 
     def train(out, resume=None):
@@ -289,7 +289,7 @@ def test_lightning_runs_past_the_end_and_resumes_exactly(small_corpus, tmp_path)
             torch.set_rng_state(checkpoint["torch_rng"])
 
     n = pass_length(small_corpus)
-    steps, save = n + 20, n // 2
+    steps, save = n + 8, n // 2
 
     def fit(out, resume=None):
         torch.manual_seed(0)
@@ -319,7 +319,7 @@ def test_accelerate_runs_past_the_end_and_resumes_exactly(small_corpus, tmp_path
     from zephon_dask.integrations.accelerate import prepare_pipeline
 
     n = pass_length(small_corpus)
-    steps, save = n + 20, n // 2
+    steps, save = n + 8, n // 2
 
     def run(first, load=None):
         accelerator = Accelerator(cpu=True)
