@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import sys
 import threading
 import time
@@ -28,6 +29,8 @@ from contextlib import contextmanager
 from typing import Any
 
 import dask
+import distributed.comm.core
+import distributed.utils_comm
 from dask._expr import LLGExpr
 from dask.utils import key_split
 from distributed import CancelledError, Client, LocalCluster, SpecCluster
@@ -47,6 +50,12 @@ from .watch import DEFAULT_STALL, DEFAULT_TIMEOUT, PROBE_TIMEOUT, ClusterWatch, 
 
 logger = logging.getLogger(__name__)
 LOCAL_HOST = "127.0.0.1"
+
+# The client's process is the training process: distributed picks the worker to fetch a result from
+# and jitters its retries with Python's global `random` there, which would move a framework's
+# restored RNG state. Those modules draw from a generator of their own.
+for _module in (distributed.utils_comm, distributed.comm.core):
+    vars(_module)["random"] = random.Random()
 
 WORKER_ENV = {
     "TOKENIZERS_PARALLELISM": "false",

@@ -649,10 +649,14 @@ class Pipeline:
         return self._session.open_stream(lanes, resume, first_lane)
 
     def __iter__(self):
-        """Batches of this group's lanes, in strict round-robin (from the loaded state, if any).
+        """Batches of this group's lanes, in strict round-robin.
 
-        A newer ``iter()`` (or :meth:`load_state_dict`) supersedes this
-        iterator: using it afterwards raises :class:`StateError`.
+        The first iteration after :meth:`load_state_dict` starts at the loaded
+        state (if nothing is left there, the stream ended: it goes on into the
+        next pass); every other starts a new pass over the stream (each lane
+        from its beginning, the global step counting on), as after the end of
+        a finite stream. A newer ``iter()`` (or :meth:`load_state_dict`)
+        supersedes this iterator: using it afterwards raises :class:`StateError`.
 
         Returns:
             An iterator of :class:`~zephon_dask.Batch`.
@@ -661,9 +665,7 @@ class Pipeline:
             >>> for batch in pipeline:  # doctest: +SKIP
             ...     train_step(batch["tokens"])
         """
-        session = self._session
-        progress, generation = session.begin()
-        return session.serve(session.tracked_stream(progress), generation, progress.observe_batch)
+        return self._session.iterate(self._session.tracked_stream, observe=True)
 
     def __len__(self) -> int:
         """A pipeline has no length: it is a stream cut into batches at run time.
@@ -707,9 +709,12 @@ class Pipeline:
         from ..consumer.torch_io import to_device_iter
 
         session = self._session
-        progress, generation = session.begin()
-        return session.serve(to_device_iter(session.tracked_stream(progress), device=device, pin_memory=pin_memory,
-                                            depth=prefetch, on_deliver=progress.observe_batch), generation)
+
+        def staged(progress):
+            return to_device_iter(session.tracked_stream(progress), device=device, pin_memory=pin_memory,
+                                  depth=prefetch, on_deliver=progress.observe_batch)
+
+        return session.iterate(staged, observe=False)
 
     def check_live(self, generation: int) -> None:
         """Raise :class:`StateError` if the iteration ``generation`` was superseded.
@@ -731,7 +736,9 @@ class Pipeline:
         loader's state records the global step as :meth:`state_dict` does.
         This pipeline cannot see what such a loader delivered: its
         :meth:`state_dict` raises until it iterates again; take the state
-        from the loader, or use :meth:`to_torch_loader`.
+        from the loader, or use :meth:`to_torch_loader`. Give the loader a
+        ``generator`` (``torch.Generator()``): torch draws each iterator's
+        worker seed from it, else from the global RNG.
 
         Returns:
             A :class:`~zephon_dask.pipeline.torch_data.PipelineDataset`.
@@ -739,6 +746,10 @@ class Pipeline:
         Raises:
             ConfigError: the step settings make steps depend on the topology
                 (see :meth:`step_shape`).
+            StateError: a state was loaded into this pipeline and not yet
+                applied: a DataLoader's workers would start every iteration
+                there (load a ``StatefulDataLoader`` state into the loader, or
+                use :meth:`to_torch_loader`).
 
         Example:
             >>> from torchdata.stateful_dataloader import StatefulDataLoader  # doctest: +SKIP
@@ -746,9 +757,17 @@ class Pipeline:
         """
         from .torch_data import PipelineDataset
 
+        session = self._session
+        if session.pending:
+            raise StateError(
+                "a state was loaded into this pipeline for its next iteration, but a DataLoader's workers "
+                "copy a to_torch_dataset() afresh at every iteration and would start each one there. "
+                "Iterate pipeline.to_torch_loader() (a DataLoader whose state is the pipeline's), or "
+                "resume a StatefulDataLoader from its own state_dict() with loader.load_state_dict()")
         _ = self.work_source  # weight_by="tokens": measured here once, not in every worker
-        self._session.handed_out = True
-        return PipelineDataset(self)
+        dataset = PipelineDataset(self, start=session.next_start(self.owned_lanes()))
+        session.handed_out = True
+        return dataset
 
     def to_torch_loader(self, num_workers: int = 0, **dataloader_kwargs):
         """A ``DataLoader`` (subclass) over this pipeline whose deliveries feed :meth:`state_dict`
@@ -854,9 +873,12 @@ class Pipeline:
     def load_state_dict(self, state: dict) -> Pipeline:
         """Resume from ``state`` at the next iteration; refuses a state of other data.
 
-        The seed comes from the state (with a warning if this pipeline says
-        otherwise). Execution options, DP degree and mapping, DataLoader
-        workers and the microbatch size may change.
+        The state applies once: the iteration after the next starts a new
+        pass over the stream (a state at the end of the stream goes on into
+        it at once). The seed comes from the state (with a warning if this
+        pipeline says otherwise), and its global step (G) holds for the pipeline.
+        Execution options, DP degree and mapping, DataLoader workers and the
+        microbatch size may change.
 
         Args:
             state: a dict from :meth:`state_dict` or :func:`zephon_dask.load_state`

@@ -7,12 +7,18 @@ session it owns is everything that happens when it runs:
 * the **work source**: the pipeline's, or one carrying a loaded state's seed
   and tokens per sample; a token-weighted source without them is measured
   once, on first use, with the pipeline's record operators (:mod:`.measure`);
-* the **resume point**: the state given to ``load_state_dict`` (validated);
-* the **iteration**: its :class:`~zephon_dask.consumer.BatchStream` and the
+* the **loaded state**: the state given to ``load_state_dict`` (validated);
+  its G and seed hold for the session, and the next iteration starts at it,
+  once (:attr:`pending`);
+* the **iteration**: where it started (:attr:`start`), its
+  :class:`~zephon_dask.consumer.BatchStream` and the
   :class:`~zephon_dask.state.progress.Progress` of what the caller received.
   Each new iteration (``iter()``, ``to_torch()``, a loader's ``iter()``, or a
   ``load_state_dict``) bumps :attr:`generation`, and iterators of an older
-  generation raise when used again.
+  generation raise when used again. An iteration that does not start at a
+  loaded state starts a new pass over the stream (:meth:`next_start`); one
+  that starts at a loaded state with nothing left goes on into the next pass
+  (:meth:`iterate`).
 
 The public attributes and methods here are what the torch adapters, the
 inspectors and the CLI read; nothing outside this module touches the rest.
@@ -21,6 +27,7 @@ inspectors and the CLI read; nothing outside this module touches the rest.
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable, Iterator
 
 from ..consumer.stream import BatchStream
 from ..errors import ClosedError, ConfigError, StateError
@@ -47,8 +54,11 @@ class Session:
         self.pipeline = pipeline  # the description (immutable) this session runs
         self.base_source = source  # the pipeline's source, or one with a checkpoint's seed and measurement
         self._measured = None  # base_source with its tokens per sample measured, once needed
-        self.resume: dict | None = None  # the validated state given to load_state_dict
-        self.progress: Progress | None = None  # what the current iteration delivered
+        self.resume: dict | None = None  # the validated state given to load_state_dict (its G, its seed)
+        self.pending = False  # the next iteration starts at `resume` (a loaded state applies once)
+        self.start: dict | None = None  # where the current iteration started (None: the stream's beginning)
+        self.from_loaded = False  # the current iteration started at the loaded state
+        self.progress: Progress | None = None  # what the current (or last) iteration delivered
         self.stream: BatchStream | None = None
         self.generation = 0
         self.handed_out = False  # to_torch_dataset() was called: deliveries happen out of sight
@@ -113,26 +123,70 @@ class Session:
             alone_at_end=slots,  # an iteration's last windows, one per worker thread, one per task
         )
 
+    def next_start(self, lanes: list[int]) -> dict | None:
+        """Where the next iteration over ``lanes`` starts (``None``: the stream's beginning).
+
+        A loaded state applies once, to the next iteration. Every other
+        iteration starts a new pass over the stream (every lane at its
+        beginning; the global step goes on from the last iteration's, see
+        :func:`~zephon_dask.state.progress.pass_start`), whether the last
+        one ran to the end of the stream or was left before it.
+        """
+        if self.pending and self.resume is not None:
+            check_covers(self.resume, lanes)
+            return self.resume
+        return self.progress.next_pass() if self.progress is not None else None
+
     def begin(self) -> tuple[Progress, int]:
-        """Start a new iteration over the group's lanes (from the resume point); it supersedes
+        """Start a new iteration over the group's lanes (at :meth:`next_start`); it supersedes
         any older one, whose ledger file is closed. Returns its progress and generation."""
         pipeline = self.pipeline
         lanes = pipeline.owned_lanes()
-        if self.resume is not None:
-            check_covers(self.resume, lanes)
+        start = self.next_start(lanes)
         shape = pipeline.step_shape()
         self.end_iteration()
         ledger = pipeline.settings["ledger"]
         writer = LedgerWriter(ledger, pipeline.rank()) if ledger is not None else None
-        self.progress = Progress(pipeline.spec, lanes, self.resume, shape, writer)
+        self.progress = Progress(pipeline.spec, lanes, start, shape, writer)
+        self.start, self.from_loaded, self.pending = start, self.pending, False
         self.handed_out = False
         return self.progress, self.generation
+
+    def iterate(self, open_items: Callable[[Progress], Iterator], observe: bool) -> Iterator:
+        """Begin an iteration now and yield the items ``open_items(progress)`` gives while it is
+        live, recording each with ``progress.observe_batch`` as the caller receives it if ``observe``
+        (else ``open_items`` records them).
+
+        An iteration that starts at a loaded state with nothing left (a state
+        taken after the stream's last batch) goes on into the next pass, as
+        the uninterrupted run's next iteration would: a framework that starts
+        an epoch there gets batches, not an empty epoch that ends its training.
+        """
+        progress, generation = self.begin()
+        return self._serve(open_items, open_items(progress), progress, generation, observe, self.from_loaded)
+
+    def _serve(self, open_items, items, progress: Progress, generation: int, observe: bool, chain: bool):
+        served = False
+        while True:
+            self.check_live(generation)
+            item = next(items, _END)
+            if item is _END:
+                if served or not chain:
+                    return
+                chain = False
+                progress, generation = self.begin()  # the next pass
+                items = open_items(progress)
+                continue
+            if observe:
+                progress.observe_batch(item)
+            served = True
+            yield item
 
     def tracked_stream(self, progress: Progress) -> BatchStream:
         """The stream of the iteration ``progress`` tracks; lanes that end report to it."""
         if self.stream is not None:
             self.stream.close()
-        self.stream = self.open_stream(progress.lanes, self.resume, progress.first_lane)
+        self.stream = self.open_stream(progress.lanes, self.start, progress.first_lane)
         self.stream.on_finish = progress.lane_finished
         return self.stream
 
@@ -150,24 +204,12 @@ class Session:
         if generation != self.generation:
             raise StateError(SUPERSEDED)
 
-    def serve(self, items, generation: int, deliver=None):
-        """Yield ``items`` while the iteration is live, recording each with ``deliver`` as the
-        caller receives it."""
-        items = iter(items)
-        while True:
-            self.check_live(generation)
-            item = next(items, _END)
-            if item is _END:
-                return
-            if deliver is not None:
-                deliver(item)
-            yield item
-
     def current_progress(self) -> Progress:
         """The current (or last) iteration's progress; before the first, where one would start."""
         if self.progress is not None:
             return self.progress
-        return Progress(self.pipeline.spec, self.pipeline.owned_lanes(), self.resume, self.pipeline.step_shape())
+        return Progress(self.pipeline.spec, self.pipeline.owned_lanes(), self.resume if self.pending else self.start,
+                        self.pipeline.step_shape())
 
     # -- checkpoints ------------------------------------------------------------------------
 
@@ -183,10 +225,12 @@ class Session:
         self.progress.mark_consumed(upto)
 
     def load(self, state: dict, source) -> None:
-        """Make ``state`` (validated) the resume point, with ``source`` (the state's seed)."""
+        """Make ``state`` (validated) where the next iteration starts, with ``source`` (the
+        state's seed); its G holds for the session."""
         self.end_iteration()
         self.source = source
         self.resume = copy.deepcopy(state)
+        self.pending = True
         self.progress = None
         self.handed_out = False
 
@@ -203,8 +247,9 @@ class Session:
             self.progress.close()
 
     def __getstate__(self) -> dict:
-        """A copy for another process (a DataLoader worker): the description and the resume
-        point, without the runner, the stream or the progress of this process."""
+        """A copy for another process (a DataLoader worker): the description, the loaded state
+        and where the iteration started, without the runner, the stream or the progress of this
+        process."""
         state = dict(self.__dict__)
         state.update(_runner=None, _runner_fp=None, stream=None, progress=None)
         return state

@@ -4,19 +4,25 @@
 ``Stateful`` protocol in the process that iterates it (a DataLoader worker or
 the main process); :class:`PipelineLoader` is a ``DataLoader`` whose state is
 the pipeline's own. Both use only the pipeline's and its session's public
-methods.
+methods. Neither draws from the global random generators: a loader's
+iterator takes its workers' base seed from the loader's own generator
+(:func:`loader_generator`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import numpy as np
+import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from ..consumer.torch_io import batch_item
 from ..curriculum.routing import worker_lanes
+from ..curriculum.seeding import stream_keys
 from ..errors import ConfigError, StateError
 from ..state.progress import Progress, resume_point
-from ..state.schema import check_state
+from ..state.schema import check_state, config_diff, describe_diff
 from .guard import refuse_resharding
 from .session import loader_shape, share_step
 
@@ -43,9 +49,16 @@ class PipelineDataset(IterableDataset):
     :meth:`load_state_dict` (called in the worker before iterating) makes the
     next iteration start there, recomputing one window per lane (O(1) in the
     position).
+
+    Where an iteration starts: at a loaded state, once; else, the first in a
+    process at the dataset's start (``start``, or :meth:`begin_at`'s), and
+    each later one at a new pass over the stream after the last. A
+    DataLoader's workers are fresh copies of the dataset at every iteration of
+    the loader, so there each iteration without a loaded state starts at the
+    dataset's start.
     """
 
-    def __init__(self, pipeline):
+    def __init__(self, pipeline, start: dict | None = None):
         pipeline.step_shape()  # its state records the step: bad step settings are refused here, not in a worker
         self.pipeline = pipeline
         runner = pipeline.runner()
@@ -53,8 +66,14 @@ class PipelineDataset(IterableDataset):
         self._address = client.scheduler.address if client is not None else None
         self._identity = pipeline.identity()
         self._worker_pipe = None  # in a worker: a copy of the pipeline without the parent's runner
-        self._loaded: dict | None = None  # the state given to load_state_dict, for the next iteration
-        self._progress: Progress | None = None  # this process's current iteration
+        self._first = start  # where the first iteration in a process starts (None: the stream's beginning)
+        self._loaded: dict | None = None  # the state given to load_state_dict, for the next iteration only
+        self._progress: Progress | None = None  # this process's current (or last) iteration
+
+    def begin_at(self, start: dict | None) -> None:
+        """The next iteration here, and in every DataLoader worker started after this call,
+        starts at ``start`` (a checked state of the group's lanes; ``None``: the stream's beginning)."""
+        self._first, self._loaded, self._progress = start, None, None
 
     def _pipe(self):
         """The pipeline to stream from in this process."""
@@ -78,14 +97,15 @@ class PipelineDataset(IterableDataset):
             return list(self._loaded["lanes"]), self._loaded["state"], None
         pipe = self._pipe()
         owned = pipe.owned_lanes()
-        _, first = resume_point(pipe.session.resume, owned)
+        start = self._progress.next_pass() if self._progress is not None else self._first
+        _, first = resume_point(start, owned)
         lanes = owned[owned.index(first):] + owned[:owned.index(first)]
         worker, workers = self._worker()
         if workers:
             lanes = worker_lanes(lanes, workers)[worker]
-        return lanes, pipe.session.resume, lanes[0] if lanes else None
+        return lanes, start, lanes[0] if lanes else None
 
-    def _start(self) -> tuple[Progress | None, dict | None]:
+    def _begin(self) -> tuple[Progress | None, dict | None]:
         """This process's progress (``None`` for a worker serving no lane) and its start state."""
         lanes, resume, first = self._serving()
         if not lanes:
@@ -97,8 +117,10 @@ class PipelineDataset(IterableDataset):
 
     def __iter__(self):
         refuse_resharding()  # a framework wrapper splitting these rank-split lanes again
-        self._progress, resume = self._start()
-        return self._generate(self._pipe(), self._progress, resume)
+        progress, resume = self._begin()
+        if progress is not None:  # a worker serving no lane keeps its start
+            self._progress, self._loaded = progress, None
+        return self._generate(self._pipe(), progress, resume)
 
     @staticmethod
     def _generate(pipe, progress: Progress | None, resume: dict | None):
@@ -113,9 +135,37 @@ class PipelineDataset(IterableDataset):
         finally:
             stream.close()
 
+    @staticmethod
+    def check_loader_state(state: dict, num_workers: int) -> None:
+        """Refuse a ``StatefulDataLoader`` state that a loader with ``num_workers`` cannot load.
+
+        torchdata resumes only with the worker count a state was taken with,
+        and between 0 and more workers it fails with a bare ``AssertionError``
+        before this dataset sees the state. Call this before
+        ``loader.load_state_dict(state)``.
+
+        Args:
+            state: a ``StatefulDataLoader.state_dict()`` over a pipeline dataset.
+            num_workers: the resuming loader's ``num_workers``.
+
+        Raises:
+            StateError: ``state`` holds no pipeline dataset state, or was taken
+                with another ``num_workers`` (the message names the fix).
+
+        Example:
+            >>> loader.dataset.check_loader_state(state, loader.num_workers)  # doctest: +SKIP
+            >>> loader.load_state_dict(state)  # doctest: +SKIP
+        """
+        taken = sorted({ds.get("num_workers") for ds in _dataset_states(state)}, key=repr)
+        if not taken:
+            raise StateError("the state holds no zephon_dask dataset state: pass the state_dict() of a "
+                             "StatefulDataLoader over pipeline.to_torch_dataset()")
+        if taken != [num_workers]:
+            raise StateError(worker_count_error(taken[0] if len(taken) == 1 else taken, num_workers))
+
     def state_dict(self) -> dict:
         """Where this process's iteration stands: plain builtins (torchdata's ``Stateful``)."""
-        progress = self._progress if self._progress is not None else self._start()[0]
+        progress = self._progress if self._progress is not None else self._begin()[0]
         worker, workers = self._worker()
         return {"format": DATASET_FORMAT, "version": DATASET_VERSION, "worker": worker, "num_workers": workers,
                 "lanes": list(progress.lanes) if progress else [], "state": progress.state() if progress else None}
@@ -131,12 +181,7 @@ class PipelineDataset(IterableDataset):
                              f"to {DATASET_VERSION}: upgrade zephon_dask to resume from a newer one")
         worker, workers = self._worker()
         if (state.get("worker"), state.get("num_workers")) != (worker, workers):
-            raise StateError(
-                f"the loader state was taken with num_workers={state.get('num_workers')} (this is worker "
-                f"{state.get('worker')}), but it is loaded with num_workers={workers}: StatefulDataLoader "
-                "resumes with the same num_workers. To change it, resume through "
-                "pipeline.to_torch_loader(), whose state is the pipeline's"
-            )
+            raise StateError(worker_count_error(state.get("num_workers"), workers))
         lanes = state.get("lanes")
         if lanes == [] and state.get("state") is None:  # a worker that serves no lane
             self._loaded, self._progress = {"lanes": [], "state": None}, None
@@ -152,28 +197,89 @@ class PipelineDataset(IterableDataset):
             inner = dict(inner, step=share_step(inner["step"], loader_shape(pipe.step_shape(), lanes, len(owned))))
         inner, source = pipe.check_resumable(inner, lanes)  # other data, positions past the end
         pipe.shape_for(inner, pipe.identity()[0])  # refuses a setting that would change the state's G
+        if workers:
+            self._check_later_passes(inner)
         pipe.session.source = source  # the state's seed wins, as in Pipeline.load_state_dict
         self._loaded = {"lanes": lanes, "state": inner}
         self._progress = None
 
+    def _check_later_passes(self, state: dict) -> None:
+        """In a DataLoader worker, refuse a state of a finite stream written with other data settings
+        than the pipeline's own (another seed, a changed schedule): the loader's later iterations, the
+        next passes, start in fresh workers from the pipeline as built, which never see the state."""
+        spec = self.pipeline.spec
+        if any(spec.num_windows(lane) is None for lane in self.pipeline.owned_lanes()):
+            return  # a stream that never ends has no next pass
+        if spec.fingerprint != state["fingerprint"]:
+            raise StateError(
+                "the loader state was written with other data settings than this pipeline's:\n"
+                + describe_diff(config_diff(state["config"], spec.config()))
+                + "\nthey apply to this iteration of the loader, but its workers start every later "
+                "pass over the stream from the pipeline as built. Build the pipeline with the state's "
+                "settings, or resume through pipeline.to_torch_loader(), whose state is the pipeline's")
+
+
+def worker_count_error(taken, workers: int) -> str:
+    """The fix for a loader state taken with ``taken`` workers loaded with ``workers``."""
+    return (f"the loader state was taken with num_workers={taken}, but it is loaded with num_workers={workers}: "
+            f"a StatefulDataLoader resumes only with the worker count its state was taken with, so resume "
+            f"with num_workers={taken}. A run that must change it iterates pipeline.to_torch_loader(), whose "
+            "state (the pipeline's) resumes under any worker count")
+
+
+def _dataset_states(state) -> list[dict]:
+    """Every :class:`PipelineDataset` state nested in ``state`` (a torchdata loader state)."""
+    if isinstance(state, dict):
+        if state.get("format") == DATASET_FORMAT:
+            return [state]
+        return [found for value in state.values() for found in _dataset_states(value)]
+    return []
+
 
 class _Delivering:
-    """The iterator of a :class:`PipelineLoader`: records each batch as the loop receives it."""
+    """The iterator of a :class:`PipelineLoader`: records each batch as the loop receives it.
+    Like the pipeline's own iterators, one that starts at a loaded state with nothing left goes on
+    into the next pass (see :meth:`Session.iterate`)."""
 
-    def __init__(self, pipeline, base, progress: Progress, generation: int):
-        self.pipeline, self.base, self.progress, self.generation = pipeline, base, progress, generation
+    def __init__(self, loader: PipelineLoader):
+        self.loader, self.pipeline = loader, loader.pipeline
+        progress, generation, base = loader.begin_iteration()
+        self._batches = self._deliver(progress, generation, base, self.pipeline.session.from_loaded)
 
     def __iter__(self):
         return self
 
     def __next__(self) -> dict:
-        self.pipeline.check_live(self.generation)
-        out = next(self.base)
-        window, offset = (int(v) for v in out["position"])
-        self.progress.observe(int(out["lane"]), int(out["index_in_lane"]), window, offset,
-                              bool(out["last"]), out["tokens"].numpy(),
-                              np.stack((out["dataset_tokens"].numpy(), out["dataset_samples"].numpy())))
-        return out
+        return next(self._batches)
+
+    def _deliver(self, progress: Progress, generation: int, base: Iterator[dict], chain: bool):
+        served = False
+        while True:
+            self.pipeline.check_live(generation)
+            out = next(base, None)
+            if out is None:
+                if served or not chain:
+                    return
+                chain = False
+                progress, generation, base = self.loader.begin_iteration()  # the next pass
+                continue
+            window, offset = (int(v) for v in out["position"])
+            progress.observe(int(out["lane"]), int(out["index_in_lane"]), window, offset, bool(out["last"]),
+                             out["tokens"].numpy(),
+                             np.stack((out["dataset_tokens"].numpy(), out["dataset_samples"].numpy())))
+            served = True
+            yield out
+
+
+def loader_generator(seed: int) -> torch.Generator:
+    """A ``torch.Generator`` for a loader over a pipeline of seed ``seed`` (deterministic).
+
+    torch's ``DataLoader`` draws a base seed for its workers each time an
+    iterator is created, from the loader's ``generator``, else from the global
+    torch RNG; a draw there would shift a training framework's restored RNG
+    (dropout) on resume. The workers' seeds it gives never reach the data.
+    """
+    return torch.Generator().manual_seed(stream_keys(seed, "dataloader base seed", n=1)[0])
 
 
 class PipelineLoader(DataLoader):
@@ -182,7 +288,10 @@ class PipelineLoader(DataLoader):
     A real ``DataLoader`` subclass (``.dataset`` is the :class:`PipelineDataset`).
     Each batch the loop receives is recorded in the pipeline's progress (and
     ledger), so ``state_dict()`` (the pipeline's, a plain dict) is exact however
-    far the workers have prefetched, and resumes under any worker count.
+    far the workers have prefetched, and resumes under any worker count. Each
+    ``iter()`` is an iteration of the pipeline (see :meth:`Session.next_start`).
+    Unless given a ``generator``, it has its own (:func:`loader_generator`):
+    creating its iterators draws nothing from the global RNGs.
     """
 
     def __init__(self, pipeline, num_workers: int = 0, **dataloader_kwargs):
@@ -191,14 +300,23 @@ class PipelineLoader(DataLoader):
         if fixed:
             raise ConfigError(f"to_torch_loader() does not take {fixed}: batches are cut by "
                               ".batch(microbatch_size, drop_last=...) and lanes are not sampled")
-        super().__init__(PipelineDataset(pipeline), batch_size=None, num_workers=num_workers,
-                         **dataloader_kwargs)
-        self.pipeline = pipeline
+        if dataloader_kwargs.get("generator") is None:
+            dataloader_kwargs["generator"] = loader_generator(pipeline.session.base_source.seed)
+        served = PipelineDataset(pipeline)
+        super().__init__(served, batch_size=None, num_workers=num_workers, **dataloader_kwargs)
+        self.pipeline, self._served = pipeline, served
 
     # DataLoader's stub promises its own iterator class; this one wraps it (same protocol)
     def __iter__(self) -> _Delivering:  # type: ignore[override]
-        progress, generation = self.pipeline.session.begin()
-        return _Delivering(self.pipeline, super().__iter__(), progress, generation)
+        return _Delivering(self)
+
+    def begin_iteration(self) -> tuple[Progress, int, Iterator[dict]]:
+        """Begin an iteration of the pipeline: its progress, its generation and the batches of
+        a new ``DataLoader`` iterator (whose workers start where the iteration starts)."""
+        session = self.pipeline.session
+        progress, generation = session.begin()
+        self._served.begin_at(session.start)  # before the workers start: they copy the dataset
+        return progress, generation, super().__iter__()
 
     def state_dict(self, *, ahead: int | None = None, at_step: int | None = None) -> dict:
         """The pipeline's state (see :meth:`Pipeline.state_dict`)."""

@@ -7,7 +7,8 @@ they run, so it also keeps a bounded undo ring of the last
 :data:`CONSUMED_RING` deliveries: :meth:`Progress.state` can be asked for the
 state as of an earlier delivery (``ahead``, ``at_step``, or the watermark
 :meth:`Progress.mark_consumed` sets). It also decides where an iteration
-starts (:func:`start_lane`) and appends the run ledger.
+starts (:func:`start_lane`; a new pass over the stream: :func:`pass_start`)
+and appends the run ledger.
 """
 
 from __future__ import annotations
@@ -63,6 +64,20 @@ def start_lane(lanes: list[int], progress: dict[int, LaneProgress], pointers: di
         return pointers[key]
     live = [lane for lane in lanes if not progress[lane].finished] or list(lanes)
     return min(live, key=lambda lane: (progress[lane].batches_delivered, lane))
+
+
+def pass_start(state: dict) -> dict:
+    """The state a new pass over the stream starts at after ``state``: every lane of ``state``
+    at its beginning, the round-robin at its first lane, and the count at the global step after
+    ``state``'s (a step left unfinished ends with its pass, as frameworks step the optimizer on
+    an epoch's last batch). The data config and G are ``state``'s. Pure."""
+    out = copy.deepcopy(state)
+    out["lanes"] = {lane: LaneProgress().as_dict() for lane in state["lanes"]}
+    out["pointers"] = {}
+    step = out["step"]
+    step["global_step"] += 1 if step["batches_in_step"] else 0
+    step["batches_in_step"] = 0
+    return out
 
 
 @dataclass(frozen=True)
@@ -202,12 +217,8 @@ class Progress:
     def state(self, ahead: int | None = None, at_step: int | None = None) -> dict:
         """The state after the consumed deliveries: all of them, or all but the last ``ahead``,
         or those up to the end of global step ``at_step``, or up to the watermark."""
-        back = self._resolve_ahead(ahead, at_step)
-        lanes = {lane: self.lane[lane].as_tuple() for lane in self.lanes}
-        next_lane, delivered = self.next_lane, self.delivered - back
-        for lane, _, before, pointer in list(self._undo)[len(self._undo) - back:][::-1]:
-            lanes[lane], next_lane = before, pointer
-        in_step = delivered % self.shape.per_rank
+        state = self._state(self._resolve_ahead(ahead, at_step))
+        in_step = state["step"]["batches_in_step"]
         if in_step and self.shape.explicit:
             warnings.warn(
                 f"state_dict() taken {in_step} batches into a step of {self.shape.per_rank}: "
@@ -215,6 +226,20 @@ class Progress:
                 "interleave lanes differently. Checkpoint at step boundaries",
                 ZephonWarning, stacklevel=3,
             )
+        return state
+
+    def next_pass(self) -> dict:
+        """The state the next pass over the stream starts at, after this iteration's deliveries
+        (see :func:`pass_start`)."""
+        return pass_start(self._state(0))
+
+    def _state(self, back: int) -> dict:
+        """The state after all deliveries but the last ``back`` (within the undo ring)."""
+        lanes = {lane: self.lane[lane].as_tuple() for lane in self.lanes}
+        next_lane, delivered = self.next_lane, self.delivered - back
+        for lane, _, before, pointer in list(self._undo)[len(self._undo) - back:][::-1]:
+            lanes[lane], next_lane = before, pointer
+        in_step = delivered % self.shape.per_rank
         return {
             "format": FORMAT,
             "version": VERSION,
