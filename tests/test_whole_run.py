@@ -233,33 +233,46 @@ def same_weights(a, b) -> bool:
 
 
 def test_hf_trainer_runs_past_the_end_and_resumes_exactly(small_corpus, tmp_path):
-    """One batch a step, a pass of n = 50 steps, checkpoints every n/2 steps, n + 8 steps: resumed at
-    step 25 (the pass continues, then a new one) and at step 50 (the state at the end: the first
-    iteration is the next pass, not an empty epoch that stops the Trainer)."""
+    """Optimizer steps of 4 batches (one global step), a pass of n = 50 batches (not whole steps:
+    what the Trainer does with the pass's last 2 batches is its own policy), 16 steps: resumed at
+    step 6 (mid pass) and at the first step that ends in the second pass."""
     pytest.importorskip("transformers")
-    from transformers import TrainingArguments
+    from transformers import TrainerCallback, TrainingArguments
 
     from zephon_dask.integrations.hf import ZephonTrainer
 
     n = pass_length(small_corpus)
-    steps, save = n + 8, n // 2
-    assert n % save == 0
+    per = hf_small(small_corpus).step_shape().per_rank
+    steps = 16
+    assert n % per and n < steps * per < 2 * n
+
+    class Forwards(TrainerCallback):
+        """The model's forward passes so far at the end of each optimizer step."""
+
+        def __init__(self, seen):
+            self.seen, self.at = seen, {}
+
+        def on_step_end(self, args, state, control, **kwargs):
+            self.at[state.global_step] = len(self.seen)
 
     def train(out, resume=None):
         model = dropout_gpt2()
         seen = record_inputs(model)
-        args = TrainingArguments(output_dir=str(out), max_steps=steps, save_strategy="steps", save_steps=save,
+        forwards = Forwards(seen)
+        args = TrainingArguments(output_dir=str(out), max_steps=steps, save_strategy="steps", save_steps=1,
                                  learning_rate=1e-3, report_to=[], logging_strategy="no", disable_tqdm=True,
                                  use_cpu=True, seed=0, dataloader_num_workers=0)
         with hf_small(small_corpus) as pipe:
-            ZephonTrainer(model=model, args=args, train_dataset=pipe).train(resume_from_checkpoint=resume)
-        return seen, model
+            ZephonTrainer(model=model, args=args, train_dataset=pipe,
+                          callbacks=[forwards]).train(resume_from_checkpoint=resume)
+        return seen, model, forwards.at
 
-    full, model = train(tmp_path / "full")
-    assert len(full) == steps and full[n:] == full[:steps - n]  # the second pass starts the stream again
-    for at in (save, n):
-        resumed, model2 = train(tmp_path / f"from-{at}", resume=str(tmp_path / "full" / f"checkpoint-{at}"))
-        assert resumed == full[at:], f"resumed at step {at}"
+    full, model, at_step = train(tmp_path / "full")
+    assert full[n:] == full[:len(full) - n] and len(full) > n  # the second pass starts the stream again
+    crossed = min(step for step, count in at_step.items() if count > n)
+    for at in (6, crossed):
+        resumed, model2, _ = train(tmp_path / f"from-{at}", resume=str(tmp_path / "full" / f"checkpoint-{at}"))
+        assert resumed == full[at_step[at]:], f"resumed at step {at}"
         assert same_weights(model, model2), f"resumed at step {at}: dropout drew other numbers"
 
 
