@@ -9,6 +9,8 @@ methods.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import numpy as np
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
@@ -17,7 +19,7 @@ from ..curriculum.routing import worker_lanes
 from ..errors import ConfigError, StateError
 from ..state.progress import Progress, resume_point
 from ..state.schema import check_state
-from .guard import refuse_resharding
+from .guard import refuse_fetching_ahead, refuse_resharding
 from .session import loader_shape, share_step
 
 DATASET_FORMAT = "zephon_dask.dataset_state"
@@ -97,6 +99,8 @@ class PipelineDataset(IterableDataset):
 
     def __iter__(self):
         refuse_resharding()  # a framework wrapper splitting these rank-split lanes again
+        if (refused := refuse_fetching_ahead("a pipeline's to_torch_dataset()")) is not None:
+            return refused  # Lightning would checkpoint it a batch ahead of the step
         self._progress, resume = self._start()
         return self._generate(self._pipe(), self._progress, resume)
 
@@ -185,6 +189,8 @@ class PipelineLoader(DataLoader):
     far the workers have prefetched, and resumes under any worker count.
     """
 
+    follows_training_step = False  # True: its state is the trained batches' (Lightning's fit loop may iterate it)
+
     def __init__(self, pipeline, num_workers: int = 0, **dataloader_kwargs):
         fixed = sorted(set(dataloader_kwargs) & {"batch_size", "shuffle", "sampler", "batch_sampler",
                                                   "drop_last", "persistent_workers"})
@@ -196,7 +202,9 @@ class PipelineLoader(DataLoader):
         self.pipeline = pipeline
 
     # DataLoader's stub promises its own iterator class; this one wraps it (same protocol)
-    def __iter__(self) -> _Delivering:  # type: ignore[override]
+    def __iter__(self) -> Iterator[dict]:  # type: ignore[override]
+        if (refused := refuse_fetching_ahead("a plain pipeline.to_torch_loader()")) is not None:
+            return refused  # Lightning would checkpoint it a batch ahead of the step
         progress, generation = self.pipeline.session.begin()
         return _Delivering(self.pipeline, super().__iter__(), progress, generation)
 
