@@ -104,6 +104,11 @@ class PipelineDataset(IterableDataset):
         self._progress, resume = self._start()
         return self._generate(self._pipe(), self._progress, resume)
 
+    def set_epoch(self, epoch: int) -> None:
+        """Nothing to set (where each lane stands is the state); a wrapper that re-shards calls it
+        before iterating, so it is refused here, in the main process, also with DataLoader workers."""
+        refuse_resharding()
+
     @staticmethod
     def _generate(pipe, progress: Progress | None, resume: dict | None):
         if progress is None:
