@@ -147,7 +147,7 @@ class ZephonDataModule(pl.LightningDataModule):
             raise ConfigError("ZephonDataModule needs training_step(batch, batch_idx): a training_step "
                               "taking dataloader_iter fetches batches out of its sight, so its checkpoints "
                               "could not hold the state of the batches trained")
-        if any(isinstance(c, GradientAccumulationScheduler) for c in trainer.callbacks):
+        if any(isinstance(c, GradientAccumulationScheduler) for c in getattr(trainer, "callbacks", ())):
             raise ConfigError("ZephonDataModule sets accumulate_grad_batches to one global step of the "
                               "pipeline; a GradientAccumulationScheduler would change it: remove it and "
                               "change global_batches_per_step instead")
@@ -181,6 +181,8 @@ class ZephonDataModule(pl.LightningDataModule):
         """The training loader begins an iteration: size the accumulation, on a resume restart
         Lightning's micro-batch count at the step boundary, and count deliveries from 0."""
         trainer = self.trainer
+        if trainer is None:
+            return
         if trainer.lightning_module.automatic_optimization:
             size_accumulation(trainer, self.pipeline)
             if trainer.fit_loop.restarting:

@@ -51,7 +51,7 @@ def check_identity(pipelines: dict, replicas: int, replica: int, framework: str)
         if found != (replicas, replica):
             mine.append((role, found, replica))
     dist = _world()
-    ranks = [mine]
+    ranks: list = [mine]
     if dist is not None:
         ranks = [None] * dist.get_world_size()
         dist.all_gather_object(ranks, mine)
