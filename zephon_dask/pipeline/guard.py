@@ -13,10 +13,11 @@ but it rebuilds the loader, so the pipeline no longer sees what was
 delivered and its state would be wrong. (A ``DistributedSampler`` cannot reach
 a pipeline: torch refuses any sampler on an ``IterableDataset``.)
 
-:func:`refuse_fetching_ahead` refuses (at the first batch) Lightning's training loop iterating a
-pipeline, its dataset or a plain ``to_torch_loader()``: Lightning fetches one
-batch ahead of the step and saves the loader's ``state_dict()`` in its
-checkpoints, so every resume would skip that batch. Only a loader that follows
+:func:`refuse_fetching_ahead` refuses (at the first batch) Lightning's
+training loop iterating a pipeline, its dataset or a plain
+``to_torch_loader()``: Lightning fetches one batch ahead of the step and saves
+the loader's ``state_dict()`` in its checkpoints, so every resume would skip
+that batch. Only a loader that follows
 the training step (class attribute ``follows_training_step``: the one
 ``ZephonDataModule`` makes) may be iterated there. Lightning's evaluation loop
 saves no loader state and may iterate any of them.
@@ -95,7 +96,6 @@ def refuse_resharding() -> None:
         raise ShardingError(f"{wrapper} is splitting a zephon_dask pipeline by rank: {FIX}")
 
 
-
 class Refused:
     """An iterator that raises ``error`` at its first ``next()``.
 
@@ -117,7 +117,7 @@ class Refused:
 def refuse_fetching_ahead(what: str) -> Refused | None:
     """A :class:`Refused` iterator (:class:`ConfigError`) if Lightning's training loop iterates
     ``what`` (the caller: a pipeline, its dataset or its plain loader) directly, else ``None``."""
-    loop = fetching_training_loop(depth=MAX_DEPTH)
+    loop = fetching_training_loop()
     if loop is None:
         return None
     return Refused(ConfigError(
