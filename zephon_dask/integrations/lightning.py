@@ -37,7 +37,7 @@ from pytorch_lightning.callbacks import GradientAccumulationScheduler
 
 from ..errors import ConfigError
 from ..pipeline.guard import Refused
-from ..pipeline.torch_data import PipelineLoader
+from ..pipeline.torch_data import PipelineDataset, PipelineLoader
 from .ranks import check_identity, collective_state
 
 
@@ -73,9 +73,11 @@ class LightningLoader(PipelineLoader):
     """The training loader of a :class:`ZephonDataModule`: its state is the trained batches'."""
 
     follows_training_step = True  # Lightning's fit loop may iterate it (see zephon_dask.pipeline.guard)
+    dataset: PipelineDataset
 
     def __init__(self, datamodule: ZephonDataModule, num_workers: int = 0, **dataloader_kwargs):
         super().__init__(datamodule.pipeline, num_workers=num_workers, **dataloader_kwargs)
+        self.dataset.follows_training_step = True  # it iterates inside this loader
         self.datamodule = datamodule
 
     def __iter__(self):

@@ -17,9 +17,7 @@ a pipeline: torch refuses any sampler on an ``IterableDataset``.)
 training loop iterating a pipeline, its dataset or a plain
 ``to_torch_loader()``: Lightning fetches one batch ahead of the step and saves
 the loader's ``state_dict()`` in its checkpoints, so every resume would skip
-that batch. Only a loader that follows
-the training step (class attribute ``follows_training_step``: the one
-``ZephonDataModule`` makes) may be iterated there. Lightning's evaluation loop
+that batch. Lightning's evaluation loop
 saves no loader state and may iterate any of them.
 """
 
@@ -74,13 +72,12 @@ def resharding_wrapper(depth: int = MAX_DEPTH) -> str | None:
 
 
 def fetching_training_loop(depth: int = MAX_DEPTH) -> str | None:
-    """Lightning's training loop iterating the caller's caller through no loader that follows the
-    training step (``module.Class``), else ``None``."""
+    """Lightning's training loop (``module.Class``) among the callers of the caller's caller, unless
+    its evaluation loop comes first, else ``None``. Reads code and module names only: reading a
+    frame's locals would keep them alive."""
     frame: FrameType | None = sys._getframe(2)
     for _ in range(depth):
         if frame is None or _matches(frame, EVALUATION_LOOPS) is not None:
-            return None
-        if getattr(frame.f_locals.get("self"), "follows_training_step", False):
             return None
         loop = _matches(frame, TRAINING_LOOPS)
         if loop is not None:

@@ -47,6 +47,8 @@ class PipelineDataset(IterableDataset):
     position).
     """
 
+    follows_training_step = False  # True: inside a loader whose state is the trained batches' (see guard)
+
     def __init__(self, pipeline):
         pipeline.step_shape()  # its state records the step: bad step settings are refused here, not in a worker
         self.pipeline = pipeline
@@ -99,7 +101,8 @@ class PipelineDataset(IterableDataset):
 
     def __iter__(self):
         refuse_resharding()  # a framework wrapper splitting these rank-split lanes again
-        if (refused := refuse_fetching_ahead("a pipeline's to_torch_dataset()")) is not None:
+        if not self.follows_training_step and (refused := refuse_fetching_ahead(
+                "a pipeline's to_torch_dataset()")) is not None:
             return refused  # Lightning would checkpoint it a batch ahead of the step
         self._progress, resume = self._start()
         return self._generate(self._pipe(), self._progress, resume)
@@ -208,7 +211,8 @@ class PipelineLoader(DataLoader):
 
     # DataLoader's stub promises its own iterator class; this one wraps it (same protocol)
     def __iter__(self) -> Iterator[dict]:  # type: ignore[override]
-        if (refused := refuse_fetching_ahead("a plain pipeline.to_torch_loader()")) is not None:
+        if not self.follows_training_step and (refused := refuse_fetching_ahead(
+                "a plain pipeline.to_torch_loader()")) is not None:
             return refused  # Lightning would checkpoint it a batch ahead of the step
         progress, generation = self.pipeline.session.begin()
         return _Delivering(self.pipeline, super().__iter__(), progress, generation)
