@@ -50,7 +50,9 @@ MODEL_FIELDS = ("input_ids", "labels", "attention_mask", "position_ids")
 
 
 def lightning_module():
-    """A LightningModule around the tiny GPT-2; ``.seen`` records its training inputs."""
+    """A LightningModule around the tiny GPT-2. It records its training inputs (``.seen``: digests),
+    each training batch as ``(global step, lane, index_in_lane, batch_idx)`` (``.trained``) and
+    each evaluation's batches as ``(lane, index_in_lane)`` lists (``.evaluations``)."""
     import pytorch_lightning as pl
     import torch
 
@@ -59,9 +61,19 @@ def lightning_module():
             super().__init__()
             self.model = tiny_gpt2()
             self.seen = record_inputs(self.model)
+            self.trained: list[tuple[int, int, int, int]] = []
+            self.evaluations: list[list[tuple[int, int]]] = []
 
         def training_step(self, batch, batch_idx):
+            self.trained.append((self.trainer.global_step, int(batch["lane"]), int(batch["index_in_lane"]),
+                                 batch_idx))
             return self.model(**{k: batch[k] for k in MODEL_FIELDS}).loss
+
+        def on_validation_epoch_start(self):
+            self.evaluations.append([])
+
+        def validation_step(self, batch, batch_idx):
+            self.evaluations[-1].append((int(batch["lane"]), int(batch["index_in_lane"])))
 
         def configure_optimizers(self):
             return torch.optim.AdamW(self.parameters(), lr=1e-3)
@@ -69,20 +81,22 @@ def lightning_module():
     return TinyLM()
 
 
-def lightning_fit(pipeline, root, resume=None, **trainer_kw):
-    """Fit ``STEPS`` steps, checkpointing every ``SAVE_AT``; returns the module."""
+def lightning_fit(pipeline, root, resume=None, steps=STEPS, every=SAVE_AT, val_pipeline=None, **trainer_kw):
+    """Fit ``steps`` optimizer steps (global steps of the pipeline), checkpointing every ``every``
+    into ``root``; returns the module (``module.trainer`` is its trainer)."""
     import pytorch_lightning as pl
     from pytorch_lightning.callbacks import ModelCheckpoint
 
     from zephon_dask.integrations.lightning import ZephonDataModule
 
     module = lightning_module()
-    checkpoints = ModelCheckpoint(dirpath=str(root), every_n_train_steps=SAVE_AT, save_top_k=-1,
+    checkpoints = ModelCheckpoint(dirpath=str(root), every_n_train_steps=every, save_top_k=-1,
                                   filename="{step}")
-    trainer = pl.Trainer(max_steps=STEPS, accelerator="cpu", logger=False, enable_progress_bar=False,
+    trainer_kw.setdefault("limit_val_batches", 0 if val_pipeline is None else 3)
+    trainer = pl.Trainer(max_steps=steps, accelerator="cpu", logger=False, enable_progress_bar=False,
                          enable_model_summary=False, callbacks=[checkpoints], num_sanity_val_steps=0,
                          **trainer_kw)
-    trainer.fit(module, datamodule=ZephonDataModule(pipeline), ckpt_path=resume)
+    trainer.fit(module, datamodule=ZephonDataModule(pipeline, val_pipeline=val_pipeline), ckpt_path=resume)
     return module
 
 

@@ -85,16 +85,18 @@ def run_trl(args) -> dict:
 
 
 def run_lightning(args) -> dict:
-    """A full DDP fit, then a second fit in the same ranks resumed from its step-6 checkpoint."""
+    """A full DDP fit of ``STEPS // 2`` global steps (two micro-batches per rank each: ``STEPS``
+    batches), then a second fit in the same ranks resumed from its checkpoint after ``SAVE_AT`` batches."""
     from frameworks import lightning_fit
 
     root = Path(args.out) / "lightning"
-    kw = {"devices": 2, "strategy": "ddp", "use_distributed_sampler": True}
+    kw = {"devices": 2, "strategy": "ddp", "use_distributed_sampler": True, "steps": STEPS // 2,
+          "every": SAVE_AT // 2}
     with hf_pipeline(Path(args.corpus), runner="threads") as pipe:
         seen = lightning_fit(pipe, root / "full", **kw).seen
     with hf_pipeline(Path(args.corpus), runner="threads") as pipe:
-        resumed = lightning_fit(pipe, root / "resumed", resume=str(root / "full" / f"step={SAVE_AT}.ckpt"),
-                                **kw).seen
+        resumed = lightning_fit(pipe, root / "resumed",
+                                resume=str(root / "full" / f"step={SAVE_AT // 2}.ckpt"), **kw).seen
     return {"inputs": seen, "resumed": resumed}
 
 

@@ -2,17 +2,20 @@
 
     python examples/frameworks/lightning_fit.py --steps 12 --out runs/pl
     python examples/frameworks/lightning_fit.py --steps 24 --out runs/pl --resume runs/pl/step=12.ckpt
-    torchrun --nproc-per-node 2 examples/frameworks/lightning_fit.py --steps 12 --out runs/pl-ddp
+    python examples/frameworks/lightning_fit.py --devices 2 --steps 12 --out runs/pl-ddp
+    torchrun --nproc-per-node 2 examples/frameworks/lightning_fit.py --devices 2 --steps 12 --out runs/pl-ddp
 
 Lightning saves the data module's loader state in every checkpoint and
-``fit(ckpt_path=...)`` restores it: the resumed run trains on the batch after
-the last one trained, with no state code here.
+``fit(ckpt_path=...)`` restores it: the resumed run trains on the batches
+after the last ones the saved weights trained on, with no state code here.
+Nothing here sets the rank or the gradient accumulation: the pipeline takes
+its rank from ``torch.distributed`` once Lightning (or torchrun) starts it,
+and the data module sets ``accumulate_grad_batches`` to one global step.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
 
 import pytorch_lightning as pl
@@ -50,18 +53,17 @@ def main(argv=None) -> None:
     ap.add_argument("--save-every", type=int, default=6)
     ap.add_argument("--out", default="runs/pl")
     ap.add_argument("--resume", help="a .ckpt file of an earlier run")
+    ap.add_argument("--devices", type=int, default=1, help="ranks: Lightning starts the others (or torchrun's)")
     ap.add_argument("--runner", default="distributed", help="threads or synchronous skip the Dask cluster")
     a = ap.parse_args(argv)
 
-    world = int(os.environ.get("WORLD_SIZE", "1"))  # torchrun sets it
     pipeline = (z.Pipeline.from_config(RECIPE)
                 .batch(4, labels="hf", mask_document_boundaries=True)
-                .options(runner=a.runner, dp_degree=world, dp_group_id=int(os.environ.get("RANK", "0"))))
+                .options(runner=a.runner))
     checkpoints = ModelCheckpoint(dirpath=a.out, every_n_train_steps=a.save_every, save_top_k=-1,
                                   filename="{step}")
-    trainer = pl.Trainer(max_steps=a.steps, accelerator="cpu", devices=world,
-                         strategy="ddp" if world > 1 else "auto", logger=False, callbacks=[checkpoints],
-                         accumulate_grad_batches=pipeline.step_shape().per_rank)  # one step = one global step
+    trainer = pl.Trainer(max_steps=a.steps, accelerator="cpu", devices=a.devices,
+                         strategy="ddp" if a.devices > 1 else "auto", logger=False, callbacks=[checkpoints])
     with pipeline:
         trainer.fit(TinyLlama(), datamodule=ZephonDataModule(pipeline), ckpt_path=a.resume)
 

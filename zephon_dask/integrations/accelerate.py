@@ -14,6 +14,10 @@ returns an :class:`AcceleratorLoader` that
   (every rank's lanes, gathered; the main process writes it) and
   ``accelerator.load_state`` restores it, so the next batch after a resume is
   the one after the last batch the loop received, computed directly.
+
+An evaluation loader (``prepare_pipeline(..., evaluation=True)``) is not
+registered: each evaluation iterates its pipeline from the start, and the
+training state never sees it.
 """
 
 from __future__ import annotations
@@ -57,16 +61,23 @@ class AcceleratorLoader(PipelineLoader):
         return super().state_dict(ahead=ahead, at_step=at_step)
 
 
-def prepare_pipeline(accelerator, pipeline, num_workers: int = 0, **dataloader_kwargs) -> AcceleratorLoader:
+def prepare_pipeline(accelerator, pipeline, num_workers: int = 0, *, evaluation: bool = False,
+                     **dataloader_kwargs) -> AcceleratorLoader:
     """The pipeline's loader for ``accelerator``: on its device, never re-sharded, checkpointed
     by ``save_state``/``load_state``. Call it on every rank (after ``Accelerator()``).
+
+    With ``evaluation=True`` it is not registered for checkpointing: every
+    ``iter()`` starts the stream from its beginning (or from a state loaded
+    into ``pipeline``), whatever the training loop saved or loaded.
 
     Example:
         >>> from zephon_dask.integrations.accelerate import prepare_pipeline  # doctest: +SKIP
         >>> accelerator = Accelerator()  # doctest: +SKIP
         >>> loader = prepare_pipeline(accelerator, pipeline, num_workers=2)  # doctest: +SKIP
+        >>> held_out = prepare_pipeline(accelerator, eval_pipeline, evaluation=True)  # doctest: +SKIP
     """
     loader = AcceleratorLoader(pipeline, device=accelerator.device, num_workers=num_workers, **dataloader_kwargs)
     loader = accelerator.prepare(loader)
-    accelerator.register_for_checkpointing(loader)
+    if not evaluation:
+        accelerator.register_for_checkpointing(loader)
     return loader

@@ -1,33 +1,95 @@
-"""PyTorch Lightning fed by a pipeline: :class:`ZephonDataModule`. Holds the pipeline.
+"""PyTorch Lightning fed by a pipeline: :class:`ZephonDataModule`. Holds the pipelines and, per
+training iteration, which batches the weights have trained on (:class:`TrainedBatches`).
 
 ``trainer.fit(module, datamodule=ZephonDataModule(pipeline), ckpt_path=...)``
 resumes exactly with no state code:
 
-- the train loader is a :class:`PipelineLoader` (a ``DataLoader`` with
-  ``state_dict``/``load_state_dict``), so Lightning saves its state in every
-  checkpoint and restores it before the first batch of a resumed fit;
-- Lightning fetches one batch ahead of the step; the data module's
-  ``on_before_batch_transfer`` hook, which Lightning calls on the batch the
-  step is about to use, marks that batch consumed, so the saved state is the
-  state after the last batch trained on, never after the one fetched ahead;
+- identity: in ``setup()``, once Lightning has started ``torch.distributed``,
+  every rank's pipelines must take the strategy's data-parallel replica (a
+  collective: all ranks raise the same :class:`ConfigError`, none hangs);
+- one optimizer step is one global step of the pipeline: when training
+  starts (after a checkpoint's data state is loaded, since the state keeps
+  its step) ``accumulate_grad_batches`` is set to ``step_shape().per_rank``,
+  or refused if the user set another value;
+- the data state in a checkpoint matches its weights: the train loader is a
+  :class:`LightningLoader` whose ``state_dict`` is the state after the
+  batches trained before the last optimizer step. Lightning fetches a batch
+  ahead of the step and can save between the micro-batches of a step (a
+  resumed fit saves ``ModelCheckpoint``'s step again after its first
+  micro-batch); gradients are not checkpointed, so those micro-batches are
+  trained again after a resume;
+- on a resume Lightning's micro-batch count restarts at that optimizer-step
+  boundary, so each step accumulates the same batches as in the uninterrupted
+  run, also when the DP degree (and so the accumulation) changed;
 - under DDP each rank owns its lanes (Lightning does not split an
   ``IterableDataset``); the loader's ``state_dict`` gathers every rank's
-  lanes (a collective: Lightning takes it on every rank and writes rank 0's).
+  lanes (a collective: Lightning takes it on every rank and writes rank 0's);
+- ``val_pipeline`` is the validation loader: every evaluation iterates it
+  from its start, its state is never saved, and it is not split again.
 """
 
 from __future__ import annotations
 
-import pytorch_lightning as pl
+import inspect
 
-from ..pipeline.torch_data import PipelineLoader
-from .ranks import collective_state
+import pytorch_lightning as pl
+from pytorch_lightning.callbacks import GradientAccumulationScheduler
+
+from ..errors import ConfigError
+from ..pipeline.guard import Refused
+from ..pipeline.torch_data import PipelineDataset, PipelineLoader
+from .ranks import check_identity, collective_state
+
+
+class TrainedBatches:
+    """Which of the training iteration's deliveries the weights have trained on. Holds state.
+
+    Fed with the trainer's global step as each batch reaches the training step:
+    every batch received before the global step last moved is in the weights.
+    """
+
+    def __init__(self):
+        self.started = False  # a training iteration is under way
+        self.received = 0  # batches the training step received in this iteration
+        self.in_weights = 0  # of those, the ones received before the last optimizer step
+        self.step = 0  # the global step when the last batch was received
+
+    def begin(self, step: int) -> None:
+        """A new iteration starts (its deliveries count from 0) at global step ``step``."""
+        self.started, self.received, self.in_weights, self.step = True, 0, 0, step
+
+    def receive(self, step: int) -> None:
+        """The training step receives the next batch at global step ``step``."""
+        if step != self.step:  # an optimizer step came after the previous batch
+            self.in_weights, self.step = self.received, step
+        self.received += 1
+
+    def trained(self, step: int) -> int:
+        """How many deliveries the weights of global step ``step`` include."""
+        return self.received if step != self.step else self.in_weights
 
 
 class LightningLoader(PipelineLoader):
-    """A :class:`PipelineLoader` whose state holds every rank's consumed lanes."""
+    """The training loader of a :class:`ZephonDataModule`: its state is the trained batches'."""
+
+    follows_training_step = True  # Lightning's fit loop may iterate it (see zephon_dask.pipeline.guard)
+    dataset: PipelineDataset
+
+    def __init__(self, datamodule: ZephonDataModule, num_workers: int = 0, **dataloader_kwargs):
+        super().__init__(datamodule.pipeline, num_workers=num_workers, **dataloader_kwargs)
+        self.dataset.follows_training_step = True  # it iterates inside this loader
+        self.datamodule = datamodule
+
+    def __iter__(self):
+        try:
+            self.datamodule.training_starts()  # Lightning has loaded a checkpoint's state by now
+        except ConfigError as e:
+            return Refused(e)  # raised at the first batch: Lightning's clean-up of iter() would hide it
+        return super().__iter__()
 
     def state_dict(self, *, ahead: int | None = None, at_step: int | None = None) -> dict:
-        """The data state to checkpoint: every rank's consumed lanes, gathered (a collective).
+        """The data state to checkpoint: every rank's lanes after the batches the weights trained on,
+        gathered (a collective).
 
         Args:
             ahead: as for :meth:`Pipeline.state_dict`; with either argument, this rank's state only.
@@ -37,27 +99,60 @@ class LightningLoader(PipelineLoader):
             A state dict covering all ranks' lanes.
         """
         if ahead is None and at_step is None:
+            self.datamodule.mark_trained()
             return collective_state(self.pipeline)
         return super().state_dict(ahead=ahead, at_step=at_step)
 
 
 class ZephonDataModule(pl.LightningDataModule):
-    """A ``LightningDataModule`` whose training data is a zephon_dask pipeline.
+    """A ``LightningDataModule`` whose training (and validation) data are zephon_dask pipelines.
 
-    ``loader_kwargs`` go to the ``DataLoader`` (``num_workers``, ``pin_memory``, ...).
-    Batches are the pipeline's dicts of tensors (``tokens``, ``labels``, ... plus
-    ``lane`` and ``index_in_lane``).
+    ``loader_kwargs`` go to both ``DataLoader`` s (``pin_memory``, ...). Batches
+    are the pipeline's dicts of tensors (``input_ids``, ``labels``, ... plus
+    ``lane`` and ``index_in_lane``). ``accumulate_grad_batches`` is set to
+    ``pipeline.step_shape().per_rank`` when training starts: leave it unset.
 
     Example:
         >>> from zephon_dask.integrations.lightning import ZephonDataModule  # doctest: +SKIP
-        >>> pl.Trainer(max_steps=1000).fit(model, datamodule=ZephonDataModule(pipeline, num_workers=2))  # doctest: +SKIP
+        >>> data = ZephonDataModule(pipeline, val_pipeline=held_out, num_workers=2)  # doctest: +SKIP
+        >>> pl.Trainer(max_steps=1000).fit(model, datamodule=data)  # doctest: +SKIP
     """
 
-    def __init__(self, pipeline, num_workers: int = 0, **loader_kwargs):
+    def __init__(self, pipeline, num_workers: int = 0, val_pipeline=None, **loader_kwargs):
         super().__init__()
-        self.pipeline = pipeline
+        self.pipeline, self.val_pipeline = pipeline, val_pipeline
         self.num_workers, self.loader_kwargs = num_workers, loader_kwargs
         self.loader: LightningLoader | None = None
+        self.batches = TrainedBatches()
+
+    def setup(self, stage: str) -> None:
+        """Lightning's hook, on every rank once ``torch.distributed`` is up: refuse pipelines that are
+        not the strategy's data-parallel replica (a collective), and fits this module cannot keep exact.
+
+        Args:
+            stage: ``"fit"``, ``"validate"``, ...
+
+        Raises:
+            ConfigError: a pipeline's ``dp_degree``/``dp_group_id`` differ from the strategy's; the
+                ``training_step`` takes ``dataloader_iter``; a ``GradientAccumulationScheduler`` is set.
+        """
+        trainer = self.trainer
+        if trainer is None:
+            return
+        sampler = getattr(trainer.strategy, "distributed_sampler_kwargs", None) or {"num_replicas": 1, "rank": 0}
+        pipelines = {"train": self.pipeline, "val": self.val_pipeline}
+        check_identity({role: p for role, p in pipelines.items() if p is not None},
+                       sampler["num_replicas"], sampler["rank"], "Lightning's strategy")
+        if stage != "fit":
+            return
+        if "dataloader_iter" in inspect.signature(trainer.lightning_module.training_step).parameters:
+            raise ConfigError("ZephonDataModule needs training_step(batch, batch_idx): a training_step "
+                              "taking dataloader_iter fetches batches out of its sight, so its checkpoints "
+                              "could not hold the state of the batches trained")
+        if any(isinstance(c, GradientAccumulationScheduler) for c in getattr(trainer, "callbacks", ())):
+            raise ConfigError("ZephonDataModule sets accumulate_grad_batches to one global step of the "
+                              "pipeline; a GradientAccumulationScheduler would change it: remove it and "
+                              "change global_batches_per_step instead")
 
     def train_dataloader(self) -> LightningLoader:
         """The training loader Lightning iterates (a new :class:`LightningLoader` each call).
@@ -65,11 +160,44 @@ class ZephonDataModule(pl.LightningDataModule):
         Returns:
             A :class:`LightningLoader` over the pipeline.
         """
-        self.loader = LightningLoader(self.pipeline, num_workers=self.num_workers, **self.loader_kwargs)
+        self.loader = LightningLoader(self, num_workers=self.num_workers, **self.loader_kwargs)
         return self.loader
 
+    def val_dataloader(self) -> PipelineLoader:
+        """The validation loader: ``val_pipeline.to_torch_loader()``, iterated from its start by every
+        evaluation (Lightning saves no validation loader state).
+
+        Returns:
+            A :class:`PipelineLoader` over ``val_pipeline``.
+
+        Raises:
+            ConfigError: no ``val_pipeline`` was given.
+        """
+        if self.val_pipeline is None:
+            raise ConfigError("the LightningModule has a validation_step but ZephonDataModule got no "
+                              "val_pipeline: pass ZephonDataModule(pipeline, val_pipeline=...), or "
+                              "Trainer(limit_val_batches=0)")
+        return self.val_pipeline.to_torch_loader(num_workers=self.num_workers, **self.loader_kwargs)
+
+    def training_starts(self) -> None:
+        """The training loader begins an iteration: size the accumulation, on a resume restart
+        Lightning's micro-batch count at the step boundary, and count deliveries from 0."""
+        trainer = self.trainer
+        if trainer is None:
+            return
+        if trainer.lightning_module.automatic_optimization:
+            size_accumulation(trainer, self.pipeline)
+            if trainer.fit_loop.restarting:
+                restart_accumulation(trainer)
+        self.batches.begin(trainer.global_step)
+
+    def mark_trained(self) -> None:
+        """Make the pipeline's consumed watermark the batches the weights have trained on."""
+        if self.batches.started and self.trainer is not None:
+            self.pipeline.mark_consumed(self.batches.trained(self.trainer.global_step))
+
     def on_before_batch_transfer(self, batch, dataloader_idx: int):
-        """Lightning's hook: mark ``batch`` consumed while training, so checkpoints resume after it.
+        """Lightning's hook on the batch a step is about to use: while training, count it received.
 
         Args:
             batch: the batch the training step is about to receive.
@@ -78,6 +206,45 @@ class ZephonDataModule(pl.LightningDataModule):
         Returns:
             ``batch``, unchanged.
         """
-        if self.trainer is not None and self.trainer.training:
-            self.pipeline.mark_consumed(batch)  # the step's batch, not the one fetched ahead
+        trainer = self.trainer
+        if trainer is not None and trainer.training and self.batches.started:
+            self.pipeline.mark_consumed(batch)  # checks it is the next delivery, not one fetched ahead
+            self.batches.receive(trainer.global_step)
         return batch
+
+
+def size_accumulation(trainer, pipeline) -> None:
+    """Set ``trainer.accumulate_grad_batches`` to the pipeline's batches per rank in a global step
+    (automatic optimization); refuse another value the user set."""
+    shape = pipeline.step_shape()
+    given = trainer.accumulate_grad_batches
+    if given == shape.per_rank:
+        return
+    if given != 1:
+        raise ConfigError(
+            f"Trainer(accumulate_grad_batches={given}), but one global step of the pipeline is "
+            f"{shape.per_rank} micro-batches per rank ({shape.global_batches} over dp_degree="
+            f"{shape.dp_degree}): leave accumulate_grad_batches unset (ZephonDataModule sets it once "
+            f"DDP is up), or set it to {shape.per_rank}; change the step with global_batches_per_step"
+        )
+    trainer.accumulate_grad_batches = shape.per_rank
+
+
+def restart_accumulation(trainer) -> None:
+    """On a resume, start Lightning's count of micro-batches at the last optimizer step.
+
+    The data resumes after the batches the weights trained on, and gradients are
+    not checkpointed, so the next optimizer step accumulates a whole step from
+    there: the epoch's count becomes its optimizer steps times the accumulation
+    (also after a change of DP degree). All progress counters move together, so
+    Lightning's restart bookkeeping (which compares them) is unchanged.
+    """
+    loop = trainer.fit_loop.epoch_loop
+    steps = loop.automatic_optimization.optim_progress.optimizer.step.current.completed
+    counts = loop.batch_progress
+    shift = counts.current.processed - steps * trainer.accumulate_grad_batches
+    for tracker in (counts.current, counts.total):
+        tracker.ready -= shift
+        tracker.started -= shift
+        tracker.processed -= shift
+        tracker.completed -= shift

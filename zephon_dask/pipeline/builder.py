@@ -46,6 +46,7 @@ from ..state.schema import check_state, config_diff, describe_diff
 from ..validate import check_int
 from ..views import show
 from . import phases, steps
+from .guard import refuse_fetching_ahead
 from .session import Session, check_covers
 
 
@@ -665,6 +666,8 @@ class Pipeline:
             >>> for batch in pipeline:  # doctest: +SKIP
             ...     train_step(batch["tokens"])
         """
+        if (refused := refuse_fetching_ahead("a Pipeline")) is not None:
+            return refused  # Lightning would checkpoint it a batch ahead of the step
         return self._session.iterate(self._session.tracked_stream, observe=True)
 
     def __len__(self) -> int:

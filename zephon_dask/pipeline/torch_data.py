@@ -23,7 +23,7 @@ from ..curriculum.seeding import stream_keys
 from ..errors import ConfigError, StateError
 from ..state.progress import Progress, resume_point
 from ..state.schema import check_state, config_diff, describe_diff
-from .guard import refuse_resharding
+from .guard import refuse_fetching_ahead, refuse_resharding
 from .session import loader_shape, share_step
 
 DATASET_FORMAT = "zephon_dask.dataset_state"
@@ -57,6 +57,8 @@ class PipelineDataset(IterableDataset):
     the loader, so there each iteration without a loaded state starts at the
     dataset's start.
     """
+
+    follows_training_step = False  # True: inside a loader whose state is the trained batches' (see guard)
 
     def __init__(self, pipeline, start: dict | None = None):
         pipeline.step_shape()  # its state records the step: bad step settings are refused here, not in a worker
@@ -117,10 +119,18 @@ class PipelineDataset(IterableDataset):
 
     def __iter__(self):
         refuse_resharding()  # a framework wrapper splitting these rank-split lanes again
+        if not self.follows_training_step and (refused := refuse_fetching_ahead(
+                "a pipeline's to_torch_dataset()")) is not None:
+            return refused  # Lightning would checkpoint it a batch ahead of the step
         progress, resume = self._begin()
         if progress is not None:  # a worker serving no lane keeps its start
             self._progress, self._loaded = progress, None
         return self._generate(self._pipe(), progress, resume)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Nothing to set (where each lane stands is the state); a wrapper that re-shards calls it
+        before iterating, so it is refused here, in the main process, also with DataLoader workers."""
+        refuse_resharding()
 
     @staticmethod
     def _generate(pipe, progress: Progress | None, resume: dict | None):
@@ -294,6 +304,8 @@ class PipelineLoader(DataLoader):
     creating its iterators draws nothing from the global RNGs.
     """
 
+    follows_training_step = False  # True: its state is the trained batches' (Lightning's fit loop may iterate it)
+
     def __init__(self, pipeline, num_workers: int = 0, **dataloader_kwargs):
         fixed = sorted(set(dataloader_kwargs) & {"batch_size", "shuffle", "sampler", "batch_sampler",
                                                   "drop_last", "persistent_workers"})
@@ -307,7 +319,10 @@ class PipelineLoader(DataLoader):
         self.pipeline, self._served = pipeline, served
 
     # DataLoader's stub promises its own iterator class; this one wraps it (same protocol)
-    def __iter__(self) -> _Delivering:  # type: ignore[override]
+    def __iter__(self) -> Iterator[dict]:  # type: ignore[override]
+        if not self.follows_training_step and (refused := refuse_fetching_ahead(
+                "a plain pipeline.to_torch_loader()")) is not None:
+            return refused  # Lightning would checkpoint it a batch ahead of the step
         return _Delivering(self)
 
     def begin_iteration(self) -> tuple[Progress, int, Iterator[dict]]:

@@ -221,9 +221,12 @@ class Progress:
         in_step = state["step"]["batches_in_step"]
         if in_step and self.shape.explicit:
             warnings.warn(
-                f"state_dict() taken {in_step} batches into a step of {self.shape.per_rank}: "
-                "nothing will be skipped or repeated, but a resume on another topology may "
-                "interleave lanes differently. Checkpoint at step boundaries",
+                f"state_dict() taken {in_step} batches into a step of {self.shape.per_rank}: a resume "
+                f"starts after those {in_step} batches, so they are skipped unless the weights saved "
+                "with this state have trained on them (a framework saving between the micro-batches "
+                "of an optimizer step has not: take state_dict(at_step=N) with the weights of step N), "
+                "and a resume on another topology may interleave lanes differently. Checkpoint at "
+                "step boundaries",
                 ZephonWarning, stacklevel=3,
             )
         return state
