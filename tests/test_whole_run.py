@@ -302,24 +302,34 @@ def test_lightning_runs_past_the_end_and_resumes_exactly(small_corpus, tmp_path)
             torch.set_rng_state(checkpoint["torch_rng"])
 
     n = pass_length(small_corpus)
-    steps, save = n + 8, n // 2
+    steps = 16  # optimizer steps of 4 batches (ZephonDataModule sizes the accumulation): past the pass's end
+
+    class Forwards(pl.Callback):
+        """The model's forward passes so far when each optimizer step has run."""
+
+        def __init__(self):
+            self.at = {}
+
+        def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+            self.at.setdefault(trainer.global_step, len(module.seen))
 
     def fit(out, resume=None):
         torch.manual_seed(0)
-        module = TinyLM()
+        module, forwards = TinyLM(), Forwards()
         trainer = pl.Trainer(max_steps=steps, accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
                              enable_model_summary=False, num_sanity_val_steps=0,
-                             callbacks=[ModelCheckpoint(dirpath=str(out), every_n_train_steps=save, save_top_k=-1,
-                                                        filename="{step}")])
+                             callbacks=[forwards, ModelCheckpoint(dirpath=str(out), every_n_train_steps=1,
+                                                                  save_top_k=-1, filename="{step}")])
         with hf_small(small_corpus) as pipe:
             trainer.fit(module, datamodule=ZephonDataModule(pipe), ckpt_path=resume)
-        return module
+        return module, forwards.at
 
-    full = fit(tmp_path / "full")
-    assert len(full.seen) == steps and full.seen[n:] == full.seen[:steps - n]
-    for at in (save, n):
-        resumed = fit(tmp_path / f"from-{at}", resume=str(tmp_path / "full" / f"step={at}.ckpt"))
-        assert resumed.seen == full.seen[at:], f"resumed at step {at}"
+    full, at_step = fit(tmp_path / "full")
+    assert full.seen[n:] == full.seen[:len(full.seen) - n] and len(full.seen) > n
+    crossed = min(step for step, count in at_step.items() if count > n)
+    for at in (6, crossed):
+        resumed, _ = fit(tmp_path / f"from-{at}", resume=str(tmp_path / "full" / f"step={at}.ckpt"))
+        assert resumed.seen == full.seen[at_step[at]:], f"resumed at step {at}"
         assert same_weights(full, resumed), f"resumed at step {at}: dropout drew other numbers"
 
 

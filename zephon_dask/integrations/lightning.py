@@ -124,6 +124,8 @@ class ZephonDataModule(pl.LightningDataModule):
         self.num_workers, self.loader_kwargs = num_workers, loader_kwargs
         self.loader: LightningLoader | None = None
         self.batches = TrainedBatches()
+        if val_pipeline is None:  # Lightning sees the default: no validation data, no warning about it
+            self.val_dataloader = super().val_dataloader  # type: ignore[method-assign]
 
     def setup(self, stage: str) -> None:
         """Lightning's hook, on every rank once ``torch.distributed`` is up: refuse pipelines that are
@@ -168,15 +170,9 @@ class ZephonDataModule(pl.LightningDataModule):
         evaluation (Lightning saves no validation loader state).
 
         Returns:
-            A :class:`PipelineLoader` over ``val_pipeline``.
-
-        Raises:
-            ConfigError: no ``val_pipeline`` was given.
+            A :class:`PipelineLoader` over ``val_pipeline`` (without one, Lightning sees no
+            validation data).
         """
-        if self.val_pipeline is None:
-            raise ConfigError("the LightningModule has a validation_step but ZephonDataModule got no "
-                              "val_pipeline: pass ZephonDataModule(pipeline, val_pipeline=...), or "
-                              "Trainer(limit_val_batches=0)")
         return self.val_pipeline.to_torch_loader(num_workers=self.num_workers, **self.loader_kwargs)
 
     def training_starts(self) -> None:
