@@ -194,3 +194,22 @@ def test_a_preempted_torchrun_job_checkpoints_its_last_step_and_resumes_on_one_r
         for _ in zip(range(30 * 8), truth, strict=False):
             pass
     assert cli(["verify", str(tmp_path / "truth"), str(ledger)]) == 0
+
+
+def test_a_delivery_is_recorded_with_no_call_an_interrupt_could_land_in():
+    """``Progress.observe`` records a delivery with plain stores and ends with one call: CPython runs
+    signal handlers only after calls and backward jumps, so a Ctrl-C leaves the state before or
+    after the delivery, never halfway (``state_dict()`` is then exact)."""
+    import dis
+    import inspect
+
+    from zephon_dask.state.progress import Progress
+
+    source, first = inspect.getsourcelines(Progress.observe)
+    lines = {text.strip(): first + i for i, text in enumerate(source)}
+    begin = next(n for text, n in lines.items() if text.startswith("p.window, p.offset, p.batches_delivered"))
+    end = lines["self._undo.append(undo)"]
+    calls = [(ins.positions.lineno, ins.opname) for ins in dis.get_instructions(Progress.observe)
+             if ins.positions and ins.positions.lineno is not None and begin <= ins.positions.lineno <= end
+             and ("CALL" in ins.opname or "JUMP_BACKWARD" in ins.opname)]
+    assert calls and {line for line, _ in calls} == {end}, calls

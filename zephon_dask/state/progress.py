@@ -150,19 +150,23 @@ class Progress:
         if self.ledger is not None:
             self.ledger.write(step, lane, index_in_lane, tokens)
         real, slots = int(counts[0].sum()), int(np.size(tokens))
+        self._counts += counts
+        self.history.add(step, real, slots, counts)
+        p, end = self.lane[lane], self._ends.get(lane)
+        undo = (lane, index_in_lane, p.as_tuple(), self.next_lane)
+        after = self.lanes[(self.lanes.index(lane) + 1) % len(self.lanes)]
+        finished = p.finished or last or (end is not None and end <= index_in_lane + 1)
+        # The record itself makes no call before its last statement: CPython runs a signal handler
+        # (Ctrl-C's KeyboardInterrupt) only after a call or a backward jump, so an interrupt lands
+        # before or after a delivery is recorded, never halfway.
+        p.window, p.offset, p.batches_delivered, p.finished = window, offset, index_in_lane + 1, finished
+        self.next_lane = after
+        self.delivered += 1
+        self.count += 1
         self.tokens += real
         self.slots += slots
         self.batches += 1
-        self._counts += counts
-        self.history.add(step, real, slots, counts)
-        p = self.lane[lane]
-        self._undo.append((lane, index_in_lane, p.as_tuple(), self.next_lane))
-        p.window, p.offset, p.batches_delivered = window, offset, index_in_lane + 1
-        p.finished = p.finished or last
-        self._settle(lane)
-        self.next_lane = self.lanes[(self.lanes.index(lane) + 1) % len(self.lanes)]
-        self.delivered += 1
-        self.count += 1
+        self._undo.append(undo)
 
     def observe_batch(self, batch) -> None:
         window, offset = batch.position
