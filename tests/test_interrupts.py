@@ -213,3 +213,36 @@ def test_a_delivery_is_recorded_with_no_call_an_interrupt_could_land_in():
              if ins.positions and ins.positions.lineno is not None and begin <= ins.positions.lineno <= end
              and ("CALL" in ins.opname or "JUMP_BACKWARD" in ins.opname)]
     assert calls and {line for line, _ in calls} == {end}, calls
+
+
+def test_a_preempted_hugging_face_run_saves_its_step_and_resumes_exactly(corpus_dir, tmp_path):
+    """SIGTERM at a seeded step of a real ``ZephonTrainer`` run: ``StopOnPreemption`` saves
+    ``checkpoint-N`` at the end of that step; resumed from it, the run trains what the uninterrupted
+    one trains after step N, to the same weights."""
+    pytest.importorskip("transformers")
+    import torch
+    from preempted_hf_job import train
+
+    steps, at = 12, int(np.random.default_rng(6).integers(2, 9))
+    out = tmp_path / "run"
+    job = [sys.executable, str(Path(__file__).parent / "preempted_hf_job.py"), "--corpus", str(corpus_dir),
+           "--out", str(out), "--steps", str(steps), "--step-s", "0.2"]
+    proc = subprocess.Popen(job, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        wait_for(lambda: proc.poll() is not None or ((out / "steps").exists()
+                                                     and int((out / "steps").read_text() or 0) >= at), f"step {at}")
+        os.kill(proc.pid, signal.SIGTERM)
+        output, _ = proc.communicate(timeout=DEADLINE)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    assert proc.returncode == 143, output[-3000:]
+    (checkpoint,) = out.glob("checkpoint-*")
+    done = int(checkpoint.name.split("-")[1])
+    assert at <= done < steps
+    full, model = train(corpus_dir, tmp_path / "full", steps)
+    resumed, model2 = train(corpus_dir, tmp_path / "resumed", steps, resume=str(checkpoint))
+    per = len(full) // steps
+    assert resumed == full[done * per:]
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), model2.parameters(), strict=True))

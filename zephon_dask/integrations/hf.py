@@ -22,6 +22,9 @@ What the stock ``Trainer`` would do with a pipeline and what the mixin does inst
   read from its beginning at every evaluation, each rank reading its own lanes,
   with no effect on the training pipeline or the random number generators;
   ``eval_loss`` is the mean loss per label token over every rank's batches;
+- **preemption**: :class:`StopOnPreemption` saves a checkpoint and stops at the end of
+  the optimizer step during which SIGINT or SIGTERM arrived (the stock ``Trainer``
+  has no handler: SIGTERM ends the process with nothing saved);
 - **TRL**: trainers that accept only a ``datasets`` object and prepare it
   themselves (tokenizing, packing) get a one-row stand-in in ``__init__``; the
   pipelines replace it before anything reads data, so TRL never prepares them.
@@ -120,6 +123,25 @@ class _SavePipelineState(TrainerCallback):
             folder = Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
             folder.mkdir(parents=True, exist_ok=True)
             save_state(folder / STATE_FILE, pipeline_state)
+        return control
+
+
+class StopOnPreemption(TrainerCallback):
+    """Save ``checkpoint-N`` and stop at the end of the optimizer step during which ``stop`` (a
+    :class:`~zephon_dask.Preemption`) received SIGINT or SIGTERM; every rank stops at the same step.
+
+    Example:
+        >>> with zephon_dask.Preemption() as stop:  # doctest: +SKIP
+        ...     ZephonTrainer(..., callbacks=[StopOnPreemption(stop)]).train(resume_from_checkpoint=...)
+        >>> sys.exit(stop.exit_code)  # doctest: +SKIP
+    """
+
+    def __init__(self, stop):
+        self.stop = stop
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.stop.should_stop():  # a collective under torch.distributed: every rank, every step
+            control.should_save = control.should_training_stop = True
         return control
 
 
