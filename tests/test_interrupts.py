@@ -215,18 +215,23 @@ def test_a_delivery_is_recorded_with_no_call_an_interrupt_could_land_in():
     assert calls and {line for line, _ in calls} == {end}, calls
 
 
-def test_a_preempted_hugging_face_run_saves_its_step_and_resumes_exactly(corpus_dir, tmp_path):
-    """SIGTERM at a seeded step of a real ``ZephonTrainer`` run: ``StopOnPreemption`` saves
-    ``checkpoint-N`` at the end of that step; resumed from it, the run trains what the uninterrupted
-    one trains after step N, to the same weights."""
+@pytest.mark.parametrize("framework, seed", [("hf", 6), ("lightning", 7)])
+def test_a_preempted_trainer_saves_its_step_and_resumes_exactly(corpus_dir, tmp_path, framework, seed):
+    """SIGTERM at a seeded step of a real training run. The Trainer (``StopOnPreemption``) saves
+    ``checkpoint-N`` at the end of that step and exits 143; Lightning stops after the current
+    micro-batch and ``OnExceptionCheckpoint`` saves the weights of step N with the data state of the
+    batches they trained. Resumed from it, the run trains what the uninterrupted one trains after
+    step N, to the same weights."""
     pytest.importorskip("transformers")
+    if framework == "lightning":
+        pytest.importorskip("pytorch_lightning")
     import torch
-    from preempted_hf_job import train
+    from preempted_trainer_job import train_hf, train_lightning
 
-    steps, at = 12, int(np.random.default_rng(6).integers(2, 9))
+    steps, at = 12, int(np.random.default_rng(seed).integers(2, 9))
     out = tmp_path / "run"
-    job = [sys.executable, str(Path(__file__).parent / "preempted_hf_job.py"), "--corpus", str(corpus_dir),
-           "--out", str(out), "--steps", str(steps), "--step-s", "0.2"]
+    job = [sys.executable, str(Path(__file__).parent / "preempted_trainer_job.py"), "--framework", framework,
+           "--corpus", str(corpus_dir), "--out", str(out), "--steps", str(steps), "--step-s", "0.1"]
     proc = subprocess.Popen(job, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         wait_for(lambda: proc.poll() is not None or ((out / "steps").exists()
@@ -237,12 +242,18 @@ def test_a_preempted_hugging_face_run_saves_its_step_and_resumes_exactly(corpus_
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.communicate()
-    assert proc.returncode == 143, output[-3000:]
-    (checkpoint,) = out.glob("checkpoint-*")
-    done = int(checkpoint.name.split("-")[1])
-    assert at <= done < steps
+    if framework == "hf":
+        assert proc.returncode == 143, output[-3000:]
+        (checkpoint,) = out.glob("checkpoint-*")
+        done = int(checkpoint.name.split("-")[1])
+        train = train_hf
+    else:  # Lightning ends a SIGTERM with its own SystemExit
+        checkpoint = tmp_path / "on_exception.ckpt"
+        (out / "on_exception.ckpt").rename(checkpoint)
+        done = torch.load(checkpoint, weights_only=False)["global_step"]
+        train = train_lightning
+    assert at <= done < steps, output[-3000:]
     full, model = train(corpus_dir, tmp_path / "full", steps)
     resumed, model2 = train(corpus_dir, tmp_path / "resumed", steps, resume=str(checkpoint))
-    per = len(full) // steps
-    assert resumed == full[done * per:]
+    assert len(full) % steps == 0 and resumed == full[done * len(full) // steps:]
     assert all(torch.equal(a, b) for a, b in zip(model.parameters(), model2.parameters(), strict=True))
