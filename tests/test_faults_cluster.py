@@ -127,6 +127,32 @@ def test_all_workers_lost_raises_a_stall_error(corpus_dir, tmp_path):
     assert waited < 60, waited
 
 
+def test_all_workers_lost_while_finished_results_are_held_raises_without_spinning(corpus_dir, tmp_path):
+    """Results finished on the workers and not yet fetched die with them (their futures turn
+    ``lost``, not done): the wait for them sleeps in slices and checks liveness, instead of waking
+    at once in a loop, and raises within cluster_timeout plus a check."""
+    with dask_cluster(tmp_path, 2) as (address, _, workers):
+        p = build(corpus_dir, address=address, prefetch_windows=6, cluster_timeout=3)
+        with p:
+            stream = iter(p)
+            next(stream)
+            watch, inflight = p.runner().watch, p.session.stream.fetcher.inflight
+            _wait_for(lambda: sum(h.done() for h in list(inflight.values())) >= 3, "3 finished windows held")
+            for w in workers:
+                w.send_signal(signal.SIGKILL)
+            waits, checks, t = watch.waits, watch.checks, time.monotonic()
+            with pytest.raises(ClusterStallError, match="no worker") as info:
+                for _ in stream:
+                    pass
+            waited = time.monotonic() - t
+    assert address in str(info.value) and "3 s" in str(info.value)
+    assert waited < 60, waited
+    # a slice lasts up to 1 s and the scheduler is asked at most once a second while a fault is
+    # pending: a spinning wait made thousands of each a second
+    assert (watch.waits - waits) <= 5 * waited + 10, (watch.waits - waits, waited)
+    assert (watch.checks - checks) <= 2 * waited + 5, (watch.checks - checks, waited)
+
+
 @pytest.mark.parametrize("windows_per_task", [1, 2])
 def test_frozen_worker_is_reported_and_its_windows_recomputed(corpus_dir, tmp_path, caplog, windows_per_task):
     """With two windows per task, a stalled task is reported naming both windows, and its copy
@@ -144,6 +170,26 @@ def test_frozen_worker_is_reported_and_its_windows_recomputed(corpus_dir, tmp_pa
     if windows_per_task > 1:
         assert any(re.search(r"windows \(lane \d+, window \d+\), \(lane \d+, window \d+\) has been", m)
                    for m in stalls), stalls
+
+
+def test_a_frozen_worker_costs_one_stall_timeout_not_one_per_window(corpus_dir, tmp_path, caplog):
+    """Once a worker computing a stalled window is silent, every window in flight on it (computing
+    or finished there) is computed again at once on the other worker, instead of each waiting out
+    its own stall_timeout; the stream stays exact. The worker stays frozen to the end."""
+    with dask_cluster(tmp_path, 2) as (address, _, workers):
+        p = build(corpus_dir, address=address, prefetch_windows=8, stall_timeout=4, cluster_timeout=60)
+        truth = reference(p)
+        with p, caplog.at_level(logging.WARNING, logger="zephon_dask.execution.cluster"):
+            rows, err, _ = _consume_after(p, lambda: workers[0].send_signal(signal.SIGSTOP))
+    assert err is None
+    assert rows == truth
+    messages = [r.getMessage() for r in caplog.records]
+    rescue = next(i for i, m in enumerate(messages) if "stalled (no heartbeat" in m)
+    rescued = re.findall(r"lane \d+, window \d+", messages[rescue].split("in flight there: ")[1])
+    assert rescued, messages[rescue]
+    later = [m for m in messages[rescue + 1:] if "has been computing" in m]
+    assert not [m for m in later if any(f"{w} has been" in m for w in rescued)], later  # none waited again
+    assert sum("has been computing" in m for m in messages) <= 3, messages
 
 
 def test_user_client_closed_mid_stream_gives_a_typed_error(corpus_dir, tmp_path):

@@ -113,5 +113,9 @@ def spawned_cluster(n_workers: int, threads_per_worker: int, host: str, dashboar
     worker = {"cls": QuietNanny, "options": {"nthreads": threads_per_worker, "host": host, "env": worker_env,
                                          "memory_limit": 1 / n_workers, "dashboard": False,
                                          "silence_logs": silence_logs}}
+    # shutdown_on_close=False: Dask's exit handler would wait up to 10 s for a cluster still starting
+    # (and join its event loop); the runner closes its cluster at exit itself, and the processes of
+    # one still starting end with this process (the lifeline, the nannies' pipes)
     return SpecCluster(workers={i: worker for i in range(n_workers)}, scheduler=scheduler, worker=worker,
-                       silence_logs=silence_logs, name="embedded", scheduler_sync_interval=SYNC_INTERVAL_S)
+                       silence_logs=silence_logs, name="embedded", scheduler_sync_interval=SYNC_INTERVAL_S,
+                       shutdown_on_close=False)
