@@ -117,6 +117,54 @@ def test_scheduler_killed_mid_stream_raises_instead_of_hanging(corpus_dir, tmp_p
     assert len(rows) < len(reference(p))
 
 
+UNCAUGHT_SCRIPT = """
+import sys, time
+sys.path.insert(0, {tests!r})
+from pathlib import Path
+from pipelines import build
+
+p = build(Path({corpus!r}), address={address!r}, prefetch_windows=4, cluster_timeout={timeout})
+stream = iter(p)
+next(stream)
+print("streaming", flush=True)
+sys.stdin.readline()  # the scheduler is killed meanwhile
+try:
+    for batch in stream:
+        pass
+finally:
+    print("error at", time.time(), flush=True)  # and left uncaught, as most training scripts do
+"""
+
+
+@pytest.mark.slow
+def test_an_uncaught_stall_error_exits_without_waiting_on_the_dead_scheduler(corpus_dir, tmp_path):
+    """The scheduler is killed; ClusterStallError after cluster_timeout is left uncaught, nothing
+    closes the pipeline: the process exits soon after. Dask's own teardown of the client waited
+    2 x cluster_timeout more at interpreter exit (the process exited 135 s after the kill with the
+    default 45 s)."""
+    timeout = 20
+    with dask_cluster(tmp_path, 1) as (address, scheduler, _):
+        script = tmp_path / "train.py"
+        script.write_text(UNCAUGHT_SCRIPT.format(tests=str(Path(__file__).parent), corpus=str(corpus_dir),
+                                                 address=address, timeout=timeout))
+        proc = subprocess.Popen([sys.executable, str(script)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        try:
+            assert proc.stdout.readline().strip() == "streaming"
+            scheduler.send_signal(signal.SIGKILL)
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
+            error_at = float(proc.stdout.readline().split()[-1])
+            proc.wait(timeout=timeout + 60)
+            exited = time.time() - error_at
+        finally:
+            proc.kill()
+            err = proc.communicate(timeout=30)[1]
+    assert proc.returncode == 1, err[-3000:]
+    assert "zephon_dask.errors.ClusterStallError" in err or "zephon_dask.errors.ClusterError" in err, err[-3000:]
+    assert exited < 1.5 * timeout, (exited, err[-3000:])  # Dask alone: 2 x cluster_timeout after the error
+
+
 def test_all_workers_lost_raises_a_stall_error(corpus_dir, tmp_path):
     with dask_cluster(tmp_path, 1) as (address, _, workers):
         p = build(corpus_dir, address=address, prefetch_windows=1, cluster_timeout=3)

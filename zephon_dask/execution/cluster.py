@@ -46,7 +46,7 @@ from ..graph import keys as graph_keys
 from .base import GroupResult, MemberHandle, Runner, WindowHandle
 from .head_start import HEAD_START_ALONE, Boot, HeadStart
 from .memory import TRIM_EVERY, trim_freed_memory
-from .spawned import spawned_cluster
+from .spawned import spawned_cluster, stop_schedulers
 from .task_errors import raise_if_failed, settled
 from .watch import DEFAULT_STALL, DEFAULT_TIMEOUT, PROBE_TIMEOUT, ClusterWatch, probe_address
 
@@ -448,6 +448,8 @@ class DistributedRunner(Runner):
             head = self._head
             if head is not None:  # the cluster's start would compete for the same cores
                 head.first_window.wait(HEAD_START_ALONE)
+            if self._abandoned:  # closed before the cluster was needed: start nothing
+                raise ClosedError("this distributed runner was closed before its embedded cluster started")
             self._start_embedded(n_workers, threads_per_worker, dashboard_address, timeout)
 
         if not head_start:
@@ -755,6 +757,7 @@ def close_open_runners() -> None:
             runner.close()
         except Exception:  # best effort at exit: the next runner still gets closed
             pass
+    stop_schedulers()  # of clusters still starting (closed runners' starts, going on in the background)
 
 
 atexit.register(close_open_runners)

@@ -21,10 +21,12 @@ import contextlib
 import json
 import logging
 import os
+import signal
 import sys
 import tempfile
 import time
 import uuid
+import weakref
 from pathlib import Path
 
 import dask
@@ -67,6 +69,7 @@ class SchedulerProcess(ProcessInterface):
         spec = json.dumps({"cls": "distributed.Scheduler", "opts": self.options})
         self.process = await asyncio.create_subprocess_exec(sys.executable, "-m", "dask", "spec", "--spec", spec,
                                                             env=self.env)
+        RUNNING.add(self)
         path, deadline = Path(self.options["scheduler_file"]), time.monotonic() + self.timeout
         while self.address is None:
             with contextlib.suppress(OSError, ValueError):  # not written yet, or half-written
@@ -80,6 +83,7 @@ class SchedulerProcess(ProcessInterface):
         await super().start()
 
     async def close(self) -> None:
+        RUNNING.discard(self)
         process, self.process = self.process, None
         if process is not None and process.returncode is None:
             process.terminate()  # dask spec closes its scheduler on SIGTERM
@@ -90,6 +94,20 @@ class SchedulerProcess(ProcessInterface):
                 await process.wait()
         Path(self.options["scheduler_file"]).unlink(missing_ok=True)
         await super().close()
+
+
+RUNNING: weakref.WeakSet[SchedulerProcess] = weakref.WeakSet()  # started and not closed
+
+
+def stop_schedulers() -> None:
+    """Ask every scheduler process started here and not closed to stop (``SIGTERM``; one still
+    starting ends at once), waiting for none: at interpreter exit, a cluster still starting is
+    not waited for, and its scheduler neither outlives this process nor holds its stderr."""
+    for scheduler in list(RUNNING):
+        process = scheduler.process
+        if process is not None and process.returncode is None:
+            with contextlib.suppress(OSError):
+                os.kill(process.pid, signal.SIGTERM)
 
 
 def spawned_cluster(n_workers: int, threads_per_worker: int, host: str, dashboard_address: str | None,

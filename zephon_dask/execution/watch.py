@@ -145,28 +145,28 @@ class ClusterWatch:
         :meth:`wait` does (a result lost with its worker is computed again meanwhile, and a
         cluster left without workers raises :class:`~zephon_dask.errors.ClusterStallError`).
         ``TimeoutError`` after ``limit`` seconds (a frozen worker holding it); the fetch is then
-        cancelled. A slice counts in :attr:`waits`."""
+        cancelled (after a cluster error it is left to end with the client: cancelled while it
+        waits for a lost result, Dask's gather leaves orphaned tasks that log at exit). A slice
+        counts in :attr:`waits`."""
         self.check_open()
         client = self.client
         fetching = asyncio.run_coroutine_threadsafe(client.gather([future], asynchronous=True),
                                                     client.loop.asyncio_loop)
         end = time.monotonic() + limit
-        try:
-            while True:
-                try:
-                    return fetching.result(timeout=max(0.0, min(POLL, end - time.monotonic())))[0]
-                except TimeoutError:
-                    if fetching.done():  # the fetch's own error
-                        raise
-                    if time.monotonic() >= end:
-                        raise TimeoutError(f"fetching {future.key} took over {limit:g} s") from None
-                    self.waits += 1
-                    self._check_if_due()
-                except CancelledError:
-                    self.check_open()  # the client closed meanwhile: say so
+        while True:
+            try:
+                return fetching.result(timeout=max(0.0, min(POLL, end - time.monotonic())))[0]
+            except TimeoutError:
+                if fetching.done():  # the fetch's own error
                     raise
-        finally:
-            fetching.cancel()
+                if time.monotonic() >= end:
+                    fetching.cancel()
+                    raise TimeoutError(f"fetching {future.key} took over {limit:g} s") from None
+                self.waits += 1
+                self._check_if_due()
+            except CancelledError:
+                self.check_open()  # the client closed meanwhile: say so
+                raise
 
     def _check_if_due(self) -> None:
         """After a slice without a result: :meth:`check` if :data:`CHECK_EVERY` seconds passed
