@@ -64,8 +64,8 @@ if __name__ == "__main__":
         for i, batch in enumerate(pipeline):
             print(batch.lane, batch.index_in_lane, batch["tokens"].shape)
             if i == 7:
+                print("mark", time.time(), flush=True)  # the last batch: the rest is closing and exiting
                 break
-    print("mark", time.time(), flush=True)
 """
 
 WRONG_FIELD = """

@@ -277,8 +277,8 @@ MAX_WINDOWS_PER_TASK = 4  # the automatic windows_per_task's ceiling (stall_time
 class DistributedHandle(WindowHandle):
     """A window's futures (one per task key of its graph), or those of a task computing several
     windows (a :class:`~zephon_dask.graph.GroupGraph`, one task), waited on and fetched through
-    the runner's :class:`ClusterWatch`; messages name every window of the task. Registered in
-    the runner's :attr:`~DistributedRunner.in_flight` until released.
+    the runner's :class:`ClusterWatch`; messages name every window of the task. Tracked by the
+    runner (:meth:`~DistributedRunner.track`) until released.
 
     A result lost with its worker (a gather that fails or a future the scheduler
     cancels) is resubmitted under the same keys: the window is pure, so the
@@ -303,7 +303,7 @@ class DistributedHandle(WindowHandle):
         self._copy, self._copies = None, 0
         self._copy_on: list[str] = []  # the workers the copy may run on
         self._stuck: set[str] = set()  # keys not to fetch: held by a stalled worker, or not fetched in time
-        runner.in_flight.add(self)
+        runner.track(self)
 
     @property
     def keys(self) -> set[str]:
@@ -360,8 +360,8 @@ class DistributedHandle(WindowHandle):
                 self.release()
                 again = runner._submit_remote(self.graph, self._priority)
                 self._future, self._chunks = again._future, again._chunks
-                runner.in_flight.discard(again)
-                runner.in_flight.add(self)
+                runner.track(again, False)
+                runner.track(self)
                 self._stuck.clear()
                 continue
             except Exception as exc:
@@ -407,7 +407,7 @@ class DistributedHandle(WindowHandle):
             self._stuck.add(self._future.key)
 
     def release(self) -> None:
-        self._runner.in_flight.discard(self)
+        self._runner.track(self, False)
         fut, chunks, copy = self._future, self._chunks, self._copy
         self._future, self._chunks, self._copy = None, [], None
         for f in [*chunks, fut, copy]:
@@ -434,7 +434,8 @@ class DistributedRunner(Runner):
         self._own_cluster = client is None and address is None
         self._live_only: tuple[list[str], float] | None = None  # (the responsive workers, until) while some are silent
         self.computed_here: list[tuple[int, int]] = []  # (lane, window) computed in this process (head start)
-        self.in_flight: weakref.WeakSet[DistributedHandle] = weakref.WeakSet()  # handles not released
+        self._in_flight: weakref.WeakSet[DistributedHandle] = weakref.WeakSet()  # handles not released
+        self._in_flight_lock = threading.Lock()  # handles are made on the consumer's and the start's threads
         OPEN_RUNNERS.add(self)
         if not self._own_cluster:
             self._connect(client if client is not None else open_client(address, timeout), address, timeout)
@@ -556,10 +557,19 @@ class DistributedRunner(Runner):
             raise ClusterError(f"the Dask scheduler at {self.watch.address} did not answer within "
                                f"{PROBE_TIMEOUT:g} s ({exc!r}); check the cluster") from None
 
+    def track(self, handle: DistributedHandle, in_flight: bool = True) -> None:
+        """Count ``handle`` among the windows in flight (:meth:`placement`), or no more."""
+        with self._in_flight_lock:
+            if in_flight:
+                self._in_flight.add(handle)
+            else:
+                self._in_flight.discard(handle)
+
     def placement(self) -> tuple[dict[DistributedHandle, list[str]], list[str], list[str]]:
         """``(workers computing or holding each handle in flight's keys, responsive workers,
         silent workers)`` (see :meth:`_heartbeats`). Empty if the scheduler does not answer."""
-        handles = list(self.in_flight)
+        with self._in_flight_lock:
+            handles = list(self._in_flight)
         keys = sorted(set().union(*(h.keys for h in handles)))
         try:
             live, silent = self._heartbeats()
@@ -708,8 +718,10 @@ class DistributedRunner(Runner):
         if self.starting:
             return (f"distributed (embedded cluster starting, {self._planned_slots} worker threads; "
                     "the first windows computed in this process meanwhile)")
-        if self._client is None:
+        if self._abandoned:
             return "distributed (closed)"
+        if self._client is None:
+            return f"distributed (the embedded cluster did not start: {self._boot.error if self._boot else None})"
         where = "embedded cluster" if self._own_cluster else self.watch.address
         try:
             workers = f"{self._identity(0).get('n_workers', 0)} workers"
