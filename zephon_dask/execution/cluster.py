@@ -48,7 +48,14 @@ from .head_start import HEAD_START_ALONE, Boot, HeadStart
 from .memory import TRIM_EVERY, trim_freed_memory
 from .spawned import spawned_cluster, stop_schedulers
 from .task_errors import raise_if_failed, settled
-from .watch import DEFAULT_STALL, DEFAULT_TIMEOUT, PROBE_TIMEOUT, ClusterWatch, probe_address
+from .watch import (
+    DEFAULT_STALL,
+    DEFAULT_TIMEOUT,
+    NOT_FETCHED,
+    PROBE_TIMEOUT,
+    ClusterWatch,
+    probe_address,
+)
 
 logger = logging.getLogger(__name__)
 LOCAL_HOST = "127.0.0.1"
@@ -339,17 +346,10 @@ class DistributedHandle(WindowHandle):
                 runner.watch.check_open()
                 exc.add_note(f"zephon_dask: while computing {self.graph.label}")
                 raise
-            except TimeoutError as exc:
-                if not finished:  # the task's own error
+            except LOST_RESULT as exc:
+                if done.status == "error":  # the task's own error (an OSError), after Dask's retries
                     exc.add_note(f"zephon_dask: while computing {self.graph.label}")
                     raise
-                self._stuck.add(done.key)
-                reported = time.monotonic()
-                self._stalled(reported - started)
-                if self._copy is None or self._copy is done:
-                    self._stuck.discard(done.key)  # nothing else to wait for: keep fetching it
-                continue
-            except LOST_RESULT as exc:
                 if resubmits == RESUBMITS:
                     raise
                 resubmits += 1
@@ -367,7 +367,13 @@ class DistributedHandle(WindowHandle):
             except Exception as exc:
                 exc.add_note(f"zephon_dask: while computing {self.graph.label}")
                 raise
-            return raise_if_failed(value, self.graph.label)
+            if value is not NOT_FETCHED:
+                return raise_if_failed(value, self.graph.label)
+            self._stuck.add(done.key)
+            reported = time.monotonic()
+            self._stalled(reported - started)
+            if self._copy is None or self._copy is done:
+                self._stuck.discard(done.key)  # nothing else to wait for: keep fetching it
 
     def _stalled(self, waited: float) -> None:
         """Report a window computing (or its result being fetched) for too long; compute a copy on

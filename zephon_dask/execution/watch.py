@@ -34,6 +34,7 @@ CONNECT_TIMEOUT = 5.0  # seconds to open a connection to a scheduler address
 POLL = 1.0  # the longest slice of a wait
 CHECK_EVERY = 5.0  # seconds between two liveness RPCs while waits keep ending empty (at most timeout / 2)
 PROBE_TIMEOUT = 5.0  # seconds one liveness RPC may take
+NOT_FETCHED = object()  # what ClusterWatch.fetch returns for a result it could not fetch in time
 
 
 def probe_address(address: str, timeout: float = CONNECT_TIMEOUT) -> None:
@@ -144,7 +145,7 @@ class ClusterWatch:
         thread waits in slices of at most :data:`POLL` seconds, checking liveness between them as
         :meth:`wait` does (a result lost with its worker is computed again meanwhile, and a
         cluster left without workers raises :class:`~zephon_dask.errors.ClusterStallError`).
-        ``TimeoutError`` after ``limit`` seconds (a frozen worker holding it); the fetch is then
+        :data:`NOT_FETCHED` after ``limit`` seconds (a frozen worker holding it); the fetch is then
         cancelled (after a cluster error it is left to end with the client: cancelled while it
         waits for a lost result, Dask's gather leaves orphaned tasks that log at exit). A slice
         counts in :attr:`waits`."""
@@ -161,7 +162,7 @@ class ClusterWatch:
                     raise
                 if time.monotonic() >= end:
                     fetching.cancel()
-                    raise TimeoutError(f"fetching {future.key} took over {limit:g} s") from None
+                    return NOT_FETCHED
                 self.waits += 1
                 self._check_if_due()
             except CancelledError:
