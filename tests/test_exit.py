@@ -130,3 +130,18 @@ def test_close_returns_while_the_cluster_starts_and_the_start_is_undone(corpus_d
     p.close()
     assert runner.starting  # close() did not wait for it
     wait_until_no_new_processes(before, limit=60)
+
+
+def test_a_pipeline_closed_before_its_cluster_was_needed_starts_none(corpus_dir, monkeypatch):
+    """The cluster's start waits for the first window computed here (or a second); a pipeline
+    closed before that starts no cluster at all."""
+    started = []
+    monkeypatch.setattr(cluster_mod, "local_cluster", lambda *args, **kwargs: started.append(args))
+    p = build(corpus_dir, n_workers=1)
+    runner = p.runner()  # nothing iterated: the start waits
+    p.close()
+    deadline = time.monotonic() + 30
+    while runner.starting and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not runner.starting and started == []
+    assert "closed" in runner.describe()
