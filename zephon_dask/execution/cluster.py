@@ -1,6 +1,7 @@
 """The ``distributed`` runner: windows as Dask tasks on a cluster. Holds the client.
 
-This is the only module that imports ``distributed``. By default the runner
+This module starts and talks to clusters (:mod:`.watch` waits on them, :mod:`.spawned`
+starts the embedded one's scheduler). By default the runner
 starts an embedded cluster (worker processes with one thread each, so a
 Hugging Face tokenizer never oversubscribes a core; its scheduler in a process
 of its own, see :mod:`.spawned`), fetches windows straight from the workers
@@ -13,7 +14,9 @@ data); each window is submitted as its :class:`~zephon_dask.graph.WindowGraph`'s
 tasks (one ``Client.get``), which refer to the spec's future, under keys
 derived from the pipeline fingerprint, so identical windows submitted by
 tensor-parallel peers sharing a cluster are computed once. A worker lost
-mid-task is recomputed by the scheduler from the same pure inputs.
+mid-task is recomputed by the scheduler from the same pure inputs. Runners not
+closed when the interpreter exits are closed then (:func:`close_open_runners`):
+module state, :data:`OPEN_RUNNERS`.
 """
 
 from __future__ import annotations

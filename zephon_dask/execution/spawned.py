@@ -12,6 +12,8 @@ process is gone; the workers exit with their nanny), through an environment of
 its own (this process's is never changed; its ``PYTHONPATH`` is this process's
 ``sys.path``). Its stderr is this process's. Its
 scheduler file lives in the temporary directory and is removed on close.
+Module state: :data:`RUNNING`, the scheduler processes not closed yet, which
+:func:`stop_schedulers` stops at interpreter exit.
 """
 
 from __future__ import annotations
