@@ -1,11 +1,11 @@
 """Bounded waits on a Dask cluster: a deadline and a liveness check for every wait. Holds state.
 
 A :class:`ClusterWatch` belongs to one client. :meth:`ClusterWatch.wait` waits for
-the first of some futures to finish, in slices of at most :data:`POLL` seconds;
-after a slice that ends without one it checks that the client is open and
-connected and, at most every :data:`CHECK_EVERY` seconds (every slice while a
-fault is pending), that it reaches its scheduler and that the scheduler has a
-worker. A condition that stays false for ``timeout`` seconds after it is first
+the first of some futures to finish, and :meth:`ClusterWatch.fetch` for a
+finished one's result, in slices of at most :data:`POLL` seconds; after a slice
+that ends without one it checks that the client is open and connected and, at
+most every :data:`CHECK_EVERY` seconds (every :data:`POLL` seconds while a fault
+is pending), that it reaches its scheduler and that the scheduler has a worker. A condition that stays false for ``timeout`` seconds after it is first
 seen raises :class:`~zephon_dask.errors.ClusterStallError`; a client that is
 closed (by the user, or by ``distributed`` after it failed to reconnect) raises
 :class:`~zephon_dask.errors.ClusterError` at once. A fast wait costs nothing
