@@ -188,6 +188,8 @@ def test_all_workers_lost_while_finished_results_are_held_raises_without_spinnin
             _wait_for(lambda: sum(h.done() for h in list(inflight.values())) >= 3, "3 finished windows held")
             for w in workers:
                 w.send_signal(signal.SIGKILL)
+            # the scheduler tells the client: finished results turn lost (not done) before they are asked for
+            _wait_for(lambda: not any(h.done() for h in list(inflight.values())), "the held results lost")
             waits, checks, t = watch.waits, watch.checks, time.monotonic()
             with pytest.raises(ClusterStallError, match="no worker") as info:
                 for _ in stream:
