@@ -61,3 +61,14 @@ def child_pids() -> set[int]:
         except psutil.NoSuchProcess:
             pass
     return out
+
+
+def wait_until_no_new_processes(before: set[int], limit: float = 30.0) -> None:
+    """Poll until every child process not in ``before`` has ended (a cluster that was still
+    starting is closed in the background); ``AssertionError`` naming them after ``limit`` seconds."""
+    import time
+
+    deadline = time.monotonic() + limit
+    while (left := child_pids() - before) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not left, f"processes left {limit:g} s after close: {sorted(left)}"

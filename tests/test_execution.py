@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from oracles import batch_rows, ref_group_stream
-from pipelines import build, child_pids
+from pipelines import build, child_pids, wait_until_no_new_processes
 
 import zephon_dask as z
 from zephon_dask.curriculum import group_lanes
@@ -82,8 +82,7 @@ def test_embedded_local_cluster_one_worker_and_close(corpus_dir):
             got.append(batch_rows(b))
         assert "distributed" in p.runner().describe()
     assert got == truth
-    time.sleep(0.5)
-    assert child_pids() <= before  # no worker process left behind
+    wait_until_no_new_processes(before)  # no worker process left behind (a start still running ends)
 
 
 def _worker_settings():
@@ -392,7 +391,7 @@ def test_distributed_runner_submits_exactly_the_window_graph(corpus_dir, cluster
     # a silent worker: the spec by value, every task kept off the other workers; a stalled window's copy
     worker = sorted(cluster.scheduler_info()["workers"])[0]
     copy = graph.fused_copy(1)
-    runner._live_only = [worker]
+    runner._live_only = ([worker], time.monotonic() + 60)  # (the responsive workers, until)
     handles = [runner.submit(graph, priority=3)]
     handles.append(runner.submit_tasks(copy, spec, 3, None, workers=[worker], allow_other_workers=False)[0])
     for h in handles:

@@ -117,6 +117,54 @@ def test_scheduler_killed_mid_stream_raises_instead_of_hanging(corpus_dir, tmp_p
     assert len(rows) < len(reference(p))
 
 
+UNCAUGHT_SCRIPT = """
+import sys, time
+sys.path.insert(0, {tests!r})
+from pathlib import Path
+from pipelines import build
+
+p = build(Path({corpus!r}), address={address!r}, prefetch_windows=4, cluster_timeout={timeout})
+stream = iter(p)
+next(stream)
+print("streaming", flush=True)
+sys.stdin.readline()  # the scheduler is killed meanwhile
+try:
+    for batch in stream:
+        pass
+finally:
+    print("error at", time.time(), flush=True)  # and left uncaught, as most training scripts do
+"""
+
+
+@pytest.mark.slow
+def test_an_uncaught_stall_error_exits_without_waiting_on_the_dead_scheduler(corpus_dir, tmp_path):
+    """The scheduler is killed; ClusterStallError after cluster_timeout is left uncaught, nothing
+    closes the pipeline: the process exits soon after. Dask's own teardown of the client waited
+    2 x cluster_timeout more at interpreter exit (the process exited 135 s after the kill with the
+    default 45 s)."""
+    timeout = 20
+    with dask_cluster(tmp_path, 1) as (address, scheduler, _):
+        script = tmp_path / "train.py"
+        script.write_text(UNCAUGHT_SCRIPT.format(tests=str(Path(__file__).parent), corpus=str(corpus_dir),
+                                                 address=address, timeout=timeout))
+        proc = subprocess.Popen([sys.executable, str(script)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        try:
+            assert proc.stdout.readline().strip() == "streaming"
+            scheduler.send_signal(signal.SIGKILL)
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
+            error_at = float(proc.stdout.readline().split()[-1])
+            proc.wait(timeout=timeout + 60)
+            exited = time.time() - error_at
+        finally:
+            proc.kill()
+            err = proc.communicate(timeout=30)[1]
+    assert proc.returncode == 1, err[-3000:]
+    assert "zephon_dask.errors.ClusterStallError" in err or "zephon_dask.errors.ClusterError" in err, err[-3000:]
+    assert exited < 1.5 * timeout, (exited, err[-3000:])  # Dask alone: 2 x cluster_timeout after the error
+
+
 def test_all_workers_lost_raises_a_stall_error(corpus_dir, tmp_path):
     with dask_cluster(tmp_path, 1) as (address, _, workers):
         p = build(corpus_dir, address=address, prefetch_windows=1, cluster_timeout=3)
@@ -125,6 +173,34 @@ def test_all_workers_lost_raises_a_stall_error(corpus_dir, tmp_path):
     assert isinstance(err, ClusterStallError) and isinstance(err, TimeoutError), err
     assert "no worker" in str(err) and address in str(err) and "3 s" in str(err)
     assert waited < 60, waited
+
+
+def test_all_workers_lost_while_finished_results_are_held_raises_without_spinning(corpus_dir, tmp_path):
+    """Results finished on the workers and not yet fetched die with them (their futures turn
+    ``lost``, not done): the wait for them sleeps in slices and checks liveness, instead of waking
+    at once in a loop, and raises within cluster_timeout plus a check."""
+    with dask_cluster(tmp_path, 2) as (address, _, workers):
+        p = build(corpus_dir, address=address, prefetch_windows=6, cluster_timeout=3)
+        with p:
+            stream = iter(p)
+            next(stream)
+            watch, inflight = p.runner().watch, p.session.stream.fetcher.inflight
+            _wait_for(lambda: sum(h.done() for h in list(inflight.values())) >= 3, "3 finished windows held")
+            for w in workers:
+                w.send_signal(signal.SIGKILL)
+            # the scheduler tells the client: finished results turn lost (not done) before they are asked for
+            _wait_for(lambda: not any(h.done() for h in list(inflight.values())), "the held results lost")
+            waits, checks, t = watch.waits, watch.checks, time.monotonic()
+            with pytest.raises(ClusterStallError, match="no worker") as info:
+                for _ in stream:
+                    pass
+            waited = time.monotonic() - t
+    assert address in str(info.value) and "3 s" in str(info.value)
+    assert waited < 60, waited
+    # a slice lasts up to 1 s and the scheduler is asked at most once a second while a fault is
+    # pending: a spinning wait made thousands of each a second
+    assert (watch.waits - waits) <= 5 * waited + 10, (watch.waits - waits, waited)
+    assert (watch.checks - checks) <= 2 * waited + 5, (watch.checks - checks, waited)
 
 
 @pytest.mark.parametrize("windows_per_task", [1, 2])
@@ -144,6 +220,26 @@ def test_frozen_worker_is_reported_and_its_windows_recomputed(corpus_dir, tmp_pa
     if windows_per_task > 1:
         assert any(re.search(r"windows \(lane \d+, window \d+\), \(lane \d+, window \d+\) has been", m)
                    for m in stalls), stalls
+
+
+def test_a_frozen_worker_costs_one_stall_timeout_not_one_per_window(corpus_dir, tmp_path, caplog):
+    """Once a worker computing a stalled window is silent, every window in flight on it (computing
+    or finished there) is computed again at once on the other worker, instead of each waiting out
+    its own stall_timeout; the stream stays exact. The worker stays frozen to the end."""
+    with dask_cluster(tmp_path, 2) as (address, _, workers):
+        p = build(corpus_dir, address=address, prefetch_windows=8, stall_timeout=4, cluster_timeout=60)
+        truth = reference(p)
+        with p, caplog.at_level(logging.WARNING, logger="zephon_dask.execution.cluster"):
+            rows, err, _ = _consume_after(p, lambda: workers[0].send_signal(signal.SIGSTOP))
+    assert err is None
+    assert rows == truth
+    messages = [r.getMessage() for r in caplog.records]
+    rescue = next(i for i, m in enumerate(messages) if "stalled (no heartbeat" in m)
+    rescued = re.findall(r"lane \d+, window \d+", messages[rescue].split("in flight there: ")[1])
+    assert rescued, messages[rescue]
+    later = [m for m in messages[rescue + 1:] if "has been computing" in m]
+    assert not [m for m in later if any(f"{w} has been" in m for w in rescued)], later  # none waited again
+    assert sum("has been computing" in m for m in messages) <= 3, messages
 
 
 def test_user_client_closed_mid_stream_gives_a_typed_error(corpus_dir, tmp_path):

@@ -14,6 +14,7 @@ from pipelines import FakeSpec
 
 from zephon_dask.consumer.fetcher import WindowFetcher
 from zephon_dask.errors import ClusterStallError
+from zephon_dask.execution.watch import POLL
 
 
 class Handle:
@@ -125,83 +126,59 @@ def test_ranks_sharing_a_cluster_split_its_threads_for_prefetch(tmp_path):
             assert "auto: 8 " in str(group.explain())
 
 
-class SlowFuture:
-    """Done ``after`` seconds from creation; calls its callbacks then (from a timer thread)."""
+@pytest.fixture
+def thread_client():
+    """Makes clients of in-process clusters (``n_workers`` threads each, 1 by default); closes them after."""
+    from distributed import Client, LocalCluster
 
-    def __init__(self, after: float):
-        import threading
+    def make(n_workers: int = 1):
+        cluster = LocalCluster(processes=False, n_workers=n_workers, threads_per_worker=1, dashboard_address=None)
+        made.append((cluster, Client(cluster, set_as_default=False)))
+        return made[-1][1]
 
-        self._done = threading.Event()
-        self._callbacks: list = []
-        timer = threading.Timer(after, self._finish)
-        timer.daemon = True
-        timer.start()
-
-    def _finish(self):
-        self._done.set()
-        for fn in self._callbacks:
-            fn(self)
-
-    def done(self):
-        return self._done.is_set()
-
-    def add_done_callback(self, fn):
-        self._callbacks.append(fn)
-        if self.done():
-            fn(self)
+    made: list = []
+    yield make
+    for cluster, client in made:
+        client.close()
+        cluster.close()
 
 
-class CountingClient:
-    """A running client whose scheduler answers liveness RPCs (counted)."""
-
-    status = "running"
-
-    def __init__(self):
-        self.rpcs = 0
-
-        class Scheduler:
-            address = "inproc://test"
-
-            n_workers = 1
-
-            def identity(self, **kwargs):
-                return {"n_workers": self.n_workers}
-
-        self.scheduler = Scheduler()
-
-    def sync(self, fn, *args, callback_timeout=None, **kwargs):
-        self.rpcs += 1
-        return fn(*args, **kwargs)
-
-
-def test_a_wait_that_ends_in_time_costs_the_scheduler_no_rpc():
+def test_a_wait_that_ends_in_time_costs_the_scheduler_no_rpc(thread_client):
     """Waiting for a window that finishes within the slice sends no liveness RPC; a slice that ends
     without it does."""
+    import time
+
     from zephon_dask.execution.watch import ClusterWatch
 
-    client = CountingClient()
+    client = thread_client()
     watch = ClusterWatch(client, timeout=30)
-    fut = SlowFuture(0.05)
-    assert watch.wait([fut], timeout=5) is fut
-    assert client.rpcs == 0
-    assert watch.wait([SlowFuture(1)], timeout=0.05) is None
-    assert client.rpcs == 1
-    assert watch.wait([SlowFuture(1)], timeout=0.05) is None  # checked just now: not again before 5 s
-    assert client.rpcs == 1
+    fut = client.submit(time.sleep, 0.05, pure=False)
+    assert watch.wait([fut], timeout=20) is fut
+    assert watch.checks == 0
+    slow = client.submit(time.sleep, 3, pure=False)
+    assert watch.wait([slow], timeout=0.05) is None
+    assert watch.checks == 1
+    assert watch.wait([slow], timeout=0.05) is None  # checked just now: not again before 5 s
+    assert watch.checks == 1
 
 
-def test_empty_waits_check_liveness_at_most_every_few_seconds_unless_a_fault_is_pending():
+def test_empty_waits_check_liveness_at_most_every_few_seconds_unless_a_fault_is_pending(thread_client):
+    import time
+
     from zephon_dask.execution.watch import ClusterWatch
 
-    client = CountingClient()
+    client = thread_client()
     watch = ClusterWatch(client, timeout=30)
+    slow = client.submit(time.sleep, 3, pure=False)
     for _ in range(4):
-        assert watch.wait([SlowFuture(1)], timeout=0.02) is None
-    assert client.rpcs == 1  # the first empty slice checks; the next ones, within 5 s, do not
-    client = CountingClient()
-    client.scheduler.n_workers = 0  # a fault: once seen, checked after every slice until it raises
-    watch = ClusterWatch(client, timeout=0.3)
+        assert watch.wait([slow], timeout=0.02) is None
+    assert watch.checks == 1  # the first empty slice checks; the next ones, within 5 s, do not
+    idle = thread_client(n_workers=0)  # a fault: once seen, checked every second until it raises
+    watch = ClusterWatch(idle, timeout=0.3)
+    never = idle.submit(time.sleep, 0, pure=False)
+    t = time.monotonic()
     with pytest.raises(ClusterStallError, match="no worker"):
-        for _ in range(100):
-            watch.wait([SlowFuture(1)], timeout=0.02)
-    assert client.rpcs >= 5
+        for _ in range(1000):
+            watch.wait([never], timeout=0.02)
+    assert 2 <= watch.checks <= 2 + (time.monotonic() - t) / POLL, watch.checks
+    assert watch.waits >= watch.checks

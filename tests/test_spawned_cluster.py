@@ -16,7 +16,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from pipelines import build, child_pids
+from pipelines import build, child_pids, wait_until_no_new_processes
 
 import zephon_dask as z
 
@@ -63,8 +63,7 @@ def test_scheduler_runs_apart_with_the_embedded_settings_and_the_users_config(co
     assert pid != os.getpid() and pid in before | {pid}
     assert (tick, saturation) == ("1s", 2.5)
     assert not Path(scheduler_file).exists()
-    time.sleep(0.5)
-    assert child_pids() <= before  # scheduler and worker processes all ended
+    wait_until_no_new_processes(before)  # scheduler and worker processes all ended
 
 
 def test_killed_training_process_leaves_no_process_nor_scheduler_file(corpus_dir, tmp_path):

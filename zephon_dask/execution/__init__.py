@@ -1,8 +1,9 @@
 """Runners: where window graphs execute. None of them can change a byte of the data.
 
 :mod:`.base` is the contract, :mod:`.local` and :mod:`.cluster` the runners,
-:mod:`.watch` the bounded waits on a cluster, :mod:`.registry` the names and the
-choice between them.
+:mod:`.watch` the bounded waits on a cluster, :mod:`.task_errors` the errors a
+task returns instead of raising, :mod:`.registry` the names and the choice
+between them.
 """
 
 from .base import Runner, WindowHandle

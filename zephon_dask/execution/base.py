@@ -123,6 +123,12 @@ class Runner:
         """The Dask dashboard's address, or ``None`` for a runner without one."""
         return None
 
+    @property
+    def starting(self) -> bool:
+        """Whether the runner is still starting (an embedded cluster); inspection then says so
+        instead of waiting."""
+        return False
+
     @classmethod
     def from_options(cls, spec: PipelineSpec, options: dict) -> Runner:
         """The runner for ``spec``, started from the pipeline's execution ``options`` (a

@@ -1,6 +1,7 @@
 """The ``distributed`` runner: windows as Dask tasks on a cluster. Holds the client.
 
-This is the only module that imports ``distributed``. By default the runner
+This module starts and talks to clusters (:mod:`.watch` waits on them, :mod:`.spawned`
+starts the embedded one's scheduler). By default the runner
 starts an embedded cluster (worker processes with one thread each, so a
 Hugging Face tokenizer never oversubscribes a core; its scheduler in a process
 of its own, see :mod:`.spawned`), fetches windows straight from the workers
@@ -13,17 +14,23 @@ data); each window is submitted as its :class:`~zephon_dask.graph.WindowGraph`'s
 tasks (one ``Client.get``), which refer to the spec's future, under keys
 derived from the pipeline fingerprint, so identical windows submitted by
 tensor-parallel peers sharing a cluster are computed once. A worker lost
-mid-task is recomputed by the scheduler from the same pure inputs.
+mid-task is recomputed by the scheduler from the same pure inputs. Runners not
+closed when the interpreter exits are closed then (:func:`close_open_runners`):
+module state, :data:`OPEN_RUNNERS`.
 """
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import logging
 import os
 import random
+import signal
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable, Generator, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -45,8 +52,16 @@ from ..graph import keys as graph_keys
 from .base import GroupResult, MemberHandle, Runner, WindowHandle
 from .head_start import HEAD_START_ALONE, Boot, HeadStart
 from .memory import TRIM_EVERY, trim_freed_memory
-from .spawned import spawned_cluster
-from .watch import DEFAULT_STALL, DEFAULT_TIMEOUT, PROBE_TIMEOUT, ClusterWatch, probe_address
+from .spawned import spawned_cluster, stop_schedulers
+from .task_errors import raise_if_failed, settled
+from .watch import (
+    DEFAULT_STALL,
+    DEFAULT_TIMEOUT,
+    NOT_FETCHED,
+    PROBE_TIMEOUT,
+    ClusterWatch,
+    probe_address,
+)
 
 logger = logging.getLogger(__name__)
 LOCAL_HOST = "127.0.0.1"
@@ -251,19 +266,25 @@ def _spec_value(spec: PipelineSpec) -> PipelineSpec:
     return spec
 
 
-def _silence_worker_logs() -> None:
-    for name in ("distributed.worker", "distributed.nanny", "distributed.core", "distributed.comm"):
-        logging.getLogger(name).setLevel(logging.CRITICAL)
+class QuietClose(WorkerPlugin):
+    """A worker plugin of the embedded cluster: once the worker starts closing (its plugins are
+    torn down first), its logs have nothing more to say; without this, a heartbeat that meets the
+    closing scheduler logs a 30-line "Failed to communicate with scheduler during heartbeat"
+    traceback at ERROR. Nothing is asked of the workers when the cluster closes."""
+
+    name = "zephon-quiet-close"
+
+    def teardown(self, worker) -> None:
+        for name in ("distributed.worker", "distributed.nanny", "distributed.core", "distributed.comm"):
+            logging.getLogger(name).setLevel(logging.CRITICAL)
 
 
-def _quiet_for_shutdown(client: Client) -> None:
-    """Before the embedded cluster closes: a worker whose heartbeat meets the closing scheduler
-    logs a 30-line "Failed to communicate with scheduler during heartbeat" traceback at ERROR;
-    once the run is over, the workers' logs have nothing more to say."""
-    try:
-        client.run(_silence_worker_logs)
-    except Exception:  # best effort: a worker that already left needs no silencing
-        pass
+def embedded_pids(cluster: SpecCluster) -> list[int]:
+    """The processes of the embedded ``cluster`` still running: its scheduler's (:mod:`.spawned`)
+    and its workers' (one per nanny)."""
+    process = getattr(cluster.scheduler, "process", None)
+    pids = [process.pid] if process is not None and process.returncode is None else []
+    return pids + [nanny.pid for nanny in list(cluster.workers.values()) if getattr(nanny, "pid", None)]
 
 
 LOST_RESULT = (CancelledError, CommClosedError, OSError)
@@ -274,17 +295,24 @@ MAX_WINDOWS_PER_TASK = 4  # the automatic windows_per_task's ceiling (stall_time
 
 class DistributedHandle(WindowHandle):
     """A window's futures (one per task key of its graph), or those of a task computing several
-    windows (a :class:`~zephon_dask.graph.GroupGraph`, one task), waited on through the runner's
-    :class:`ClusterWatch`; messages name every window of the task.
+    windows (a :class:`~zephon_dask.graph.GroupGraph`, one task), waited on and fetched through
+    the runner's :class:`ClusterWatch`; messages name every window of the task. Tracked by the
+    runner (:meth:`~DistributedRunner.track`) until released.
 
     A result lost with its worker (a gather that fails or a future the scheduler
     cancels) is resubmitted under the same keys: the window is pure, so the
-    recomputation gives the same bytes. A window still computing after the
-    runner's ``stall`` seconds (a task of n windows: n times that) is logged with
-    the workers computing it, and (if a worker holds it and others exist) its
-    :meth:`~zephon_dask.graph.WindowGraph.fused_copy`
-    is submitted to the other workers, carrying the spec by value; the first of the two to finish is used
-    (the same bytes either way)."""
+    recomputation gives the same bytes. A window still computing (or not fetched)
+    after the runner's ``stall`` seconds (a task of n windows: n times that) is
+    logged with the workers computing or holding it, and (if a worker holds it and
+    others exist) its :meth:`~zephon_dask.graph.WindowGraph.fused_copy` is
+    submitted to the other workers, carrying the spec by value; the first of the two
+    to finish is used (the same bytes either way). A worker among those that is
+    also silent (no heartbeat for :data:`SILENT_AFTER` seconds) is stalled: every
+    window in flight on it is copied at once (:meth:`DistributedRunner.rescue`),
+    and none is fetched from it.
+
+    A task's final error (:mod:`.task_errors`: the library's own data or
+    configuration errors) comes back as its value and is raised here."""
 
     def __init__(self, graph: WindowGraph | GroupGraph, futures, runner, priority):
         super().__init__(graph, future=futures[-1])
@@ -293,13 +321,23 @@ class DistributedHandle(WindowHandle):
         self._stall = runner.stall * (len(graph.windows) if isinstance(graph, GroupGraph) else 1)
         self._copy, self._copies = None, 0
         self._copy_on: list[str] = []  # the workers the copy may run on
+        self._stuck: set[str] = set()  # keys not to fetch: held by a stalled worker, or not fetched in time
+        runner.track(self)
+
+    @property
+    def keys(self) -> set[str]:
+        """The keys of the window's tasks (not its copy's)."""
+        return {f.key for f in [self._future, *self._chunks] if f is not None}
+
+    @property
+    def copied(self) -> bool:
+        return self._copy is not None
 
     def result(self):
         runner, resubmits = self._runner, 0
         started = reported = time.monotonic()
-        stuck: set[str] = set()  # finished, but the result could not be fetched in time (a frozen holder)
         while True:
-            live = [f for f in (self._future, self._copy) if f is not None and f.key not in stuck]
+            live = [f for f in (self._future, self._copy) if f is not None and f.key not in self._stuck]
             try:
                 done = runner.watch.wait(live or [self._future])
             except ClusterError as exc:
@@ -312,21 +350,18 @@ class DistributedHandle(WindowHandle):
                 continue
             finished = done.status == "finished"
             try:
-                return done.result(timeout=self._stall) if finished else done.result()
+                value = runner.watch.fetch(done, self._stall) if finished else done.result()
+            except ClusterError as exc:  # the cluster failed while the result was fetched
+                exc.add_note(f"zephon_dask: while waiting for {self.graph.label}")
+                raise
             except RuntimeError as exc:  # "IOLoop is closed" when the client closed meanwhile; else the task's own
                 runner.watch.check_open()
                 exc.add_note(f"zephon_dask: while computing {self.graph.label}")
                 raise
-            except TimeoutError as exc:
-                if not finished:  # the task's own error
+            except LOST_RESULT as exc:
+                if done.status == "error":  # the task's own error (an OSError), after Dask's retries
                     exc.add_note(f"zephon_dask: while computing {self.graph.label}")
                     raise
-                stuck.add(done.key)
-                reported = time.monotonic()
-                self._stalled(reported - started)
-                if self._copy is None or self._copy is done:
-                    stuck.discard(done.key)  # nothing else to wait for: keep fetching it
-            except LOST_RESULT as exc:
                 if resubmits == RESUBMITS:
                     raise
                 resubmits += 1
@@ -337,16 +372,27 @@ class DistributedHandle(WindowHandle):
                 self.release()
                 again = runner._submit_remote(self.graph, self._priority)
                 self._future, self._chunks = again._future, again._chunks
+                runner.track(again, False)
+                runner.track(self)
+                self._stuck.clear()
+                continue
             except Exception as exc:
                 exc.add_note(f"zephon_dask: while computing {self.graph.label}")
                 raise
+            if value is not NOT_FETCHED:
+                return raise_if_failed(value, self.graph.label)
+            self._stuck.add(done.key)
+            reported = time.monotonic()
+            self._stalled(reported - started)
+            if self._copy is None or self._copy is done:
+                self._stuck.discard(done.key)  # nothing else to wait for: keep fetching it
 
     def _stalled(self, waited: float) -> None:
         """Report a window computing (or its result being fetched) for too long; compute a copy on
-        the other workers."""
+        the other workers; if a worker computing or holding it is silent, rescue every window on it."""
         runner = self._runner
-        keys = {f.key for f in [self._future, *self._chunks] if f is not None}
-        busy, live, silent = runner.workers_for(keys)
+        placement, live, silent = runner.placement()
+        busy = placement.get(self, [])
         if self._copy is not None and set(self._copy_on) & set(silent):  # the copy went to a frozen worker
             self._copy.release()
             self._copy = None
@@ -358,15 +404,28 @@ class DistributedHandle(WindowHandle):
                 if self._copy is not None else "no responsive worker to compute it" if busy else "it is still queued")
         logger.warning("zephon_dask: %s has been computing (or fetched) for %.0f s (stall_timeout %g s a window) "
                        "on %s; workers not heard from for over %g s: %s; %s", self.graph.label,
-                       waited, runner.stall, ", ".join(busy) or "no worker yet", max(runner.stall, SILENT_AFTER),
+                       waited, runner.stall, ", ".join(busy) or "no worker yet", SILENT_AFTER,
                        ", ".join(silent) or "none", plan)
         if copy:
-            self._copies += 1
-            self._copy_on = others
-            self._copy, = runner.submit_tasks(self.graph.fused_copy(self._copies), runner.spec, self._priority,
-                                              retries=None, workers=others, allow_other_workers=False)
+            self.copy_on(others, stalled=set(busy) <= set(silent))
+        stalled = set(busy) & set(silent)
+        if stalled and live:
+            runner.rescue(stalled, placement, live)
+
+    def copy_on(self, workers: list[str], stalled: bool = False) -> None:
+        """Compute the window again as one fused task on ``workers``, carrying the spec by value;
+        ``stalled``: every worker computing or holding the original is stalled, so only the copy is
+        waited for."""
+        runner = self._runner
+        self._copies += 1
+        self._copy_on = workers
+        self._copy, = runner.submit_tasks(self.graph.fused_copy(self._copies), runner.spec, self._priority,
+                                          retries=None, workers=workers, allow_other_workers=False)
+        if stalled and self._future is not None:
+            self._stuck.add(self._future.key)
 
     def release(self) -> None:
+        self._runner.track(self, False)
         fut, chunks, copy = self._future, self._chunks, self._copy
         self._future, self._chunks, self._copy = None, [], None
         for f in [*chunks, fut, copy]:
@@ -391,8 +450,11 @@ class DistributedRunner(Runner):
         self._abandoned = False
         self._own_client = client is None
         self._own_cluster = client is None and address is None
-        self._live_only: list[str] | None = None  # the responsive workers, while some are silent
+        self._live_only: tuple[list[str], float] | None = None  # (the responsive workers, until) while some are silent
         self.computed_here: list[tuple[int, int]] = []  # (lane, window) computed in this process (head start)
+        self._in_flight: weakref.WeakSet[DistributedHandle] = weakref.WeakSet()  # handles not released
+        self._in_flight_lock = threading.Lock()  # handles are made on the consumer's and the start's threads
+        OPEN_RUNNERS.add(self)
         if not self._own_cluster:
             self._connect(client if client is not None else open_client(address, timeout), address, timeout)
             if address is not None and client is None:
@@ -405,6 +467,8 @@ class DistributedRunner(Runner):
             head = self._head
             if head is not None:  # the cluster's start would compete for the same cores
                 head.first_window.wait(HEAD_START_ALONE)
+            if self._abandoned:  # closed before the cluster was needed: start nothing
+                raise ClosedError("this distributed runner was closed before its embedded cluster started")
             self._start_embedded(n_workers, threads_per_worker, dashboard_address, timeout)
 
         if not head_start:
@@ -416,20 +480,29 @@ class DistributedRunner(Runner):
 
     def _start_embedded(self, n_workers: int, threads_per_worker: int, dashboard_address: str | None,
                         timeout: float) -> None:
-        """Start the embedded cluster and connect to it; then the head start's queue goes to it."""
+        """Start the embedded cluster and connect to it; then the head start's queue goes to it. A
+        runner closed meanwhile gets nothing: what this start made is closed here (in the
+        background, for a start on its own thread)."""
         try:
             cluster = local_cluster(n_workers, threads_per_worker, dashboard_address=dashboard_address,
                                     timeout=timeout)
             with self._adopt:
-                if self._abandoned:  # close() stopped waiting for this start
-                    cluster.close()
-                    raise ClosedError("this distributed runner was closed while its embedded cluster started")
-                self._cluster = cluster
+                if not self._abandoned:
+                    self._cluster = cluster
+            if self._abandoned:
+                close_cluster(cluster)
+                raise ClosedError("this distributed runner was closed while its embedded cluster started")
             with dask.config.set(embedded_config()):  # the client's own message log is bounded too
                 client = Client(cluster, set_as_default=False, direct_to_workers=True)
-            self._connect(client, None, timeout)
-            self._client.register_plugin(TrimFreedMemory(), name=TrimFreedMemory.name)
-            self._client.register_plugin(TrimSchedulerRecords(), name=TrimSchedulerRecords.name)
+            with self._adopt:
+                if not self._abandoned:
+                    self._connect(client, None, timeout)
+            if self._abandoned:  # close() took the cluster, or will: the client is this start's to close
+                close_client(client)
+                raise ClosedError("this distributed runner was closed while its embedded cluster started")
+            client.register_plugin(TrimFreedMemory(), name=TrimFreedMemory.name)
+            client.register_plugin(TrimSchedulerRecords(), name=TrimSchedulerRecords.name)
+            client.register_plugin(QuietClose(), name=QuietClose.name)
             logger.info("started an embedded cluster: %d worker(s), dashboard %s",
                         len(cluster.workers), self.dashboard_link)
         except BaseException as exc:
@@ -448,6 +521,11 @@ class DistributedRunner(Runner):
         # scheduler recomputes it from the task definition.
         self._spec_future = client.submit(_spec_value, self.spec, key=graph_keys.spec_key(self.spec.fingerprint),
                                           pure=False, priority=1_000_000)
+
+    @property
+    def starting(self) -> bool:
+        """Whether the embedded cluster is still starting (then :attr:`client` would wait)."""
+        return self._boot is not None and not self._boot.done()
 
     @property
     def client(self) -> Any:
@@ -478,8 +556,10 @@ class DistributedRunner(Runner):
 
     @property
     def dashboard_link(self) -> str | None:
+        """The dashboard's address; ``None`` without one, or while the embedded cluster starts
+        (never waits for it)."""
         try:
-            return (self._client or self.client).dashboard_link
+            return self._client.dashboard_link if self._client is not None else None
         except Exception:  # a cluster without a dashboard
             return None
 
@@ -495,24 +575,69 @@ class DistributedRunner(Runner):
             raise ClusterError(f"the Dask scheduler at {self.watch.address} did not answer within "
                                f"{PROBE_TIMEOUT:g} s ({exc!r}); check the cluster") from None
 
-    def workers_for(self, keys) -> tuple[list[str], list[str], list[str]]:
-        """``(workers computing or holding any of keys, responsive workers, silent workers)``: a
-        worker is silent when its last heartbeat is ``stall`` seconds older than the newest one.
-        Empty lists if the scheduler does not answer."""
+    def track(self, handle: DistributedHandle, in_flight: bool = True) -> None:
+        """Count ``handle`` among the windows in flight (:meth:`placement`), or no more."""
+        with self._in_flight_lock:
+            if in_flight:
+                self._in_flight.add(handle)
+            else:
+                self._in_flight.discard(handle)
+
+    def placement(self) -> tuple[dict[DistributedHandle, list[str]], list[str], list[str]]:
+        """``(workers computing or holding each handle in flight's keys, responsive workers,
+        silent workers)`` (see :meth:`_heartbeats`). Empty if the scheduler does not answer."""
+        with self._in_flight_lock:
+            handles = list(self._in_flight)
+        keys = sorted(set().union(*(h.keys for h in handles)))
         try:
-            seen = {w: info.get("last_seen", 0.0) for w, info in self._identity(-1).get("workers", {}).items()}
+            live, silent = self._heartbeats()
             queues = self.client.sync(self.client.scheduler.processing, callback_timeout=PROBE_TIMEOUT)
-            holders = self.client.sync(self.client.scheduler.who_has, keys=sorted(keys),
-                                       callback_timeout=PROBE_TIMEOUT)
+            holders = self.client.sync(self.client.scheduler.who_has, keys=keys, callback_timeout=PROBE_TIMEOUT)
         except Exception:  # reporting is best effort; the wait's own checks raise what matters
-            return [], [], []
-        busy = {w for w, ks in queues.items() if keys & set(map(str, ks))}
-        busy.update(w for ws in holders.values() for w in ws)
+            return {}, [], []
+        where: dict[str, set[str]] = {}
+        for worker, queued in queues.items():
+            for key in map(str, queued):
+                where.setdefault(key, set()).add(worker)
+        for key, workers in holders.items():
+            where.setdefault(str(key), set()).update(workers)
+        placement = {h: sorted(set().union(*(where.get(k, set()) for k in h.keys))) for h in handles}
+        return placement, live, silent
+
+    def _heartbeats(self) -> tuple[list[str], list[str]]:
+        """``(responsive workers, silent workers)`` from the scheduler's last heartbeats (a worker
+        is silent :data:`SILENT_AFTER` seconds behind the newest); while some are silent and others
+        not, new windows go to the responsive ones, asked again ``stall`` seconds later."""
+        seen = {w: info.get("last_seen", 0.0) for w, info in self._identity(-1).get("workers", {}).items()}
         newest = max(seen.values(), default=0.0)
-        silent = sorted(w for w, t in seen.items() if newest - t > max(self.stall, SILENT_AFTER))
+        silent = sorted(w for w, t in seen.items() if newest - t > SILENT_AFTER)
         live = sorted(set(seen) - set(silent))
-        self._live_only = live if silent and live else None
-        return sorted(busy), live, silent
+        self._live_only = (live, time.monotonic() + self.stall) if silent and live else None
+        return live, silent
+
+    def _responsive_only(self) -> list[str] | None:
+        """The responsive workers while some are silent (see :meth:`_heartbeats`), else ``None``."""
+        if self._live_only is not None and time.monotonic() >= self._live_only[1]:
+            try:
+                self._heartbeats()
+            except ClusterError:  # no answer: keep avoiding the silent ones
+                pass
+        return self._live_only[0] if self._live_only is not None else None
+
+    def rescue(self, stalled: set[str], placement: dict[DistributedHandle, list[str]], live: list[str]) -> None:
+        """Compute again, at once, on the ``live`` workers, every window in flight that a
+        ``stalled`` worker computes or holds (``placement``, from :meth:`placement`) and that has
+        no copy yet: a frozen worker then costs one ``stall_timeout``, not one per window on it."""
+        others = sorted(set(live) - stalled)
+        if not others:
+            return
+        rescued = [h for h, workers in placement.items() if set(workers) & stalled and not h.copied]
+        for handle in rescued:
+            handle.copy_on(others, stalled=set(placement[handle]) <= stalled)
+        if rescued:
+            logger.warning("zephon_dask: worker(s) %s stalled (no heartbeat for over %g s): computing again on "
+                           "%s the %d task(s) in flight there: %s", ", ".join(sorted(stalled)), SILENT_AFTER,
+                           ", ".join(others), len(rescued), "; ".join(h.graph.label for h in rescued))
 
     @property
     def shared(self) -> bool:
@@ -556,9 +681,10 @@ class DistributedRunner(Runner):
         return max(1, min(MAX_WINDOWS_PER_TASK, prefetch // (2 * self.share(lanes))))
 
     def _submit_remote(self, graph: WindowGraph | GroupGraph, priority: int) -> DistributedHandle:
-        if self._live_only:  # while a worker is silent: avoid it, and do not fetch the spec from it
+        live_only = self._responsive_only()
+        if live_only:  # while a worker is silent: avoid it, and do not fetch the spec from it
             futures = self.submit_tasks(graph, self.spec, priority, self.retries,
-                                        workers=self._live_only, allow_other_workers=False)
+                                        workers=live_only, allow_other_workers=False)
         else:
             futures = self.submit_tasks(graph, self._spec_future, priority, self.retries)
         return DistributedHandle(graph, futures, self, priority)
@@ -572,46 +698,99 @@ class DistributedRunner(Runner):
         # Named by its window key, as Client.submit names its one-task graph: Client.get would
         # tokenize the whole graph (every task, the spec's future) on this thread to name it.
         # The name is only the submission's; the task keys stay the graph's deterministic keys.
-        expr = LLGExpr(graph.tasks_for(spec), _determ_token=graph.key)
+        # Each task returns a final error as its value (task_errors): never retried nor logged there.
+        expr = LLGExpr(settled(graph.tasks_for(spec)), _determ_token=graph.key)
         # fifo_timeout as in Client.submit: among equal priorities, the graph submitted first runs first
         return c.get(expr, list(graph.task_keys), sync=False, priority=priority,
                      retries=retries, fifo_timeout="100 ms", **where)
 
     def close(self) -> None:
+        """Stop using the cluster, each step bounded (:data:`CLOSE_S`): a start still in progress is
+        not waited for (it closes what it started when it ends, on its own thread); an embedded
+        cluster is closed, a client this runner opened too. During interpreter shutdown, when
+        Dask's event loop no longer runs, nothing is waited for (:func:`close_open_runners` closed
+        the runner at exit already)."""
+        OPEN_RUNNERS.discard(self)
         head = self._head
         if head is not None:
             head.close()
-        if self._boot is not None:
-            try:
-                self._boot.wait()
-            except Exception:  # a start that failed, or is past its deadline (then closed when it ends)
-                pass
         with self._adopt:
             self._abandoned = True
             client, cluster = self._client, self._cluster
             self._client = self._cluster = None
-        if client is None:
-            if cluster is not None:
-                cluster.close()
+        if sys.is_finalizing():
             return
-        try:
-            self._spec_future.release()
-        except Exception:  # the scheduler may already be gone
-            pass
+        if client is not None:
+            try:
+                self._spec_future.release()
+            except Exception:  # the scheduler may already be gone
+                pass
+            if self._own_client:
+                close_client(client)
         if cluster is not None:
-            _quiet_for_shutdown(client)
-        if self._own_client:
-            client.close()
-        if cluster is not None:
-            cluster.close()
+            close_cluster(cluster)
 
     def describe(self) -> str:
-        if self._boot is not None and not self._boot.done():
+        """What runs the windows; never waits for a start in progress, asks a running scheduler
+        for its workers (at most :data:`PROBE_TIMEOUT` seconds)."""
+        if self.starting:
             return (f"distributed (embedded cluster starting, {self._planned_slots} worker threads; "
                     "the first windows computed in this process meanwhile)")
-        workers = self._identity(0).get("n_workers", 0)
+        if self._abandoned:
+            return "distributed (closed)"
+        if self._client is None:
+            return f"distributed (the embedded cluster did not start: {self._boot.error if self._boot else None})"
         where = "embedded cluster" if self._own_cluster else self.watch.address
-        return f"distributed ({where}, {workers} workers, dashboard {self.dashboard_link})"
+        try:
+            workers = f"{self._identity(0).get('n_workers', 0)} workers"
+        except ClusterError:
+            workers = "not answering"
+        return f"distributed ({where}, {workers}, dashboard {self.dashboard_link})"
+
+
+CLOSE_S = 5.0  # seconds each step of closing a client or a cluster may take
+
+
+def close_client(client: Client) -> None:
+    """Close ``client`` within :data:`CLOSE_S` seconds (best effort: a dead scheduler is left)."""
+    try:
+        client.close(timeout=CLOSE_S)
+    except Exception:  # a client that cannot reach its scheduler any more; nothing to keep
+        pass
+
+
+def close_cluster(cluster: SpecCluster) -> None:
+    """Close the embedded ``cluster`` within :data:`CLOSE_S` seconds; past that, kill its
+    processes (scheduler and workers), so nothing outlives the runner nor waits at exit."""
+    try:
+        cluster.close(timeout=CLOSE_S)
+        return
+    except Exception:  # timed out, or broke half-way
+        pass
+    cluster.shutdown_on_close = False  # Dask's own exit handler would wait for it again
+    for pid in embedded_pids(cluster):
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+
+
+OPEN_RUNNERS: weakref.WeakSet[DistributedRunner] = weakref.WeakSet()  # not closed yet
+
+
+def close_open_runners() -> None:
+    """Close every distributed runner still open (each step bounded, see
+    :meth:`DistributedRunner.close`). Runs at interpreter exit, registered after Dask's own exit
+    handlers so that it runs before them, while Dask's event loop still runs: a script that
+    ends (or fails) without closing its pipeline exits within seconds, whatever state its
+    cluster is in (dead, frozen or still starting)."""
+    for runner in list(OPEN_RUNNERS):
+        try:
+            runner.close()
+        except Exception:  # best effort at exit: the next runner still gets closed
+            pass
+    stop_schedulers()  # of clusters still starting (closed runners' starts, going on in the background)
+
+
+atexit.register(close_open_runners)
 
 
 @contextmanager

@@ -12,7 +12,8 @@ after :data:`HEAD_START_ALONE` seconds): started at once, its processes
 would take the cores the first window needs. A window's bytes do not depend on where it was
 computed. A window that fails here is sent to the cluster when the runner has
 ``retries``, so a failure meets the same retries and the same error as on the
-cluster.
+cluster, unless the error is final (:func:`~.task_errors.is_final`: the library's
+own data or configuration errors), which is raised at once, as on the cluster.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from ..core.window import WindowOutput
 from ..errors import ClosedError, ClusterError
 from ..graph import WindowGraph, window_graph
 from .base import WindowHandle
+from .task_errors import is_final
 
 POLL = 1.0  # the longest slice of a wait for the cluster, between two checks of its deadline
 HEAD_START_ALONE = 1.0  # seconds the first window may compute here before the cluster starts anyway
@@ -184,7 +186,7 @@ class HeadStart:
         return dask.threaded.get(split.to_dict(self.spec), split.key, pool=self._pool)
 
     def _failed_here(self, handle: HeadStartHandle, exc: BaseException) -> None:
-        if not self.retry_remotely or isinstance(exc, ClosedError):
+        if not self.retry_remotely or isinstance(exc, ClosedError) or is_final(exc):
             handle.settle(error=exc)
             return
         with self._cond:

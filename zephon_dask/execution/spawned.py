@@ -19,6 +19,9 @@ runs in a session of its own and the workers ignore SIGINT (:class:`QuietWorker`
 moment the worker is built: a worker process still importing its libraries takes it).
 SIGTERM keeps its default in the workers: Python's exit terminates leftover worker
 processes with it and then waits for them.
+
+Module state: :data:`RUNNING`, the scheduler processes not closed yet, which
+:func:`stop_schedulers` stops at interpreter exit.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ import tempfile
 import threading
 import time
 import uuid
+import weakref
 from pathlib import Path
 
 import dask
@@ -93,6 +97,7 @@ class SchedulerProcess(ProcessInterface):
         spec = json.dumps({"cls": "distributed.Scheduler", "opts": self.options})
         self.process = await asyncio.create_subprocess_exec(sys.executable, "-m", "dask", "spec", "--spec", spec,
                                                             env=self.env, start_new_session=True)
+        RUNNING.add(self)
         path, deadline = Path(self.options["scheduler_file"]), time.monotonic() + self.timeout
         while self.address is None:
             with contextlib.suppress(OSError, ValueError):  # not written yet, or half-written
@@ -106,6 +111,7 @@ class SchedulerProcess(ProcessInterface):
         await super().start()
 
     async def close(self) -> None:
+        RUNNING.discard(self)
         process, self.process = self.process, None
         if process is not None and process.returncode is None:
             process.terminate()  # dask spec closes its scheduler on SIGTERM
@@ -116,6 +122,20 @@ class SchedulerProcess(ProcessInterface):
                 await process.wait()
         Path(self.options["scheduler_file"]).unlink(missing_ok=True)
         await super().close()
+
+
+RUNNING: weakref.WeakSet[SchedulerProcess] = weakref.WeakSet()  # started and not closed
+
+
+def stop_schedulers() -> None:
+    """Ask every scheduler process started here and not closed to stop (``SIGTERM``; one still
+    starting ends at once), waiting for none: at interpreter exit, a cluster still starting is
+    not waited for, and its scheduler neither outlives this process nor holds its stderr."""
+    for scheduler in list(RUNNING):
+        process = scheduler.process
+        if process is not None and process.returncode is None:
+            with contextlib.suppress(OSError):
+                os.kill(process.pid, signal.SIGTERM)
 
 
 def spawned_cluster(n_workers: int, threads_per_worker: int, host: str, dashboard_address: str | None,
@@ -140,5 +160,9 @@ def spawned_cluster(n_workers: int, threads_per_worker: int, host: str, dashboar
                                          "worker_class": QuietWorker,
                                          "memory_limit": 1 / n_workers, "dashboard": False,
                                          "silence_logs": silence_logs}}
+    # shutdown_on_close=False: Dask's exit handler would wait up to 10 s for a cluster still starting
+    # (and join its event loop); the runner closes its cluster at exit itself, and the processes of
+    # one still starting end with this process (the lifeline, the nannies' pipes)
     return SpecCluster(workers={i: worker for i in range(n_workers)}, scheduler=scheduler, worker=worker,
-                       silence_logs=silence_logs, name="embedded", scheduler_sync_interval=SYNC_INTERVAL_S)
+                       silence_logs=silence_logs, name="embedded", scheduler_sync_interval=SYNC_INTERVAL_S,
+                       shutdown_on_close=False)

@@ -1,24 +1,29 @@
 """Bounded waits on a Dask cluster: a deadline and a liveness check for every wait. Holds state.
 
 A :class:`ClusterWatch` belongs to one client. :meth:`ClusterWatch.wait` waits for
-the first of some futures to finish, in slices of at most :data:`POLL` seconds;
-between slices it checks that the client is open and connected and, at most every
-:data:`CHECK_EVERY` seconds (every slice while a fault is pending), that it
-reaches its scheduler and that the scheduler has a worker. A condition that
-stays false for ``timeout`` seconds after it is first seen raises
-:class:`~zephon_dask.errors.ClusterStallError`; a client that is closed (by the
-user, or by ``distributed`` after it failed to reconnect) raises
+the first of some futures to finish, and :meth:`ClusterWatch.fetch` for a
+finished one's result, in slices of at most :data:`POLL` seconds; after a slice
+that ends without one it checks that the client is open and connected and, at
+most every :data:`CHECK_EVERY` seconds (every :data:`POLL` seconds while a fault
+is pending), that it reaches its scheduler and that the scheduler has a worker. A condition that stays false for ``timeout`` seconds after it is first
+seen raises :class:`~zephon_dask.errors.ClusterStallError`; a client that is
+closed (by the user, or by ``distributed`` after it failed to reconnect) raises
 :class:`~zephon_dask.errors.ClusterError` at once. A fast wait costs nothing
-extra: the liveness RPC is only made once a slice has passed.
+extra: the liveness RPC is only made once a slice has passed. A wait never
+spins: a future whose result was lost with its worker (status ``lost``) is not
+done, and a slice waiting for it lasts until it finishes again or the slice ends.
 """
 
 from __future__ import annotations
 
+import asyncio
 import math
 import socket
-import threading
 import time
 from collections.abc import Sequence
+
+from distributed import CancelledError
+from distributed.client import FIRST_COMPLETED, _wait  # distributed.wait's body, for any client
 
 from ..errors import ClusterError, ClusterStallError
 from ..options import BY_NAME as OPTIONS
@@ -29,6 +34,7 @@ CONNECT_TIMEOUT = 5.0  # seconds to open a connection to a scheduler address
 POLL = 1.0  # the longest slice of a wait
 CHECK_EVERY = 5.0  # seconds between two liveness RPCs while waits keep ending empty (at most timeout / 2)
 PROBE_TIMEOUT = 5.0  # seconds one liveness RPC may take
+NOT_FETCHED = object()  # what ClusterWatch.fetch returns for a result it could not fetch in time
 
 
 def probe_address(address: str, timeout: float = CONNECT_TIMEOUT) -> None:
@@ -64,6 +70,8 @@ class ClusterWatch:
         self._since: dict[str, float] = {}  # fault -> monotonic time first seen
         self._checked = -math.inf  # monotonic time of the last liveness RPC
         self._every = min(CHECK_EVERY, self.timeout / 2)
+        self.waits = 0  # slices waited (a future not done yet)
+        self.checks = 0  # liveness RPCs sent
 
     def _fault(self, name: str, message: str) -> None:
         """Note that ``name`` holds now; raise once it has held ``timeout`` seconds."""
@@ -93,6 +101,7 @@ class ClusterWatch:
             return
         self._since.pop("scheduler", None)
         self._checked = time.monotonic()
+        self.checks += 1
         try:
             info = self.client.sync(self.client.scheduler.identity, n_workers=0, callback_timeout=PROBE_TIMEOUT)
         except Exception:  # an RPC that fails or times out: the scheduler is not answering
@@ -106,23 +115,66 @@ class ClusterWatch:
 
     def wait(self, futures: Sequence, timeout: float = POLL):
         """The first finished (or failed, or cancelled) future of ``futures`` (``None`` entries are
-        skipped), or ``None`` after ``timeout`` seconds. Checks liveness after a slice that ends
-        without one (not before: a consumer ahead of the workers waits for every window, and a
-        liveness RPC per wait would cost the scheduler a message per window per rank), and then at
-        most every :data:`CHECK_EVERY` seconds while no fault is pending (each RPC costs this
-        process's event loop CPU while it waits on slower workers); fetches no result."""
+        skipped), or ``None`` after ``timeout`` seconds. After a slice that ends without one,
+        checks liveness (not before: a consumer ahead of the workers waits for every window, and
+        a liveness RPC per wait would cost the scheduler a message per window per rank): at most
+        every :data:`CHECK_EVERY` seconds while no fault is pending (each RPC costs this process's
+        event loop CPU while it waits on slower workers), at most every :data:`POLL` seconds while
+        one is. Fetches no result. :attr:`waits` counts the slices, :attr:`checks` the RPCs."""
         live = [f for f in futures if f is not None]
         self.check_open()
-        done = [f for f in live if f.done()]
-        if done:
-            return done[0]
-        event = threading.Event()
-        for f in live:
-            f.add_done_callback(lambda _: event.set())
-        if not event.wait(timeout) and (self._since or self.check_open() != "running"
-                                        or time.monotonic() - self._checked >= self._every):
+        done = next((f for f in live if f.done()), None)
+        if done is not None:
+            return done
+        self.waits += 1
+        try:  # on the client's event loop; returns once a future is done, not when one is lost
+            self.client.sync(_wait, live, timeout=timeout, return_when=FIRST_COMPLETED,
+                             callback_timeout=timeout + PROBE_TIMEOUT)
+        except (TimeoutError, CancelledError):  # the slice ended; a cancelled future is done
+            pass
+        except Exception:
+            self.check_open()  # closed meanwhile: say so; else the client's own error
+            raise
+        done = next((f for f in live if f.done()), None)
+        if done is None:
+            self._check_if_due()
+        return done
+
+    def fetch(self, future, limit: float):
+        """The value of the finished ``future``, fetched on the client's event loop while this
+        thread waits in slices of at most :data:`POLL` seconds, checking liveness between them as
+        :meth:`wait` does (a result lost with its worker is computed again meanwhile, and a
+        cluster left without workers raises :class:`~zephon_dask.errors.ClusterStallError`).
+        :data:`NOT_FETCHED` after ``limit`` seconds (a frozen worker holding it); the fetch is then
+        cancelled (after a cluster error it is left to end with the client: cancelled while it
+        waits for a lost result, Dask's gather leaves orphaned tasks that log at exit). A slice
+        counts in :attr:`waits`."""
+        self.check_open()
+        client = self.client
+        fetching = asyncio.run_coroutine_threadsafe(client.gather([future], asynchronous=True),
+                                                    client.loop.asyncio_loop)
+        end = time.monotonic() + limit
+        while True:
+            try:
+                return fetching.result(timeout=max(0.0, min(POLL, end - time.monotonic())))[0]
+            except TimeoutError:
+                if fetching.done():  # the fetch's own error
+                    raise
+                if time.monotonic() >= end:
+                    fetching.cancel()
+                    return NOT_FETCHED
+                self.waits += 1
+                self._check_if_due()
+            except CancelledError:
+                self.check_open()  # the client closed meanwhile: say so
+                raise
+
+    def _check_if_due(self) -> None:
+        """After a slice without a result: :meth:`check` if :data:`CHECK_EVERY` seconds passed
+        since the last one (:data:`POLL` while a fault is pending), or the client is not running."""
+        since = time.monotonic() - self._checked
+        if self.check_open() != "running" or since >= (POLL if self._since else self._every):
             self.check()
-        return next((f for f in live if f.done()), None)
 
 
 def _address(client) -> str:

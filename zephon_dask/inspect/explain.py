@@ -1,8 +1,9 @@
 """``explain(pipeline)``: a readable plan of what a pipeline will do. Pure.
 
 It reads the pipeline's configuration and the curriculum's direct answers
-(stream length, chunks per lane); it never starts a runner (the dashboard link
-shows only once a runner is running), and opens no data file nor computes a
+(stream length, chunks per lane); it never starts a runner nor waits for one
+(while the embedded cluster starts it says so; the dashboard link shows once it
+has started), and opens no data file nor computes a
 window, with two exceptions: a mixture weighted by tokens whose tokens per
 sample are not measured yet is measured first (once per pipeline; see
 :mod:`zephon_dask.pipeline.measure`), and for a mixture schedule in global steps
@@ -20,7 +21,7 @@ from dataclasses import dataclass
 
 from .. import views
 from ..curriculum import routing
-from ..errors import ConfigError, ElasticityWarning, NotFoundError, ZephonError
+from ..errors import ClusterError, ConfigError, ElasticityWarning, NotFoundError, ZephonError
 from ..execution import choose_runner
 from ..graph.keys import FP_CHARS
 from ..pipeline import steps
@@ -241,7 +242,10 @@ def _prefetch(given: int | None, runner, pipeline) -> str:
                                        if runner is None or runner.shared else "")
     if runner is None:
         return f"auto: {per}"
-    return f"auto: {runner.default_prefetch(len(pipeline.owned_lanes()))} ({per})"
+    try:
+        return f"auto: {runner.default_prefetch(len(pipeline.owned_lanes()))} ({per})"
+    except ClusterError:
+        return f"auto: {per} (the cluster does not answer)"
 
 
 def _windows_per_task(given: int | None, options: dict, runner, pipeline) -> str:
@@ -253,8 +257,11 @@ def _windows_per_task(given: int | None, options: dict, runner, pipeline) -> str
     if runner is None:
         return f"auto: {rule}"
     lanes = len(pipeline.owned_lanes())
-    prefetch = options["prefetch_windows"] or runner.default_prefetch(lanes)
-    return f"auto: {runner.windows_per_task(prefetch, lanes)} ({rule})"
+    try:
+        prefetch = options["prefetch_windows"] or runner.default_prefetch(lanes)
+        return f"auto: {runner.windows_per_task(prefetch, lanes)} ({rule})"
+    except ClusterError:
+        return f"auto: {rule} (the cluster does not answer)"
 
 
 def _dashboard(link: str | None) -> str:
@@ -274,6 +281,9 @@ def _execution(pipeline, options: dict, fingerprint: str) -> Section:
         state = f"{name} (not started; it starts on the first iteration)"
         dashboard = ("shown here once the runner has started" if name == "distributed"
                      else f"none (the {name} runner has no Dask dashboard)")
+    elif runner.starting:  # never waits for the start
+        state = runner.describe()
+        dashboard = "shown here once the embedded cluster has started"
     else:
         state = runner.describe()
         dashboard = _dashboard(runner.dashboard_link)

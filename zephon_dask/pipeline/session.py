@@ -235,16 +235,22 @@ class Session:
         self.handed_out = False
 
     def close(self) -> None:
-        """Stop the iteration and the runner this session started."""
+        """Stop the iteration and the runner this session started. Bounded: the runner's close
+        waits for no cluster start and bounds each step; each part is closed even if one before
+        it fails."""
         self.closed = True
-        if self.stream is not None:
-            self.stream.close()
-            self.stream = None
-        if self._runner is not None:
-            self._runner.close()
-            self._runner = None
-        if self.progress is not None:
-            self.progress.close()
+        stream, runner = self.stream, self._runner
+        self.stream = self._runner = None
+        try:
+            if stream is not None:
+                stream.close()
+        finally:
+            try:
+                if runner is not None:
+                    runner.close()
+            finally:
+                if self.progress is not None:
+                    self.progress.close()
 
     def __getstate__(self) -> dict:
         """A copy for another process (a DataLoader worker): the description, the loaded state

@@ -1,0 +1,82 @@
+"""Errors of data and configuration raised inside a task: carried back as a value, raised once here.
+
+A :class:`~zephon_dask.errors.ZephonError` about the data or the configuration
+(a missing field, a malformed file, a bad setting: :func:`is_final`) gives the
+same error however often the task runs. Dask would retry it (``retries=``) and
+log each failure on the worker ("Compute Failed", a traceback each), so the
+distributed runner's tasks run through :func:`settle`, which returns such an
+error as a :class:`TaskError` instead of raising it: the task succeeds, nothing
+is retried or logged at ERROR, and the handle raises the error in the training
+process (:meth:`TaskError.reraise`), with the worker's traceback at DEBUG.
+Worker loss, I/O errors (``OSError``, timeouts) and the user's own exceptions
+still fail the task, so Dask's retries still apply to them. Holds no state.
+"""
+
+from __future__ import annotations
+
+import logging
+import traceback
+from dataclasses import dataclass
+from typing import Any
+
+from dask._task_spec import Task
+
+from ..errors import ZephonError
+
+logger = logging.getLogger(__name__)
+
+
+def is_final(exc: BaseException) -> bool:
+    """Whether ``exc`` would be raised again by the same task: one of the library's own errors,
+    unless it is also an I/O error or a timeout (a file server or a cluster may recover)."""
+    return isinstance(exc, ZephonError) and not isinstance(exc, OSError | TimeoutError)
+
+
+@dataclass
+class TaskError:
+    """A final error raised by a task, returned as its value (picklable: the library's errors are)."""
+
+    error: BaseException
+    worker_traceback: str
+
+    def reraise(self, label: str) -> None:
+        """Raise the error here, noting ``label`` (the windows the task computed); the worker's
+        traceback goes to the DEBUG log."""
+        logger.debug("zephon_dask: the worker's traceback of %s:\n%s", label, self.worker_traceback)
+        self.error.add_note(f"zephon_dask: while computing {label}")
+        raise self.error
+
+
+def _failed_input(args: tuple) -> TaskError | None:
+    for arg in args:
+        for value in arg if isinstance(arg, list | tuple) else (arg,):
+            if isinstance(value, TaskError):
+                return value
+    return None
+
+
+def settle(func, *args: Any, **kwargs: Any) -> Any:
+    """``func(*args, **kwargs)``, or the :class:`TaskError` of a final error it raises or an input carries."""
+    failed = _failed_input(args)
+    if failed is not None:
+        return failed
+    try:
+        return func(*args, **kwargs)
+    except Exception as exc:
+        if not is_final(exc):
+            raise
+        return TaskError(exc, traceback.format_exc())
+
+
+def settled(tasks: dict[str, Task]) -> dict[str, Task]:
+    """``tasks`` with each task's function run through :func:`settle` (keys, inputs and the
+    data-producer mark unchanged)."""
+    return {key: Task(key, settle, t.func, *t.args, _data_producer=t.data_producer, **t.kwargs)
+            for key, t in tasks.items()}
+
+
+def raise_if_failed(value: Any, label: str) -> Any:
+    """``value``, unless it is a :class:`TaskError`: then its error is raised (see :meth:`TaskError.reraise`)."""
+    if isinstance(value, TaskError):
+        value.reraise(label)
+    return value
