@@ -16,6 +16,8 @@ import sys
 import time
 from pathlib import Path
 
+import torch
+
 sys.path.insert(0, str(Path(__file__).parent))
 
 from frameworks import hf_pipeline, lightning_module, record_inputs, tiny_gpt2  # noqa: E402
@@ -77,6 +79,7 @@ def main() -> int:
     ap.add_argument("--step-s", type=float, default=0.0)
     args = ap.parse_args()
     out = Path(args.out)
+    torch.set_num_threads(1)  # as the test's own runs: a step's sums then come out the same, bit for bit
     if args.framework == "lightning":  # Lightning handles SIGTERM itself
         train_lightning(Path(args.corpus), out, args.steps, step_s=args.step_s)
         return 0

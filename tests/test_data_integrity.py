@@ -379,14 +379,14 @@ def test_a_filter_dropping_everything_on_a_one_pass_stream_raises_a_typed_error(
     assert type(ei.value).__name__ == "EmptyStreamError"
     text = str(ei.value)
     assert "gave no sample although 64 records were read" in text and "'filter.dropped': 64" in text
-    # a stream resumed at its end gives nothing, as the uninterrupted one did there: no error
+    # a stream resumed at its end goes on into the next pass, as the uninterrupted one does: no error
     good = base.tokenize("bytes").pack(16).batch(1).options(**opts)
     with good:
         n = len(list(good))
         state = good.state_dict()
     again = base.tokenize("bytes").pack(16).batch(1).options(**opts).load_state_dict(state)
     with again:
-        assert n > 0 and list(again) == []
+        assert n > 0 and len(list(again)) == n
 
 
 def test_a_dataset_a_filter_removes_from_a_mixture_is_named_once(recwarn):

@@ -215,8 +215,19 @@ def test_a_delivery_is_recorded_with_no_call_an_interrupt_could_land_in():
     assert calls and {line for line, _ in calls} == {end}, calls
 
 
+@pytest.fixture
+def one_torch_thread():
+    """One torch thread, as the job uses: a step's sums then come out the same, bit for bit."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.mark.parametrize("framework, seed", [("hf", 6), ("lightning", 7)])
-def test_a_preempted_trainer_saves_its_step_and_resumes_exactly(corpus_dir, tmp_path, framework, seed):
+def test_a_preempted_trainer_saves_its_step_and_resumes_exactly(corpus_dir, tmp_path, framework, seed, one_torch_thread):
     """SIGTERM at a seeded step of a real training run. The Trainer (``StopOnPreemption``) saves
     ``checkpoint-N`` at the end of that step and exits 143; Lightning stops after the current
     micro-batch and ``OnExceptionCheckpoint`` saves the weights of step N with the data state of the

@@ -140,6 +140,8 @@ class StopOnPreemption(TrainerCallback):
         self.stop = stop
 
     def on_step_end(self, args, state, control, **kwargs):
+        """The Trainer's hook after each optimizer step: ask it to save and stop once any rank has
+        been signalled."""
         if self.stop.should_stop():  # a collective under torch.distributed: every rank, every step
             control.should_save = control.should_training_stop = True
         return control
