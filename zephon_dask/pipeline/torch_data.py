@@ -246,39 +246,14 @@ def _dataset_states(state) -> list[dict]:
     return []
 
 
-class _Delivering:
-    """The iterator of a :class:`PipelineLoader`: records each batch as the loop receives it.
-    Like the pipeline's own iterators, one that starts at a loaded state with nothing left goes on
-    into the next pass (see :meth:`Session.iterate`)."""
-
-    def __init__(self, loader: PipelineLoader):
-        self.loader, self.pipeline = loader, loader.pipeline
-        progress, generation, base = loader.begin_iteration()
-        self._batches = self._deliver(progress, generation, base, self.pipeline.session.from_loaded)
-
-    def __iter__(self):
-        return self
-
-    def __next__(self) -> dict:
-        return next(self._batches)
-
-    def _deliver(self, progress: Progress, generation: int, base: Iterator[dict], chain: bool):
-        served = False
-        while True:
-            self.pipeline.check_live(generation)
-            out = next(base, None)
-            if out is None:
-                if served or not chain:
-                    return
-                chain = False
-                progress, generation, base = self.loader.begin_iteration()  # the next pass
-                continue
-            window, offset = (int(v) for v in out["position"])
-            progress.observe(int(out["lane"]), int(out["index_in_lane"]), window, offset, bool(out["last"]),
-                             out["tokens"].numpy(),
-                             np.stack((out["dataset_tokens"].numpy(), out["dataset_samples"].numpy())))
-            served = True
-            yield out
+def _recorded(progress: Progress, batches: Iterator[dict]) -> Iterator[dict]:
+    """``batches`` (a ``DataLoader``'s), each recorded in ``progress`` as the loop receives it."""
+    for out in batches:
+        window, offset = (int(v) for v in out["position"])
+        progress.observe(int(out["lane"]), int(out["index_in_lane"]), window, offset, bool(out["last"]),
+                         out["tokens"].numpy(),
+                         np.stack((out["dataset_tokens"].numpy(), out["dataset_samples"].numpy())))
+        yield out
 
 
 def loader_generator(seed: int) -> torch.Generator:
@@ -323,15 +298,13 @@ class PipelineLoader(DataLoader):
         if not self.follows_training_step and (refused := refuse_fetching_ahead(
                 "a plain pipeline.to_torch_loader()")) is not None:
             return refused  # Lightning would checkpoint it a batch ahead of the step
-        return _Delivering(self)
+        return self.pipeline.session.iterate(self._batches, observe=False)
 
-    def begin_iteration(self) -> tuple[Progress, int, Iterator[dict]]:
-        """Begin an iteration of the pipeline: its progress, its generation and the batches of
-        a new ``DataLoader`` iterator (whose workers start where the iteration starts)."""
-        session = self.pipeline.session
-        progress, generation = session.begin()
-        self._served.begin_at(session.start)  # before the workers start: they copy the dataset
-        return progress, generation, super().__iter__()
+    def _batches(self, progress: Progress) -> Iterator[dict]:
+        """The batches of a new ``DataLoader`` iterator for the iteration ``progress`` tracks (its
+        workers start where the iteration starts), recorded as the loop receives them."""
+        self._served.begin_at(self.pipeline.session.start)  # before the workers start: they copy the dataset
+        return _recorded(progress, super().__iter__())
 
     def state_dict(self, *, ahead: int | None = None, at_step: int | None = None) -> dict:
         """The pipeline's state (see :meth:`Pipeline.state_dict`)."""
