@@ -54,8 +54,10 @@ def corpus(root: Path, files: int = 4, docs: int = 500) -> Path:
 def pipeline(root: Path, runner: str):
     ds = z.Dataset.from_jsonl("web", str(root), progress=False)
     ws = z.MixtureWorkSource([ds], chunk_size=64, seed=3, exhausted_policy="repeat")
+    # one lane: a global step is one batch, as the checkpoints after k steps here assume (the Trainer
+    # integration sizes its gradient accumulation from the pipeline's step)
     return (z.Pipeline(ws).tokenize().pack(256, algorithm="best_fit").batch(2, labels="hf")
-            .options(runner=runner, canonical_replicas=4, flush_every_k_chunks=2))
+            .options(runner=runner, canonical_replicas=1, flush_every_k_chunks=2))
 
 
 def model():
