@@ -11,9 +11,10 @@ With ``at_once=True`` the first signal raises :class:`Preempted` where the
 process is (a loop that can rewind to its last completed step:
 ``pipeline.state_dict(at_step=...)``). A second signal raises at once, unless it
 comes within :data:`ECHO_S` of the first: a launcher passing on the signal its
-whole process group received (``torchrun`` does) is the same request. Inside :meth:`Preemption.deferred` (writing a checkpoint) a signal waits until
-the block ends. The embedded Dask cluster's processes never act on a terminal's
-signals: the training process decides.
+whole process group received (``torchrun`` does) is the same request. Inside
+:meth:`Preemption.deferred` (writing a checkpoint) a signal waits until the block
+ends. The embedded Dask cluster's processes never act on a terminal's signals:
+the training process decides.
 """
 
 from __future__ import annotations
