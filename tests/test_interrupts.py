@@ -23,7 +23,7 @@ from zephon_dask.cli import main as cli
 from zephon_dask.preemption import ECHO_S
 
 ROOT = Path(__file__).resolve().parents[1]
-JOB = Path(__file__).parent / "preempted_job.py"
+JOB = Path(__file__).parent / "torchrun_job.py"
 DEADLINE = 180.0  # seconds any one wait here may take before the test fails instead of hanging
 
 

@@ -131,12 +131,13 @@ class Progress:
     def lane_finished(self, lane: int, batches: int) -> None:
         """The lane has no batch after its ``batches``-th; finished once those are delivered."""
         self._ends[lane] = batches
-        self._settle(lane)
-
-    def _settle(self, lane: int) -> None:
-        end = self._ends.get(lane)
-        if end is not None and end <= self.lane[lane].batches_delivered:
+        if self._ended(lane, self.lane[lane].batches_delivered):
             self.lane[lane].finished = True
+
+    def _ended(self, lane: int, delivered: int) -> bool:
+        """Whether the lane has no batch after its first ``delivered``."""
+        end = self._ends.get(lane)
+        return end is not None and end <= delivered
 
     @property
     def global_step(self) -> int:
@@ -152,10 +153,10 @@ class Progress:
         real, slots = int(counts[0].sum()), int(np.size(tokens))
         self._counts += counts
         self.history.add(step, real, slots, counts)
-        p, end = self.lane[lane], self._ends.get(lane)
+        p = self.lane[lane]
         undo = (lane, index_in_lane, p.as_tuple(), self.next_lane)
         after = self.lanes[(self.lanes.index(lane) + 1) % len(self.lanes)]
-        finished = p.finished or last or (end is not None and end <= index_in_lane + 1)
+        finished = p.finished or last or self._ended(lane, index_in_lane + 1)
         # The record itself makes no call before its last statement: CPython runs a signal handler
         # (Ctrl-C's KeyboardInterrupt) only after a call or a backward jump, so an interrupt lands
         # before or after a delivery is recorded, never halfway.
