@@ -157,13 +157,50 @@ def test_the_example_recipe_builds():
 
 
 def test_recipe_tables_match_the_python_signatures():
+    """Each table's keys are parameters of its Python call, with the same defaults."""
     import inspect
+
+    from zephon_dask.recipe import BATCH, DATASETS, PACK, REQUIRED_KEY, SHUFFLE, SOURCE, TOKENIZE
 
     methods = {"source": z.MixtureWorkSource.__init__, "tokenize": z.Pipeline.tokenize,
                "shuffle": z.Pipeline.shuffle, "pack": z.Pipeline.pack, "batch": z.Pipeline.batch}
     for table, keys in TABLES.items():
         params = set(inspect.signature(methods[table]).parameters)
         assert set(keys) <= params, table
+    for table, method in [(SOURCE, z.MixtureWorkSource.__init__), (TOKENIZE, z.Pipeline.tokenize),
+                          (SHUFFLE, z.Pipeline.shuffle), (PACK, z.Pipeline.pack), (BATCH, z.Pipeline.batch),
+                          (DATASETS, z.Dataset.from_jsonl)]:
+        params = inspect.signature(method).parameters
+        for key in table.keys:
+            if key.name in ("format", "weight"):  # chosen by the recipe, not by a keyword of the call
+                continue
+            default = params[key.name].default
+            expected = REQUIRED_KEY if default is inspect.Parameter.empty else default
+            assert key.default == expected, (table.header, key.name)
+
+
+def test_the_docs_recipe_reference_is_the_definition():
+    from zephon_dask.recipe import reference_markdown
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "recipes.md").read_text()
+    assert reference_markdown() in text, ("regenerate the reference: python -c 'import zephon_dask.recipe "
+                                          "as r; print(r.reference_markdown())'")
+
+
+def test_the_reference_names_every_table_and_key_the_loader_accepts():
+    from zephon_dask.options import OPTIONS
+    from zephon_dask.recipe import ALL_TABLES, SCHEDULE_KEYS, TOP_LEVEL, reference_markdown
+
+    text = reference_markdown()
+    assert [t.header for t in ALL_TABLES] == ["[[datasets]]", "[source]", "[tokenize]", "[shuffle]", "[pack]",
+                                              "[batch]", "[options]", "[[mixture.schedule]]"]
+    assert {t.header.strip("[]").split(".")[0] for t in ALL_TABLES} == set(TOP_LEVEL)
+    for table in ALL_TABLES:
+        assert f"### `{table.header}`" in text
+        for key in table.keys:
+            assert f"| `{key.name}` |" in text
+    assert SCHEDULE_KEYS == ("step", "chunk", "weights")
+    assert {o.name for o in OPTIONS if o.toml} == {k.name for k in ALL_TABLES[6].keys}
 
 
 # -- errors --------------------------------------------------------------------------------
@@ -231,8 +268,50 @@ def test_missing_recipe_file(tmp_path):
     assert isinstance(info.value, FileNotFoundError)
 
 
-def test_bad_values_fail_at_build_with_a_note_naming_the_recipe_table(corpus):
-    r = load_recipe(recipe(corpus, BASE.replace('algorithm = "first_fit"', 'algorithm = "tetris"')))
-    with pytest.raises(ConfigError, match="tetris") as info:
+BUILD_ERRORS = [
+    # (edit of BASE, error type, what the message says, in recipe terms)
+    (('algorithm = "first_fit"', 'algorithm = "tetris"'), ConfigError, ": [pack]: algorithm = 'tetris' is unknown"),
+    (("buffer_size = 5", "buffer_size = 0"), ConfigError, ": [shuffle]: buffer_size = 0 must be a positive"),
+    (("chunk_size = 6", "chunk_size = 0"), ConfigError, ": [source] with the [[datasets]] weights: chunk_size = 0 must"),
+    (("prefetch_windows = 1", "global_batches_per_step = 3"), ConfigError,
+     ": [options]: global_batches_per_step = 3 must be a positive multiple of canonical_replicas = 2"),
+]
+
+
+@pytest.mark.parametrize(("edit", "error", "fragment"), BUILD_ERRORS)
+def test_bad_values_fail_at_build_naming_the_recipe_table_and_key(corpus, edit, error, fragment):
+    r = load_recipe(recipe(corpus, BASE.replace(*edit, 1)))
+    with pytest.raises(error) as info:
         r.pipeline()
-    assert any(str(r.path) in note and "[pack]" in note for note in info.value.__notes__)
+    message = str(info.value)
+    assert message.startswith(str(r.path)) and fragment in message
+    assert "(" not in message.split(":", 3)[-1].split(" ")[1], "no Python call syntax: " + message
+
+
+def test_a_missing_text_field_names_the_dataset_table_and_key(corpus):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"body": ["one", "two"]}), corpus / "data" / "notes.parquet")
+    text = BASE.replace('name = "prose"\npath = "data/prose.jsonl"', 'name = "prose"\npath = "data/notes.parquet"')
+    r = load_recipe(recipe(corpus, text))
+    with pytest.raises(z.errors.MissingFieldError) as info:
+        r.pipeline()
+    message = str(info.value)
+    assert message.startswith(f"{r.path}: [[datasets]] 'prose': ") and "['body']" in message
+    assert "Set text_field = " in message
+    assert "Pass" not in message and "text_field=" not in message and "Dataset.from" not in message
+
+
+def test_in_recipe_terms_rewords_python_calls():
+    from zephon_dask.recipe import BATCH, DATASETS, in_recipe_terms
+
+    jsonl = ("dataset 'prose': data/prose.jsonl: line 1 has no field 'body'; fields present: ['text']. "
+             "Pass text_field=<one of them> to Dataset.from_jsonl")
+    assert in_recipe_terms(jsonl, DATASETS, "prose") == (
+        "data/prose.jsonl: line 1 has no field 'body'; fields present: ['text']. "
+        "Set text_field = <one of them> in this [[datasets]] table")
+    assert in_recipe_terms("batch(drop_last=1) must be True or False", BATCH) == "drop_last = 1 must be True or False"
+    assert in_recipe_terms("labels=True needs tokens", BATCH) == "labels = true needs tokens"
+    untouched = "every dataset's first pass; pass the schedule it resolves"
+    assert in_recipe_terms(untouched, BATCH) == untouched

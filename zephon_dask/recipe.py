@@ -16,6 +16,7 @@ from __future__ import annotations
 import difflib
 import glob
 import os
+import re
 import tomllib
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -23,12 +24,22 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .curriculum import MixtureWorkSource
+from .curriculum.routing import LANE_ASSIGNMENTS
 from .curriculum.schedule import parse as parse_schedule
+from .curriculum.token_weights import WEIGHT_BY
 from .data import Dataset
 from .data.formats import READERS
 from .data.formats import get as format_reader
 from .data.paths import has_glob
-from .errors import ConfigError, RecipeError, RecipeKeyError, RecipePathError, RecipeTypeError
+from .errors import (
+    ConfigError,
+    RecipeError,
+    RecipeKeyError,
+    RecipePathError,
+    RecipeTypeError,
+    ZephonError,
+)
+from .operators.pack import ALGORITHMS as PACK_ALGORITHMS
 from .options import BY_NAME as OPTIONS
 from .pipeline import Pipeline
 from .views import register
@@ -41,38 +52,194 @@ def dataset_formats() -> tuple[str, ...]:
 
 _INT, _BOOL, _STR = (int,), (bool,), (str,)
 _NUMBER = (int, float)
+_TABLE = (dict,)
 
-DATASET_KEYS = {"name": _STR, "path": _STR, "format": _STR, "text_field": _STR, "weight": _NUMBER}
-DATASET_REQUIRED = ("name", "path")
 
-# table -> key -> accepted TOML types; keys are the keyword arguments of the
-# matching constructor or Pipeline method.
-TABLES: dict[str, dict[str, tuple[type, ...]]] = {
-    "source": {  # MixtureWorkSource
-        "chunk_size": _INT, "seed": _INT, "shuffle_shards": _BOOL, "shuffle_within_shard": _BOOL,
-        "shuffle_block_size": _INT, "stop_after_passes": _INT, "exhausted_policy": _STR,
-        "max_repeats": _INT, "reshuffle_on_repeat": _BOOL, "lane_assignment": _STR, "weight_by": _STR,
-    },
-    "tokenize": {  # Pipeline.tokenize
-        "tokenizer": _STR, "field": _STR, "bos": _BOOL, "eos": _BOOL, "max_length": _INT,
-        "split_long": _BOOL, "bos_id": (int, str), "eos_id": (int, str),
-    },
-    "shuffle": {"buffer_size": _INT, "seed": _INT},  # Pipeline.shuffle
-    "pack": {"max_length": _INT, "algorithm": _STR, "pad_id": _INT, "num_bins": _INT},  # Pipeline.pack
-    "batch": {  # Pipeline.batch
-        "microbatch_size": _INT, "drop_last": _BOOL, "labels": (bool, str), "ignore_index": _INT,
-        "mask_document_boundaries": _BOOL, "cu_seqlens": _BOOL,
-    },
-}
-REQUIRED = {"shuffle": ("buffer_size",), "pack": ("max_length",), "batch": ("microbatch_size",)}
-# [options] takes every option a recipe can set (all but client, a live object), typed as its
-# definition says (zephon_dask.options); the values are then checked by Pipeline.options.
-OPTION_TYPES: dict[str, tuple[type, ...]] = {o.name: o.toml for o in OPTIONS.values() if o.toml is not None}
+class _Required:
+    def __repr__(self) -> str:
+        return "REQUIRED"
+
+
+REQUIRED_KEY: Any = _Required()  # the default of a key a table must set
+
+
+@dataclass(frozen=True)
+class Key:
+    """One recipe key: the TOML types it accepts, its default (:data:`REQUIRED_KEY`: must be
+    set; ``None``: leave it out for the Python default ``None``), a one-line doc, its choices,
+    and how the reference writes a default that no TOML value expresses."""
+
+    name: str
+    types: tuple[type, ...]
+    default: Any
+    doc: str
+    choices: tuple[str, ...] = ()
+    default_doc: str = ""
+
+
+@dataclass(frozen=True)
+class Table:
+    """One recipe table: its header as written in TOML, a one-line doc, the Python it becomes
+    (for the reference) and its keys."""
+
+    header: str
+    doc: str
+    python: str
+    keys: tuple[Key, ...]
+
+    @property
+    def types(self) -> dict[str, tuple[type, ...]]:
+        """``{key: accepted TOML types}``."""
+        return {k.name: k.types for k in self.keys}
+
+    @property
+    def required(self) -> tuple[str, ...]:
+        """The keys the table must set."""
+        return tuple(k.name for k in self.keys if k.default is REQUIRED_KEY)
+
+
+# Every recipe table and key, defined once: the loader checks with these, the reference in
+# docs/recipes.md is reference_markdown() (a test compares them), and a test compares each default
+# with the Python call's.
+DATASETS = Table("[[datasets]]", "one table per dataset, at least one",
+                 "`Dataset.from_path(name, path, text_field=...)`, or `Dataset.from_<format>(...)` "
+                 "when `format` is set", (
+    Key("name", _STR, REQUIRED_KEY,
+        "the dataset's name, unique in the recipe: it keys the weights, the schedule, stats and lineage"),
+    Key("path", _STR, REQUIRED_KEY,
+        "a file, folder, glob or URL; a relative path starts at the recipe's folder"),
+    Key("format", _STR, None, "the file format", dataset_formats(), "detected from the path"),
+    Key("text_field", _STR, "text", "the field (column) that holds the text; not for a token store"),
+    Key("weight", _NUMBER, None,
+        "the dataset's share of samples (of tokens with `[source]` `weight_by = \"tokens\"`), "
+        "relative to the others; set in every `[[datasets]]` table or in none, and not with "
+        "`[[mixture.schedule]]`", (), "shares proportional to the sample counts"),
+))
+SOURCE = Table("[source]", "how the datasets are ordered, mixed and cut into chunks",
+               "`MixtureWorkSource(datasets, weights, **source)`", (
+    Key("chunk_size", _INT, 1024, "samples per chunk, the unit a lane receives; each dataset fills its "
+        "weight's share of every chunk"),
+    Key("seed", _INT, 0, "the seed of the sample orders and of the chunk-to-lane routing (and of "
+        "`[shuffle]` unless it sets one)"),
+    Key("shuffle_shards", _BOOL, True, "shuffle the order of each dataset's shards"),
+    Key("shuffle_within_shard", _BOOL, True, "shuffle the samples inside each shard"),
+    Key("shuffle_block_size", _INT, None, "also permute positions inside consecutive blocks of this "
+        "many samples (mixes shards locally, reads stay close together)", (), "no block shuffle"),
+    Key("stop_after_passes", _INT, 1, "end the stream after the first chunk at which every dataset "
+        "has completed this many passes"),
+    Key("exhausted_policy", _STR, None, "instead of `stop_after_passes`: `\"stop\"` ends before the "
+        "first chunk that needs a sample past any dataset's first pass, `\"repeat\"` repeats the "
+        "datasets", ("stop", "repeat"), "`stop_after_passes` decides"),
+    Key("max_repeats", _INT, None, "with `exhausted_policy = \"repeat\"`: passes after the first "
+        "before the stream ends", (), "the stream never ends"),
+    Key("reshuffle_on_repeat", _BOOL, True, "each pass gets a fresh order (`false`: every pass "
+        "repeats the first one's)"),
+    Key("lane_assignment", _STR, "permute", "which lane gets which chunk of a block: shuffled by "
+        "seed and block (`permute`), or chunk `g` to lane `g % R` (`modulo`)", LANE_ASSIGNMENTS),
+    Key("weight_by", _STR, "samples", "read the weights as shares of samples or of tokens (the "
+        "tokens per sample are measured once with `[tokenize]`)", WEIGHT_BY),
+))
+TOKENIZE = Table("[tokenize]", "how text becomes token ids", "`pipeline.tokenize(**tokenize)`", (
+    Key("tokenizer", _STR, "bytes", "`\"bytes\"` (UTF-8 bytes, BOS 256, EOS 257; needs no file) or "
+        "the path of a Hugging Face `tokenizer.json`, relative to the recipe's folder"),
+    Key("field", _STR, "text", "the record field to encode"),
+    Key("bos", _BOOL, False, "add the BOS id before each document"),
+    Key("eos", _BOOL, True, "add the EOS id after each document"),
+    Key("max_length", _INT, None, "cap a document's tokens (BOS/EOS included); the rest is dropped "
+        "and counted, unless `split_long`", (), "no cap"),
+    Key("split_long", _BOOL, False, "cut long documents into `max_length` pieces instead"),
+    Key("bos_id", (int, str), None, "the BOS id: an integer, or a token string of a Hugging Face "
+        "tokenizer", (), "the tokenizer's, found by name"),
+    Key("eos_id", (int, str), None, "the EOS id, like `bos_id`", (), "the tokenizer's, found by name"),
+))
+SHUFFLE = Table("[shuffle]", "a reservoir shuffle inside each window (runs before `[pack]`)",
+                "`pipeline.shuffle(**shuffle)`", (
+    Key("buffer_size", _INT, REQUIRED_KEY, "samples held in the reservoir (larger mixes more)"),
+    Key("seed", _INT, None, "this shuffle's seed", (), "`[source]` `seed`"),
+))
+PACK = Table("[pack]", "documents packed into rows of exactly `max_length` tokens, inside each window",
+             "`pipeline.pack(**pack)`", (
+    Key("max_length", _INT, REQUIRED_KEY, "tokens per row"),
+    Key("algorithm", _STR, "wrap", "`wrap` concatenates and cuts; `first_fit` and `best_fit` place "
+        "whole documents in open bins, padded; `best_fit_wrap` fills rows with no padding, cutting at "
+        "most one document per row (see [operators](operators.md))", PACK_ALGORITHMS),
+    Key("pad_id", _INT, 0, "the padding id (bin packing, and batches)"),
+    Key("num_bins", _INT, None, "open bins of `first_fit` / `best_fit`", (), "64"),
+))
+BATCH = Table("[batch]", "the batch shape (cut per lane; a batch never mixes lanes)",
+              "`pipeline.batch(**batch)`", (
+    Key("microbatch_size", _INT, REQUIRED_KEY, "samples (rows) per batch"),
+    Key("drop_last", _BOOL, True, "drop a lane's last partial batch"),
+    Key("labels", (bool, str), False, "also build `input_ids`, `labels` and `loss_mask`: `true` or "
+        "`\"shifted\"` for next-token targets, `\"hf\"` for unshifted labels with `attention_mask` and "
+        "`position_ids` (models that shift themselves)"),
+    Key("ignore_index", _INT, -100, "the label of positions that are not trained on"),
+    Key("mask_document_boundaries", _BOOL, False, "no label across a document boundary"),
+    Key("cu_seqlens", _BOOL, False, "also build `cu_seqlens` for variable-length attention"),
+))
+SCHEDULE = Table("[[mixture.schedule]]", "optional, one table per phase in order: weights that change "
+                 "during the run (see [Mixture schedules](#mixture-schedules))",
+                 "`MixtureWorkSource(..., schedule=[(step, weights), ...], schedule_unit=\"step\")` "
+                 "(or `\"chunk\"`)", (
+    Key("step", _INT, None, "the global training step at which the phase starts (the first phase: "
+        "0)", (), "required: `step` or `chunk`"),
+    Key("chunk", _INT, None, "instead of `step`: the global chunk index at which the phase starts, a "
+        "multiple of `canonical_replicas`", (), "required: `step` or `chunk`"),
+    Key("weights", _TABLE, REQUIRED_KEY, "an inline table `{ name = weight, ... }` of the phase's "
+        "weights; a dataset left out has weight 0 in the phase"),
+))
+# The tables whose keys are passed unchanged to one Python call, in the order the pipeline applies them.
+CALL_TABLES = (SOURCE, TOKENIZE, SHUFFLE, PACK, BATCH)
+OPTIONS_TABLE = Table("[options]", "data settings (in the fingerprint), step settings (kept on resume), "
+                      "then execution settings (never change a byte); every option but `client` (see "
+                      "[execution](execution.md#options))", "`pipeline.options(**options)`", tuple(
+    Key(o.name, o.toml, o.default, f"*{o.kind}*: {o.doc}", o.choices) for o in OPTIONS.values() if o.toml))
+
+TABLES: dict[str, dict[str, tuple[type, ...]]] = {t.header.strip("[]"): t.types for t in CALL_TABLES}
+REQUIRED = {t.header.strip("[]"): t.required for t in CALL_TABLES if t.required}
+DATASET_KEYS, DATASET_REQUIRED = DATASETS.types, DATASETS.required
+OPTION_TYPES = OPTIONS_TABLE.types
+SCHEDULE_KEYS = tuple(SCHEDULE.types)  # one [[mixture.schedule]] table: a start and the weights
 TOP_LEVEL = ("datasets", "mixture", *TABLES, "options")
-SCHEDULE_KEYS = ("step", "chunk", "weights")  # one [[mixture.schedule]] table: a start and the weights
 
-_TYPE_NAMES = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
-_EXAMPLES = {int: "8", float: "0.5", bool: "true", str: '"..."'}
+_TYPE_NAMES = {int: "an integer", float: "a number", bool: "true or false", str: "a string",
+               dict: "an inline table"}
+_EXAMPLES = {int: "8", float: "0.5", bool: "true", str: '"..."', dict: "{ name = 1 }"}
+
+
+# -- the reference ------------------------------------------------------------------------
+
+_TOML_TYPE_NAMES = {int: "integer", float: "number", bool: "bool", str: "string", dict: "inline table"}
+ALL_TABLES = (DATASETS, SOURCE, TOKENIZE, SHUFFLE, PACK, BATCH, OPTIONS_TABLE, SCHEDULE)
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return f'"{value}"' if isinstance(value, str) else repr(value)
+
+
+def _default(key: Key) -> str:
+    if key.default is REQUIRED_KEY:
+        return "required"
+    if key.default_doc:
+        return key.default_doc
+    return "none" if key.default is None else f"`{_toml_value(key.default)}`"
+
+
+def reference_markdown() -> str:
+    """Every recipe table and key as the Markdown reference of ``docs/recipes.md``."""
+    parts = []
+    for table in ALL_TABLES:
+        rows = ["| key | type | default | meaning |", "| --- | --- | --- | --- |"]
+        for k in table.keys:
+            types = "number" if k.types == _NUMBER else " or ".join(_TOML_TYPE_NAMES[t] for t in k.types)
+            choices = f" (one of {', '.join(_toml_value(c) for c in k.choices)})" if k.choices else ""
+            rows.append(f"| `{k.name}` | {types} | {_default(k)} | {k.doc}{choices} |")
+        parts.append(f"### `{table.header}`\n\n{table.doc[0].upper()}{table.doc[1:]}. In Python: "
+                     f"{table.python}.\n\n"
+                     + "\n".join(rows))
+    return "\n\n".join(parts)
 
 
 @dataclass(frozen=True)
@@ -121,29 +288,61 @@ class Recipe:
     def pipeline(self):
         """Open the datasets and build the pipeline: tokenize, then shuffle, then pack, then batch."""
         datasets = []
-        for i, entry in enumerate(self.datasets):
-            with _context(self.path, f"[[datasets]] #{i + 1} (name {entry.name!r})"):
+        for entry in self.datasets:
+            with _context(self.path, f"[[datasets]] {entry.name!r}", DATASETS, entry.name):
                 datasets.append(entry.open())
-        with _context(self.path, "[source], [mixture] and the datasets' weights"):
+        where = "[source]"
+        if self.schedule is not None or self.weights is not None:
+            where += " with the " + ("[[mixture.schedule]]" if self.schedule else "[[datasets]] weights")
+        with _context(self.path, where, SOURCE):
             schedule = None if self.schedule is None else list(self.schedule)
             pipeline = Pipeline(MixtureWorkSource(datasets, self.weights, **self.source, schedule=schedule,
                                                   schedule_unit=self.schedule_unit))
-        for name in ("tokenize", "shuffle", "pack", "batch"):
-            kwargs = getattr(self, name)
+        for table in (TOKENIZE, SHUFFLE, PACK, BATCH):
+            kwargs = getattr(self, table.header.strip("[]"))
             if kwargs is not None:
-                with _context(self.path, f"[{name}]"):
-                    pipeline = getattr(pipeline, name)(**kwargs)
-        with _context(self.path, "[options]"):
+                with _context(self.path, table.header, table):
+                    pipeline = getattr(pipeline, table.header.strip("[]"))(**kwargs)
+        with _context(self.path, "[options]", OPTIONS_TABLE):
             return pipeline.options(**self.options)
 
 
 @contextmanager
-def _context(file: str, where: str) -> Iterator[None]:
+def _context(file: str, where: str, table: Table, dataset: str = "") -> Iterator[None]:
+    """Errors raised inside say ``file: where: ...`` in recipe terms (:func:`in_recipe_terms`)."""
     try:
         yield
+    except ZephonError as exc:
+        message = in_recipe_terms(str(exc), table, dataset)
+        try:
+            translated = type(exc)(f"{file}: {where}: {message}")
+        except Exception:  # an error class with other constructor arguments keeps its message
+            exc.add_note(f"zephon_dask: in recipe {file}, {where}")
+            raise exc from None
+        raise translated.with_traceback(exc.__traceback__) from None
     except Exception as exc:
         exc.add_note(f"zephon_dask: in recipe {file}, {where}")
         raise
+
+
+def in_recipe_terms(message: str, table: Table, dataset: str = "") -> str:
+    """A Python API error message worded for ``table`` of a recipe: ``call(key=value)`` and
+    ``key=value`` become ``key = value``, "Pass ... to Dataset.from_jsonl" becomes "Set ... in this
+    [[datasets]] table", and a leading ``dataset 'name': `` (already in the location) goes."""
+    keys = "|".join(re.escape(k.name) for k in table.keys)
+    if dataset:
+        message = message.removeprefix(f"dataset {dataset!r}: ")
+    message = re.sub(rf"\b[A-Za-z_][\w.]*\(({keys})=([^()]*)\)", r"\1 = \2", message)
+    message = re.sub(rf"(?<![\w.])({keys})=(?=[^\s=])", r"\1 = ", message)
+    message = re.sub(rf"(?<![\w.])({keys}) = (True|False|None)\b",
+                     lambda m: f"{m[1]} = {_PYTHON_TO_TOML[m[2]]}", message)
+    message = re.sub(r" to (?:zephon_dask\.)?(?:Dataset|Pipeline|MixtureWorkSource)\b[\w.]*(?:\(\))?",
+                     f" in this {table.header} table", message)
+    message = re.sub(rf"(^|[.;:]\s+)Pass (?=({keys}) = )", r"\1Set ", message)
+    return re.sub(rf"\bpass (?=({keys}) = )", "set ", message)
+
+
+_PYTHON_TO_TOML = {"True": "true", "False": "false", "None": "(left out)"}
 
 
 def load_recipe(path: str | os.PathLike) -> Recipe:
