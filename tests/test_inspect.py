@@ -248,7 +248,10 @@ def test_state_html_is_a_lane_table_and_tolerates_extra_keys():
     lanes = tables[1][1:]
     assert [r[0] for r in lanes] == ["0", "2", "10"]
     assert lanes[2][1:5] == ["10", "1", "20", "True"] and lanes[1][5] == "note=x"
-    assert tables[2][1:] == [["0/1:0,2,10", "2"]]
+    assert tables[2][0] == ["the group's lanes", "next lane"]
+    assert tables[2][1:] == [["0, 2, 10", "2"]]  # the key 0/1:0,2,10 in words
+    other = Tables(state_html({**state, "pointers": {"1/2:3,4": 4, "x": 1}})).tables
+    assert other[2][1:] == [["3, 4 (worker 1 of 2)", "4"], ["x", "1"]]
     Tables(state_html({"lanes": "?"}))
     Tables(state_html([1]))
 

@@ -252,9 +252,20 @@ def state_html(state) -> str:
         lane_rows.append((str(lane), *(str(progress.get(f, "")) for f in LANE_FIELDS),
                           ", ".join(f"{k}={progress[k]}" for k in more)))
     pointers = state["pointers"] if isinstance(state.get("pointers"), dict) else {}
-    pointer_rows = [(str(k), str(pointers[k])) for k in sorted(pointers, key=str)]
+    pointer_rows = [(_pointer_lanes(str(k)), str(pointers[k])) for k in sorted(pointers, key=str)]
     return html_block(
         html_title("zephon_dask state"), html_pairs(pairs),
         html_table(("lane", *LANE_FIELDS, "other"), lane_rows, caption=f"lanes ({len(lane_rows)})"),
-        html_table(("worker/active:lanes", "next lane"), pointer_rows, caption="round-robin pointers"),
+        html_table(("the group's lanes", "next lane"), pointer_rows,
+                   caption="round-robin: the lane each group's next batch comes from"),
     )
+
+
+def _pointer_lanes(key: str) -> str:
+    """A pointer key ``"<worker>/<active workers>:<lanes>"`` in words: its lanes, and its worker
+    unless it is the only one (``0/1``, what this package writes); another shape as it is."""
+    worker, sep, lanes = key.partition(":")
+    index, slash, active = worker.partition("/")
+    if not (sep and slash and index.isdigit() and active.isdigit()):
+        return key
+    return lanes.replace(",", ", ") + ("" if worker == "0/1" else f" (worker {index} of {active})")
