@@ -5,7 +5,14 @@ that the local paths it names exist, then returns an immutable
 :class:`Recipe`; it opens no dataset. :meth:`Recipe.pipeline` builds the
 datasets (indexing their files) and the :class:`~zephon_dask.pipeline.Pipeline`.
 Values are checked by the same constructors as in Python, so a recipe and the
-equivalent hand-built pipeline have the same fingerprint.
+equivalent hand-built pipeline have the same fingerprint; their errors are
+reworded in recipe terms (:func:`in_recipe_terms`: the table, the dataset and
+``key = value``).
+
+Every table and key (TOML types, default, doc) is defined once here
+(:data:`ALL_TABLES`): the loader checks with it and the reference in
+``docs/recipes.md`` is :func:`reference_markdown` (a test compares them). Pure
+data; nothing here holds state.
 
 Relative paths (datasets, a ``tokenizer.json``) are relative to the recipe's
 folder; URLs (anything with ``://``) are used as written.
