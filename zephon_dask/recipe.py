@@ -326,6 +326,8 @@ def _context(file: str, where: str, table: Table, dataset: str = "") -> Iterator
         except Exception:  # an error class with other constructor arguments keeps its message
             exc.add_note(f"zephon_dask: in recipe {file}, {where}")
             raise exc from None
+        for note in getattr(exc, "__notes__", ()):
+            translated.add_note(note)
         raise translated.with_traceback(exc.__traceback__) from None
     except Exception as exc:
         exc.add_note(f"zephon_dask: in recipe {file}, {where}")
