@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from pathlib import Path
 
@@ -101,3 +102,12 @@ def test_run_command_checkpoints_resumes_and_verifies(tmp_path, capsys):
     assert "12 global steps" in capsys.readouterr().out
     assert cli(["run", str(EXAMPLE), "--steps", "1", "--resume", str(tmp_path / "nope.json")]) == 2
     assert "no checkpoint" in capsys.readouterr().err
+
+
+def test_run_bar_shows_real_tokens_per_second(capsys):
+    """docs/cli.md: the bar shows real (unpadded) tokens per second, not steps per second."""
+    assert cli(["run", str(EXAMPLE), "--runner", "synchronous", "--steps", "3"]) == 0
+    captured = capsys.readouterr()
+    last = captured.err.replace("\r", "\n").strip().splitlines()[-1]
+    assert re.search(r"3/3 \[.*, [\d,]+ tokens/s\]$", last), last
+    assert "step/s" not in captured.err and "tokens delivered" in captured.out
