@@ -4,6 +4,8 @@ iterates every DP group's pipeline and counts what it delivers; where the count 
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -100,3 +102,16 @@ def test_len_stays_a_typed_error_and_names_num_steps():
     with pytest.raises(UnsizedPipelineError, match=r"pipeline\.num_steps\(\)") as info:
         len(pipeline)
     assert isinstance(info.value, TypeError)
+
+
+def test_cli_explain_counts_the_steps_when_asked():
+    """In a process of its own: the count is cached per process once made."""
+    def explain(*extra):
+        done = subprocess.run([sys.executable, "-m", "zephon_dask.cli", "explain", str(RECIPE), *extra],
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    assert "steps in a pass   finite; pipeline.num_steps() counts them" in explain()
+    assert "steps in a pass   53 global steps (213 batches; 1 left after the last full step), counted" \
+        in explain("--count-steps")

@@ -726,9 +726,17 @@ class Pipeline:
             compute: compute the windows when the count needs them; ``False``
                 returns ``None`` then (what ``repr`` and ``explain()`` do).
 
+        Returns:
+            A ``StepCount`` (``steps``, ``batches``, ``left``, ``counted``), or
+            ``None`` with ``compute=False`` when the windows would be needed.
+
         Raises:
             EndlessStreamError: the stream never ends.
             ConfigError: the step settings are invalid at this degree.
+
+        Example:
+            >>> pipeline.step_count()  # doctest: +SKIP
+            StepCount(steps=53, batches=213, left=1, counted=True)
         """
         spec = self.spec
         rows = counting.lane_rows(spec) if compute else counting.known_rows(spec)
