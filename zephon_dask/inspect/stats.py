@@ -88,10 +88,10 @@ class PipelineStats:
 
     @property
     def why(self) -> str:
-        """Why the delivered shares may differ from the targets now ("" when every window so far
-        was delivered whole)."""
+        """Why the delivered shares may differ from the targets now ("" when no window is partly
+        delivered)."""
         held = sum(m["held"] for m in self.mixture)
-        if not self.partial_windows and not held:
+        if not self.partial_windows:
             return ""
         whole = " / ".join(f"{m['dataset']} {m['whole_window_share']:.3f}" for m in self.mixture) \
             if self.whole_windows else "none yet"
@@ -233,7 +233,7 @@ def stats(pipeline) -> PipelineStats:
     phases = _phases(pipeline, history)
     whole, drawn, partial = _windows(pipeline.spec, progress)
     delivered = np.asarray(progress.dataset_samples, dtype=np.int64)
-    held = np.maximum(drawn - delivered, 0) if partial is not None else np.zeros_like(delivered)
+    held = np.maximum(drawn - delivered, 0) if partial else np.zeros_like(delivered)  # only while windows are partial
     whole_total = int(whole[1].sum())
     mixture = _blend(mixture_rows(source, progress.dataset_samples, progress.dataset_tokens), phases,
                      source.weight_by)
