@@ -213,3 +213,36 @@ def test_the_embedded_cluster_starts_within_the_pipelines_cluster_timeout(corpus
     with pytest.raises(OSError, match="recorded"), p:
         p.runner().worker_pids()
     assert asked == [120.0]  # the scheduler process gets as long to start as the pipeline waits
+
+
+_GATE = threading.Event()
+_CALLS = [0]
+
+
+def _held_after_one_chunk(record):
+    """Lets the first chunk's 12 records through, then waits at the gate (a deadline: 60 s)."""
+    _CALLS[0] += 1
+    if _CALLS[0] > 12:
+        _GATE.wait(60)
+    return record
+
+
+def test_a_window_computed_here_reports_its_chunks_as_they_finish(corpus_dir):
+    """What the first batch's bar reads: chunk by chunk, not 0 until the whole window is done."""
+    web = z.Dataset.from_jsonl("web", str(corpus_dir / "web"), progress=False)
+    spec = (z.Pipeline(z.MixtureWorkSource([web], chunk_size=12, seed=1)).map(_held_after_one_chunk, version=1)
+            .tokenize().pack(64).batch(2).options(canonical_replicas=2, flush_every_k_chunks=3).spec)
+    _GATE.clear()
+    _CALLS[0] = 0
+    head = HeadStart(spec, 1, False, [])  # one thread: the window's chunks one after the other
+    try:
+        handle = head.offer(window_graph(spec, 0, 0, fused=True), 0)
+        deadline = time.monotonic() + 60
+        while handle.chunks_done() < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert handle.chunks_done() == 1 and not handle.done()  # one chunk of three, held in the second
+    finally:
+        _GATE.set()
+    assert same_window(handle.result(), compute_window(spec, 0, 0))
+    assert handle.chunks_done() == 3
+    head.close()

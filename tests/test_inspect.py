@@ -416,3 +416,19 @@ def test_entry_point_subprocess():
                           text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert "canonical_replicas=4" in done.stdout and "0,1 | 2,3" in done.stdout
+
+
+def test_cli_at_a_degree_that_cannot_split_the_step_says_so_once(capsys):
+    """explain: the invalid step in one line and its reason once among the warnings; run: one
+    line on stderr (the uneven-groups warning with its source line does not come first)."""
+    assert main(["explain", str(EXAMPLE), "--dp-degree", "3"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("global step       invalid (see warnings)") == 1
+    assert out.count("cannot take global_batches_per_step=4") == 1
+    run = subprocess.run([sys.executable, "-m", "zephon_dask.cli", "run", str(EXAMPLE), "--steps", "2",
+                          "--dp-degree", "3", "--runner", "synchronous"], capture_output=True, text=True,
+                         timeout=120)
+    assert run.returncode == 2
+    assert run.stderr.splitlines() == [
+        "zephon-dask run: error: dp_degree=3 cannot take global_batches_per_step=4 (4 batches per global step "
+        "over canonical_replicas=4 lanes): it must divide both. Valid degrees: [1, 2, 4]"]

@@ -451,3 +451,19 @@ def test_validation_errors_are_typed_and_name_the_value(kwargs, shown):
 def test_unknown_algorithm_lists_the_choices():
     with pytest.raises(ValueError, match="'wrap', 'first_fit', 'best_fit', 'best_fit_wrap'"):
         Pack(8, "greedy")
+
+
+def test_the_packing_order_example_in_the_docs_prints_what_the_docs_show():
+    """docs/operators.md, "How each packing algorithm orders and splits": its snippet, run here."""
+    import contextlib
+    import io
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "operators.md").read_text()
+    section = text.split("## How each packing algorithm orders and splits", 1)[1].split("\n## ", 1)[0]
+    code, shown = re.search(r"```python\n(.*?)```\s*```text\n(.*?)```", section, re.S).groups()
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(code, "docs/operators.md", "exec"), {})
+    assert out.getvalue() == shown

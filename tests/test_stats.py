@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from pathlib import Path
 
@@ -10,6 +11,7 @@ import pytest
 from pipelines import build
 
 from zephon_dask.cli import main as cli
+from zephon_dask.core import compute_window
 
 EXAMPLE = Path(__file__).parent.parent / "examples" / "recipe.toml"
 
@@ -101,3 +103,54 @@ def test_run_command_checkpoints_resumes_and_verifies(tmp_path, capsys):
     assert "12 global steps" in capsys.readouterr().out
     assert cli(["run", str(EXAMPLE), "--steps", "1", "--resume", str(tmp_path / "nope.json")]) == 2
     assert "no checkpoint" in capsys.readouterr().err
+
+
+def test_run_bar_shows_real_tokens_per_second(capsys):
+    """docs/cli.md: the bar shows real (unpadded) tokens per second, not steps per second."""
+    assert cli(["run", str(EXAMPLE), "--runner", "synchronous", "--steps", "3"]) == 0
+    captured = capsys.readouterr()
+    last = captured.err.replace("\r", "\n").strip().splitlines()[-1]
+    assert re.search(r"3/3 \[.*, [\d,]+ tokens/s\]$", last), last
+    assert "step/s" not in captured.err and "tokens delivered" in captured.out
+
+
+def _drawn(spec, lane, window) -> Counter:
+    """Oracle: the samples per dataset a window holds, from its computed rows (a document's first
+    piece is its lineage row with token_start 0)."""
+    out = compute_window(spec, lane, window)
+    lineage = out.table.lineage
+    return Counter(spec.source.names[d] for d in lineage[lineage[:, 3] == 0, 0].tolist())
+
+
+@pytest.mark.parametrize("batches", [9, 37, 10_000])  # 10,000: to the stream's end
+def test_stats_explain_shares_over_whole_windows_and_what_packing_holds(corpus_dir, batches):
+    """Against windows computed here: the sample share over the windows delivered whole, and the
+    documents of partly delivered windows not delivered yet; all of it still there after close."""
+    with build(corpus_dir, runner="synchronous", algorithm="best_fit") as pipe:
+        for _ in zip(range(batches), pipe):
+            pass
+        s = pipe.stats()
+    spec = pipe.spec
+    whole, entered, partial = Counter(), Counter(), 0
+    ends = {lane["lane"]: spec.num_windows(lane["lane"]) if lane["finished"] else lane["window"] for lane in s.lanes}
+    for lane in s.lanes:
+        for w in range(ends[lane["lane"]]):
+            whole += _drawn(spec, lane["lane"], w)
+        if lane["offset"] and not lane["finished"]:
+            partial += 1
+            entered += _drawn(spec, lane["lane"], lane["window"])
+    delivered = {m["dataset"]: m["samples"] for m in s.mixture}
+    assert s.whole_windows == sum(ends.values()) and s.partial_windows == partial
+    assert partial if batches < 100 else not partial
+    assert {m["dataset"]: m["whole_window_share"] for m in s.mixture} == \
+        {name: whole[name] / sum(whole.values()) if whole else None for name in ("web", "code")}
+    assert {m["dataset"]: m["held"] for m in s.mixture} == \
+        {name: whole[name] + entered[name] - delivered[name] if partial else 0 for name in ("web", "code")}
+    if partial:
+        assert "partly delivered" in str(s) and "best_fit emits long documents' full rows first" in str(s)
+    # closed: the counters and rates of the last iteration stay as they were
+    after = pipe.stats()
+    assert after.packing_efficiency == s.packing_efficiency is not None
+    assert (after.windows_done, after.windows_in_flight) == (s.windows_done, 0) and s.windows_done > 0
+    assert after.elapsed_s == pipe.stats().elapsed_s and after.tokens_per_s > 0
+    assert after.mixture == s.mixture

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import subprocess
 import sys
 import time
@@ -210,9 +211,26 @@ def test_the_first_batch_is_logged_and_a_slow_one_shows_progress(caplog, monkeyp
             small(_slow, runner="threads", n_workers=2) as p:
         first = next(iter(p))
     assert first is not None
-    assert "window(s) submitted for the first batch" in caplog.text and "first batch after" in caplog.text
-    assert len(bars) == 1 and bars[0].kwargs["desc"] == "computing the first windows"
-    assert 0 < bars[0].total and bars[0].n <= bars[0].total
+    logged = re.search(r"(\d+) window\(s\) submitted for the first batch \(lanes \[0, 1\]\): ([\d,]+) documents",
+                       caplog.text)
+    assert logged is not None and "first batch after" in caplog.text
+    windows, documents = int(logged[1]), int(logged[2].replace(",", ""))
+    # the bar counts the documents of the windows the log names, all of them (none taken out yet)
+    assert len(bars) == 1 and bars[0].kwargs["desc"] == f"first batch: {windows} windows"
+    assert bars[0].kwargs["unit"] == "doc" and bars[0].total == documents <= windows * 2 * 6
+    # it moved: the first batch's window (2 chunks of 6 documents) counts before the bar goes
+    assert 2 * 6 <= bars[0].n <= bars[0].total
+
+
+def test_debug_logs_each_window_with_its_worker_time_and_bytes(caplog):
+    with caplog.at_level(logging.DEBUG, logger="zephon_dask"), small(runner="threads", n_workers=2) as p:
+        batches = list(p)
+    lines = [r.getMessage() for r in caplog.records if r.levelno == logging.DEBUG and "computed on" in r.getMessage()]
+    windows = {(lane, w) for lane in range(2) for w in range(p.spec.num_windows(lane))}
+    got = {(int(m[1]), int(m[2])) for m in (re.match(r"lane (\d+) window (\d+): computed on pid \d+ \(zephon-window"
+                                                     r"\S*\) in [\d.]+ s, [\d,]+ bytes, \d+ rows", line)
+                                            for line in lines) if m}
+    assert got == windows and len(lines) == len(windows) and batches  # one line per window, none per batch
 
 
 RECIPE = __import__("pathlib").Path(__file__).resolve().parents[1] / "examples" / "recipe.toml"

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import sys
+import warnings
 
 from . import __version__
 from .commands import COMMANDS
@@ -32,7 +34,17 @@ def main(argv=None) -> int:
     if args.command is None:
         parser.print_help()
         return 0
-    return modules[args.command].run(args)
+    with warnings.catch_warnings():  # restores the caller's display when main() is called in-process
+        warnings.showwarning = _one_line(args.command)
+        return modules[args.command].run(args)
+
+
+def _one_line(command: str):
+    """A ``warnings.showwarning`` printing ``zephon-dask COMMAND: warning: ...`` on one line: the
+    CLI's messages never carry a source line."""
+    def show(message, category, filename, lineno, file=None, line=None):
+        print(f"zephon-dask {command}: warning: {message}", file=sys.stderr if file is None else file)
+    return show
 
 
 if __name__ == "__main__":

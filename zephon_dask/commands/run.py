@@ -44,19 +44,27 @@ class _Run:
         self.done = 0
 
     def stream(self) -> None:
+        import time
+
         from tqdm import tqdm
 
         per_step = self.pipeline.step_shape().per_rank
         every = self.args.checkpoint_every
         batches = iter(self.pipeline)
-        with tqdm(total=self.args.steps, desc="global steps", unit="step") as bar:
+        started = time.perf_counter()
+        # the rate shown is real (unpadded) tokens per second since the start, not steps per second
+        with tqdm(total=self.args.steps, desc="global steps", unit="step",
+                  bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}{postfix}]") as bar:
             for _ in range(self.args.steps):
                 for _ in range(per_step):
                     if next(batches, None) is None:
                         bar.write(f"the stream ended after {self.done} full steps")
                         return
                 self.done += 1
-                bar.update(1)  # throughput: one figure, in the stats printed at the end
+                progress = self.pipeline.session.current_progress()
+                bar.set_postfix_str(f"{tokens_per_s(progress.tokens, time.perf_counter() - started)} tokens/s",
+                                    refresh=False)
+                bar.update(1)
                 if every and self.args.checkpoint and self.done % every == 0:
                     self.save(self.pipeline.state_dict())
 
@@ -76,6 +84,11 @@ class _Run:
 
         with self.stop.deferred():  # a signal now waits for the file to be complete
             save_state(self.args.checkpoint, state)
+
+
+def tokens_per_s(tokens: int, seconds: float) -> str:
+    """``12,345``: the rate the bar shows (``0`` before any time has passed)."""
+    return f"{tokens / seconds:,.0f}" if seconds > 0 else "0"
 
 
 def run(args) -> int:

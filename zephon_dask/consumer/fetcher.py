@@ -36,6 +36,8 @@ keeps its own handle, released as the consumer takes it.
 from __future__ import annotations
 
 import heapq
+import logging
+import time
 from collections import OrderedDict
 
 from ..core.spec import PipelineSpec
@@ -43,6 +45,7 @@ from ..core.window import WindowOutput
 from ..errors import ClosedError
 from ..execution.memory import Trimmer
 from ..graph import window_graph
+from ..log import logger
 
 
 class WindowFetcher:
@@ -159,10 +162,15 @@ class WindowFetcher:
         if (lane, w) not in self.inflight:
             self.submit(lane, w)
         handle = self.inflight.pop((lane, w))
+        started = time.perf_counter()
         try:
             out = handle.result()
         finally:
             handle.release()
+        if logger.isEnabledFor(logging.DEBUG):  # once per window, never per batch
+            logger.debug("lane %d window %d: computed on %s in %.3f s, %s bytes, %d rows; waited %.3f s here",
+                         lane, w, out.made.worker or "?", out.made.seconds, f"{out.__sizeof__():,}", len(out),
+                         time.perf_counter() - started)
         self.next_needed[lane] = w + 1
         self._top_up()
         self._trimmer.maybe()

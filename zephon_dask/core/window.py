@@ -10,12 +10,18 @@ A window is computed in two stages that map one-to-one onto Dask tasks:
   outputs in chunk order and run the accumulators, which start empty here and
   are flushed at the end.
 
-Neither uses Dask, torch, a clock or global state: the same inputs give the
-same bytes in any process.
+Neither uses Dask, torch or global state, and no clock reaches the data: the
+same inputs give the same bytes in any process. Each output also carries
+:class:`Made` (where and in how many seconds it was computed, for the DEBUG
+log), kept out of its table, its counters and its digest.
 """
 
 from __future__ import annotations
 
+import os
+import sys
+import threading
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -26,13 +32,35 @@ from ..operators.table import SampleTable
 from .spec import PipelineSpec
 
 
+@dataclass(frozen=True)
+class Made:
+    """Where a window was computed (its Dask worker's address, else this process) and the seconds
+    its tasks took (its chunks' and its own, summed): metadata, never part of the data."""
+
+    worker: str = ""
+    seconds: float = 0.0
+
+
+def _here() -> str:
+    """The Dask worker computing this task (its address; ``distributed`` is read, never imported),
+    else this process and thread."""
+    distributed = sys.modules.get("distributed")
+    if distributed is not None:
+        try:
+            return str(distributed.get_worker().address)
+        except ValueError:  # not in a worker
+            pass
+    return f"pid {os.getpid()} ({threading.current_thread().name})"
+
+
 @dataclass(eq=False)
 class ChunkOutput:
-    """Documents of one chunk after the stateless operators (a value)."""
+    """Documents of one chunk after the stateless operators (a value; ``seconds``: its compute time)."""
 
     chunk: int
     table: SampleTable
     stats: dict[str, int] = field(default_factory=dict)
+    seconds: float = 0.0
 
     def __sizeof__(self) -> int:
         return object.__sizeof__(self) + self.table.__sizeof__()
@@ -48,6 +76,7 @@ class WindowOutput:
     table: SampleTable
     stats: dict[str, int]
     dataset_names: tuple[str, ...]
+    made: Made = field(default_factory=Made)
 
     def __len__(self) -> int:
         return len(self.table)
@@ -99,8 +128,11 @@ def read_records(datasets, ds: np.ndarray, shard: np.ndarray, offset: np.ndarray
 
 def compute_chunk(spec: PipelineSpec, g: int) -> ChunkOutput:
     """Read chunk ``g`` and apply the record operators, in chain order (pure)."""
+    started = time.perf_counter()
     pointers, records = read_chunk(spec, g)
-    return apply_record_ops(spec.record_ops, spec.source.names, g, pointers, records)
+    out = apply_record_ops(spec.record_ops, spec.source.names, g, pointers, records)
+    out.seconds = time.perf_counter() - started
+    return out
 
 
 def apply_record_ops(record_ops, dataset_names: tuple[str, ...], g: int, pointers: np.ndarray,
@@ -157,6 +189,7 @@ def _loss_mask(masks: list, arrays: list[np.ndarray], ctx: ChunkContext, rows: l
 
 def finish_window(spec: PipelineSpec, lane: int, window: int, chunk_outputs) -> WindowOutput:
     """Run the accumulators over a window's chunk outputs, in chunk order (pure)."""
+    started = time.perf_counter()
     chunk_outputs = list(chunk_outputs)
     ctx = WindowContext(spec.seed, lane, window, spec.source.names)
     for co in chunk_outputs:
@@ -170,9 +203,10 @@ def finish_window(spec: PipelineSpec, lane: int, window: int, chunk_outputs) -> 
             _note(exc, f"{op.name} failed in lane {lane}, window {window}")
             raise
     ctx.count("samples", len(table))
+    seconds = time.perf_counter() - started + sum(co.seconds for co in chunk_outputs)
     return WindowOutput(
         lane, window, tuple(co.chunk for co in chunk_outputs), table, dict(sorted(ctx.stats.items())),
-        spec.source.names,
+        spec.source.names, Made(_here(), seconds),
     )
 
 

@@ -31,6 +31,11 @@ class WindowHandle:
     def done(self) -> bool:
         return self._future is None or self._future.done()
 
+    def chunks_done(self) -> int:
+        """How many of the window's chunks are computed (all once :meth:`done`); a runner that
+        sees its chunk tasks finish tells them apart, the others say 0 until done."""
+        return len(getattr(self.graph, "chunks", ())) if self.done() else 0
+
     def result(self) -> WindowOutput:
         try:
             if self._future is None:

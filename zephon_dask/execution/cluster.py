@@ -324,6 +324,12 @@ class DistributedHandle(WindowHandle):
         self._stuck: set[str] = set()  # keys not to fetch: held by a stalled worker, or not fetched in time
         runner.track(self)
 
+    def chunks_done(self) -> int:
+        """A split window's chunk tasks finished so far (all once the window is done)."""
+        if self.done():
+            return super().chunks_done()
+        return sum(1 for f in self._chunks if f.done())
+
     @property
     def keys(self) -> set[str]:
         """The keys of the window's tasks (not its copy's)."""

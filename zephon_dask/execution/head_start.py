@@ -91,6 +91,7 @@ class HeadStartHandle(WindowHandle):
         self._error: BaseException | None = None
         self._remote: WindowHandle | None = None
         self.released = False
+        self.chunks_here = 0  # chunks computed here so far (set by the head start's thread)
 
     def settle(self, value: WindowOutput | None = None, error: BaseException | None = None,
                remote: WindowHandle | None = None) -> None:
@@ -101,6 +102,11 @@ class HeadStartHandle(WindowHandle):
         if not self._settled.is_set():
             return False
         return self._remote.done() if self._remote is not None else True
+
+    def chunks_done(self) -> int:
+        if self._remote is not None:
+            return self._remote.chunks_done()
+        return super().chunks_done() if self.done() else self.chunks_here
 
     def result(self) -> WindowOutput:
         while not self._settled.wait(POLL):
@@ -167,7 +173,7 @@ class HeadStart:
                 if handle.released:
                     continue
                 try:
-                    value = self._compute(handle.graph)
+                    value = self._compute(handle)
                 except BaseException as exc:
                     self._failed_here(handle, exc)
                 else:
@@ -178,12 +184,21 @@ class HeadStart:
             if self._pool is not None:
                 self._pool.shutdown(wait=False)
 
-    def _compute(self, graph: WindowGraph) -> WindowOutput:
-        if self._pool is None:
-            return dask.get(graph.to_dict(self.spec), graph.key)
-        # a fused window's chunks in parallel too
+    def _compute(self, handle: HeadStartHandle) -> WindowOutput:
+        """The handle's window, its chunks as tasks (in parallel on the pool), each counted in
+        ``handle.chunks_here`` as it finishes."""
+        graph = handle.graph
         split = window_graph(self.spec, graph.lane, graph.window) if graph.fused else graph
-        return dask.threaded.get(split.to_dict(self.spec), split.key, pool=self._pool)
+        chunk_keys = set(split.chunk_keys)
+
+        def finished(key, result, dsk, state, worker_id) -> None:  # on the thread that schedules them
+            if key in chunk_keys:
+                handle.chunks_here += 1
+
+        callbacks = [(None, None, None, finished, None)]  # dask.local's (start, start_state, pretask, posttask, finish)
+        if self._pool is None:
+            return dask.get(split.to_dict(self.spec), split.key, callbacks=callbacks)
+        return dask.threaded.get(split.to_dict(self.spec), split.key, pool=self._pool, callbacks=callbacks)
 
     def _failed_here(self, handle: HeadStartHandle, exc: BaseException) -> None:
         if not self.retry_remotely or isinstance(exc, ClosedError) or is_final(exc):

@@ -219,7 +219,19 @@ def _group(pipeline, replicas: int, options: dict) -> tuple[Section, list[str]]:
         pairs.append(("global step", "invalid (see warnings)"))
     else:
         pairs.append(("global step", steps.describe(shape, replicas)))
+        pairs.append(("steps in a pass", steps_in_a_pass(pipeline)))
     return Section("this DP group", pairs=tuple(pairs)), notes
+
+
+def steps_in_a_pass(pipeline) -> str:
+    """The step count of one pass when it is known without computing a window (rows are
+    samples, or ``num_steps()`` counted them), else how to count it; ``endless``."""
+    if pipeline.spec.source.num_chunks is None:
+        return "endless"
+    count = pipeline.step_count(compute=False)
+    if count is None:
+        return "finite; pipeline.num_steps() counts them (computes every window once, here)"
+    return count.describe() + (", counted" if count.counted else ", exact from the curriculum")
 
 
 def _settings(op) -> str:

@@ -9,9 +9,9 @@ description (:func:`pipeline_summary`).
 from __future__ import annotations
 
 from .. import views
-from ..errors import ConfigError
+from ..errors import ConfigError, ZephonError
 from ..execution import choose_runner
-from .explain import Section
+from .explain import Section, steps_in_a_pass
 from .render import html_block, html_pairs, html_table, html_title, span
 
 SHARDS_SHOWN = 20
@@ -161,9 +161,18 @@ def pipeline_summary(pipeline) -> Section:
         ("batches", f"microbatch_size={batch.microbatch_size}, labels={batch.labels}, "
                     f"drop_last={batch.drop_last}"),
         ("identity", _identity(pipeline)),
+        ("steps", _steps(pipeline)),
         ("runner", _runner(pipeline)),
     )
     return Section("zephon_dask Pipeline", pairs=pairs)
+
+
+def _steps(pipeline) -> str:
+    """The global steps of one pass (see ``explain()``); what is wrong when the step is invalid."""
+    try:
+        return steps_in_a_pass(pipeline)
+    except ZephonError:  # a repr never raises
+        return "unknown: the global step is invalid at this degree (see explain())"
 
 
 @views.register("pipeline_text")

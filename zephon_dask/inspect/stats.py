@@ -12,12 +12,24 @@ steps each phase covers (exact bounds when rows are samples, estimated
 otherwise; from the kept per-step history), and the overall targets are the
 phases' targets weighted by what each phase delivered (samples for sample
 targets, tokens for token targets).
+
+The mixture is exact per window, not per batch: packing orders a window's rows
+(``best_fit`` emits long documents' full rows first and holds short ones in
+open bins until the window flushes), so while windows are partly delivered the
+delivered shares lean one way. ``stats()`` therefore also gives the share of
+samples the mixture drew into the windows delivered whole in this iteration
+(from the curriculum, no data read; cached per lane), and the documents drawn
+into the partly delivered windows that were not delivered yet (``held``).
+
+Everything here is kept once the pipeline is closed: the figures describe the
+last iteration until another starts.
 """
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from .. import views
 from .render import html_block, html_pairs, html_table, html_title, text_pairs, text_table
@@ -40,6 +52,9 @@ class PipelineStats:
     history: list[dict] = field(repr=False)
     weight_by: str = "samples"
     phases: list[dict] = field(default_factory=list)
+    whole_windows: int = 0
+    partial_windows: int = 0
+    packing: str = ""
 
     @property
     def tokens_per_s(self) -> float:
@@ -60,20 +75,45 @@ class PipelineStats:
             ("windows fetched / in flight", f"{self.windows_done} / {self.windows_in_flight}"),
         ]
 
-    _MIXTURE_HEADER = ["dataset", "sample target", "sample share", "token target", "token share", "samples",
-                       "tokens"]
+    _MIXTURE_HEADER = ["dataset", "sample target", "sample share", "whole windows", "token target", "token share",
+                       "samples", "tokens", "held"]
 
     def _mixture_rows(self):
         def share(x):
             return "n/a" if x is None else f"{x:.3f}"
 
-        return [(m["dataset"], share(m["sample_target"]), share(m["sample_share"]), share(m["token_target"]),
-                 share(m["token_share"]), f"{m['samples']:,}", f"{m['tokens']:,}") for m in self.mixture]
+        return [(m["dataset"], share(m["sample_target"]), share(m["sample_share"]), share(m["whole_window_share"]),
+                 share(m["token_target"]), share(m["token_share"]), f"{m['samples']:,}", f"{m['tokens']:,}",
+                 f"{m['held']:,}") for m in self.mixture]
+
+    @property
+    def why(self) -> str:
+        """Why the delivered shares may differ from the targets now ("" when no window is partly
+        delivered)."""
+        held = sum(m["held"] for m in self.mixture)
+        if not self.partial_windows:
+            return ""
+        whole = " / ".join(f"{m['dataset']} {m['whole_window_share']:.3f}" for m in self.mixture) \
+            if self.whole_windows else "none yet"
+        order = {"best_fit": "best_fit emits long documents' full rows first and holds short ones in open bins "
+                             "until the window flushes",
+                 "first_fit": "first_fit holds documents in open bins until they fill or the window flushes",
+                 "wrap": "wrap cuts rows in document order",
+                 "best_fit_wrap": "best_fit_wrap places the longest documents first"}.get(self.packing, "")
+        return (f"{self.partial_windows} window(s) partly delivered: the mixture is exact per window, and within "
+                f"one packing orders the rows{f' ({order})' if order else ''}, so the delivered shares lean one "
+                f"way until the window completes. Over the {self.whole_windows} window(s) delivered whole the "
+                f"mixture drew {whole} (sample targets: "
+                + " / ".join(f"{m['dataset']} {m['sample_target']:.3f}" for m in self.mixture)
+                + f"); {held:,} document(s) drawn into the partly delivered windows are not delivered yet "
+                "(held by packing, or dropped by a filter or by wrap's last row)")
 
     @property
     def _mixture_caption(self) -> str:
         return (f"mixture, weighted by {self.weight_by} (targets: the weights; shares: what was delivered, "
-                "samples counted where a record's first token lands)")
+                "samples counted where a record's first token lands; whole windows: the sample share the "
+                "mixture drew into the windows delivered whole; held: documents drawn into partly delivered "
+                "windows, not delivered yet)")
 
     def _phase_rows(self):
         def share(x):
@@ -102,6 +142,7 @@ class PipelineStats:
             "zephon_dask stats", text_pairs(self._summary()),
             self._mixture_caption,
             text_table(self._MIXTURE_HEADER, self._mixture_rows()),
+            *([f"  {self.why}"] if self.why else []),
             *([f"mixture by schedule phase, weighted by {self.weight_by} (over the global steps each "
                "phase covers)", text_table(PHASE_HEADERS, self._phase_rows())] if self.phases else []),
             "lanes", text_table(["lane", "window", "offset", "batches", "finished"], self._lane_rows()),
@@ -112,6 +153,7 @@ class PipelineStats:
             html_title("zephon_dask stats"),
             html_pairs(self._summary()),
             html_table(self._MIXTURE_HEADER, self._mixture_rows(), caption=self._mixture_caption),
+            *([html_pairs([("why the shares differ", self.why)])] if self.why else []),
             *([html_table(PHASE_HEADERS, self._phase_rows(),
                           caption=f"mixture by schedule phase, weighted by {self.weight_by}")]
               if self.phases else []),
@@ -189,22 +231,86 @@ def stats(pipeline) -> PipelineStats:
                 "dataset_samples": dict(zip(source.names, h["dataset_samples"].tolist(), strict=True))}
                for h in progress.history]
     phases = _phases(pipeline, history)
+    whole, drawn, partial = _windows(pipeline.spec, progress)
+    delivered = np.asarray(progress.dataset_samples, dtype=np.int64)
+    held = np.maximum(drawn - delivered, 0) if partial else np.zeros_like(delivered)  # only while windows are partial
+    whole_total = int(whole[1].sum())
+    mixture = _blend(mixture_rows(source, progress.dataset_samples, progress.dataset_tokens), phases,
+                     source.weight_by)
+    for c, row in enumerate(mixture):
+        row["whole_window_share"] = int(whole[1][c]) / whole_total if whole_total else None
+        row["held"] = int(held[c])
+    packs = [a for a in pipeline.accumulators if a.name == "pack"]
     return PipelineStats(
         lanes=[{"lane": lane, **progress.lane[lane].as_dict()} for lane in progress.lanes],
         global_step=progress.global_step,
         batches=progress.batches,
         tokens=progress.tokens,
-        elapsed_s=time.perf_counter() - progress.started,
+        elapsed_s=progress.elapsed_s,
         padding_efficiency=progress.tokens / progress.slots if progress.slots else None,
         packing_efficiency=pack["pack.tokens"] / pack["pack.slots"] if pack.get("pack.slots") else None,
         windows_done=fetcher.windows_done if fetcher else 0,
         windows_in_flight=len(fetcher.inflight) if fetcher else 0,
-        mixture=_blend(mixture_rows(source, progress.dataset_samples, progress.dataset_tokens), phases,
-                       source.weight_by),
+        mixture=mixture,
         history=history,
         weight_by=source.weight_by,
         phases=phases,
+        whole_windows=int(whole[0]),
+        partial_windows=partial or 0,
+        packing=packs[-1].spec()["algorithm"] if packs else "",
     )
+
+
+_DRAWN: dict[tuple[str, int], np.ndarray] = {}  # (fingerprint, lane) -> row w: samples per dataset in windows < w
+
+
+def _drawn_before(spec, lane: int, w: int) -> np.ndarray:
+    """Samples per dataset the mixture drew into the lane's windows ``0..w-1`` (from the
+    curriculum's allocations; cumulative rows cached, grown by doubling)."""
+    key = (spec.fingerprint, lane)
+    source = spec.source
+    cum = _DRAWN.get(key)
+    if cum is None:
+        cum = np.full((1, len(source.names)), -1, dtype=np.int64)
+        cum[0] = 0
+    if len(cum) <= w or cum[w, 0] < 0:
+        grown = np.full((max(w + 1, 2 * len(cum)), cum.shape[1]), -1, dtype=np.int64)
+        grown[:len(cum)] = cum
+        cum = _DRAWN[key] = grown
+        at = int(np.flatnonzero(cum[:, 0] >= 0).max())
+        while at < w:
+            drawn = np.zeros(cum.shape[1], dtype=np.int64)
+            for g in spec.window_chunks(lane, at):
+                lo, hi = source.allocation(g), source.allocation(g + 1)
+                drawn += [hi[name] - lo[name] for name in source.names]
+            cum[at + 1] = cum[at] + drawn
+            at += 1
+    _DRAWN[key] = cum
+    return cum[w]
+
+
+def _windows(spec, progress) -> tuple[tuple[int, np.ndarray], np.ndarray, int | None]:
+    """This iteration's ``(windows delivered whole, samples per dataset the mixture drew into
+    them)``, the samples drawn into every window it entered (whole or partly delivered), and how
+    many are partly delivered (``None`` when a lane started inside a window: what was drawn
+    before its start is not known here)."""
+    n = len(spec.source.names)
+    whole, entered, count, partial = np.zeros(n, np.int64), np.zeros(n, np.int64), 0, 0
+    exact = True
+    for lane in progress.lanes:
+        (w0, off0), p = progress.start_at[lane], progress.lane[lane]
+        exact &= off0 == 0
+        end = spec.num_windows(lane) if p.finished else p.window  # a finished lane has no partial window
+        first = w0 if off0 == 0 else w0 + 1
+        if end is None or end <= first:
+            end = first
+        else:
+            whole += _drawn_before(spec, lane, end) - _drawn_before(spec, lane, first)
+            count += end - first
+        if not p.finished and p.offset > 0:
+            partial += 1
+            entered += _drawn_before(spec, lane, p.window + 1) - _drawn_before(spec, lane, max(first, p.window))
+    return (count, whole), whole + entered, partial if exact else None
 
 
 def mixture_rows(source, samples, tokens) -> list[dict]:

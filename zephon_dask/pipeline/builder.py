@@ -45,7 +45,7 @@ from ..state.progress import StepShape
 from ..state.schema import check_state, config_diff, describe_diff
 from ..validate import check_int
 from ..views import show
-from . import phases, steps
+from . import counting, phases, steps
 from .guard import refuse_fetching_ahead
 from .session import Session, check_covers
 
@@ -675,7 +675,9 @@ class Pipeline:
 
         ``len()`` is what a ``DataLoader`` or a ``Trainer`` asks of a map-style
         dataset before indexing it, so this raises a ``TypeError`` naming the
-        adapter to use (``tqdm``, ``list()`` and ``has_length`` checks catch it).
+        adapter to use (``tqdm``, ``list()`` and ``has_length`` checks catch it),
+        also for a finite stream: a length would let such a caller go on to index
+        it. How many global steps a finite stream gives is :meth:`num_steps`.
 
         Raises:
             UnsizedPipelineError: always.
@@ -686,8 +688,68 @@ class Pipeline:
             "eval_dataset=pipeline). Hand it over through an adapter: the Hugging Face Trainer as "
             "zephon_dask.integrations.hf.ZephonTrainer (TRL's trainers with ZephonTrainerMixin), a "
             "DataLoader as pipeline.to_torch_loader(), Lightning as integrations.lightning.ZephonDataModule, "
-            "accelerate as integrations.accelerate.prepare_pipeline"
+            "accelerate as integrations.accelerate.prepare_pipeline. The global steps of a finite stream: "
+            "pipeline.num_steps()"
         )
+
+    def num_steps(self) -> int:
+        """The full global steps one pass over this finite stream gives, at this DP degree.
+
+        Exact: when every row is one sample (no ``pack``, ``filter``, ``stateful``
+        or ``split_long``) it comes from the curriculum; otherwise every window is
+        computed here once, in this process (the whole stream is read, tokenized
+        and packed; cached for the data config). It counts a whole pass from the
+        start, not what is left after a loaded state; batches after the last full
+        step are in :meth:`step_count`.
+
+        Returns:
+            The global steps every DP group completes (``zephon-dask run --steps``
+            and a trainer's ``max_steps`` can use them all).
+
+        Raises:
+            EndlessStreamError: the stream never ends (a ``TypeError``).
+            ConfigError: the step settings are invalid at this degree.
+
+        Example:
+            >>> pipeline.num_steps()  # doctest: +SKIP
+            53
+        """
+        count = self.step_count()
+        assert count is not None
+        return count.steps
+
+    def step_count(self, compute: bool = True) -> counting.StepCount | None:
+        """One pass's :class:`~zephon_dask.pipeline.counting.StepCount`: full global steps,
+        batches, and those left after the last full step (see :meth:`num_steps`).
+
+        Args:
+            compute: compute the windows when the count needs them; ``False``
+                returns ``None`` then (what ``repr`` and ``explain()`` do).
+
+        Returns:
+            A ``StepCount`` (``steps``, ``batches``, ``left``, ``counted``), or
+            ``None`` with ``compute=False`` when the windows would be needed.
+
+        Raises:
+            EndlessStreamError: the stream never ends.
+            ConfigError: the step settings are invalid at this degree.
+
+        Example:
+            >>> pipeline.step_count()  # doctest: +SKIP
+            StepCount(steps=53, batches=213, left=1, counted=True)
+        """
+        spec = self.spec
+        rows = counting.lane_rows(spec) if compute else counting.known_rows(spec)
+        if rows is None:
+            return None
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ZephonWarning)  # uneven groups: warned where they run
+            shape = self.step_shape()
+            replicas, degree = spec.canonical_replicas, shape.dp_degree
+            groups = group_lanes(replicas, degree, self._settings["mapping_strategy"])
+        per_rank = [len(lanes) if replicas % degree else shape.per_rank for lanes in groups]
+        return counting.count_steps(rows, self._batch.microbatch_size, self._batch.drop_last, groups, per_rank,
+                                    counted=not phases.one_to_one(spec.record_ops, spec.accumulators))
 
     def __bool__(self) -> bool:
         """Always true (``__len__`` would raise)."""
@@ -826,7 +888,10 @@ class Pipeline:
             StateError: they would change the state's global step.
         """
         saved: dict[str, Any] = state["step"] if state is not None else {"global_batches": None, "microbatch_size": 0}
-        return steps.step_shape(self._settings["canonical_replicas"], degree, len(self.owned_lanes()),
+        with warnings.catch_warnings():  # uneven groups are warned where the lanes are served, after a bad step
+            warnings.simplefilter("ignore", ZephonWarning)
+            owned = len(self.owned_lanes())
+        return steps.step_shape(self._settings["canonical_replicas"], degree, owned,
                                 self._settings["batches_per_step"], self._settings["global_batches_per_step"],
                                 saved["global_batches"], self._batch.microbatch_size, saved["microbatch_size"])
 

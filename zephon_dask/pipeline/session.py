@@ -59,7 +59,7 @@ class Session:
         self.start: dict | None = None  # where the current iteration started (None: the stream's beginning)
         self.from_loaded = False  # the current iteration started at the loaded state
         self.progress: Progress | None = None  # what the current (or last) iteration delivered
-        self.stream: BatchStream | None = None
+        self.stream: BatchStream | None = None  # the current (or last, closed) iteration's stream
         self.generation = 0
         self.handed_out = False  # to_torch_dataset() was called: deliveries happen out of sight
         self.closed = False
@@ -240,7 +240,7 @@ class Session:
         it fails."""
         self.closed = True
         stream, runner = self.stream, self._runner
-        self.stream = self._runner = None
+        self._runner = None  # the closed stream stays: stats() still reads its counters
         try:
             if stream is not None:
                 stream.close()

@@ -103,6 +103,7 @@ class Progress:
         self.fingerprint, self.config = spec.fingerprint, spec.config()
         self.lanes = list(lanes)
         self.lane, self.first_lane = resume_point(resume, self.lanes)
+        self.start_at = {lane: (p.window, p.offset) for lane, p in self.lane.items()}  # each lane's frontier at the start
         if first_lane is not None:
             self.first_lane = first_lane
         self.next_lane = self.first_lane
@@ -119,6 +120,7 @@ class Progress:
         self._ends: dict[int, int] = {}  # lane -> batch count at which it is known to end
         # throughput and mixture, for stats() only (never part of the data or the state)
         self.started = time.perf_counter()
+        self.ended: float | None = None  # when the iteration was closed: its rate stops there
         self.tokens = self.slots = self.batches = 0
         self._counts = np.zeros((2, len(spec.source.names)), dtype=np.int64)  # both, added as one
         self.dataset_tokens, self.dataset_samples = self._counts  # views: tokens, records started
@@ -261,7 +263,14 @@ class Progress:
                      "microbatch_size": self.shape.microbatch},
         }
 
+    @property
+    def elapsed_s(self) -> float:
+        """Seconds from the iteration's start to now, or to its close."""
+        return (self.ended if self.ended is not None else time.perf_counter()) - self.started
+
     def close(self) -> None:
+        if self.ended is None:
+            self.ended = time.perf_counter()
         if self.ledger is not None:
             self.ledger.close()
 

@@ -1,0 +1,79 @@
+"""How many global steps a finite pipeline gives. Holds a cache of pure values (rows per lane).
+
+A lane's batches are its rows (the samples of its windows, in window order)
+cut into micro-batches, the last partial one kept unless ``drop_last``. When
+every row is one sample of the mixture (:func:`~.phases.one_to_one`: no
+``filter``, ``pack``, ``stateful`` or ``split_long``), a lane's rows are its
+chunks times ``chunk_size``, known without reading data. Otherwise every
+window of every lane is computed here, once (the whole stream is read,
+tokenized and packed in this process), and the counts are cached by
+fingerprint.
+
+A DP group takes ``per_rank`` batches per global step from its lanes in
+round-robin; the steps of a pass are those every group completes, and the
+batches after them (a last, partial step) are counted apart.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ..core.spec import PipelineSpec
+from ..core.window import compute_window
+from ..errors import EndlessStreamError
+from .phases import one_to_one
+
+_ROWS: dict[str, tuple[int, ...]] = {}  # spec fingerprint -> rows per lane (a cache of pure values)
+
+
+@dataclass(frozen=True)
+class StepCount:
+    """One pass over a finite stream: ``steps`` full global steps (every DP group completes
+    them), ``batches`` over all lanes, ``left`` of them after the last full step, and
+    ``counted``: whether the windows were computed to know it (else it came from the curriculum)."""
+
+    steps: int
+    batches: int
+    left: int
+    counted: bool
+
+    def describe(self) -> str:
+        """One line, e.g. ``53 global steps (213 batches; 1 left after the last full step)``."""
+        text = f"{self.steps:,} global step{'s' if self.steps != 1 else ''} ({self.batches:,} batches"
+        return text + (f"; {self.left} left after the last full step)" if self.left else ")")
+
+
+def known_rows(spec: PipelineSpec) -> tuple[int, ...] | None:
+    """Rows per lane when known without computing a window (one-to-one, or counted before)."""
+    if spec.source.num_chunks is None:
+        raise EndlessStreamError("this stream never ends (exhausted_policy='repeat'), so it has no step "
+                                 "count; set max_repeats or stop_after_passes for a finite one")
+    if spec.fingerprint in _ROWS:
+        return _ROWS[spec.fingerprint]
+    if one_to_one(spec.record_ops, spec.accumulators):
+        replicas, size = spec.canonical_replicas, spec.source.chunk_size
+        return tuple(len(spec.source.lane_chunks(lane, replicas)) * size for lane in range(replicas))
+    return None
+
+
+def lane_rows(spec: PipelineSpec) -> tuple[int, ...]:
+    """Rows per lane: known, or counted by computing every window here (cached)."""
+    rows = known_rows(spec)
+    if rows is None:
+        rows = tuple(sum(len(compute_window(spec, lane, w)) for w in range(spec.num_windows(lane) or 0))
+                     for lane in range(spec.canonical_replicas))
+        _ROWS[spec.fingerprint] = rows
+    return rows
+
+
+def count_steps(rows: Sequence[int], microbatch: int, drop_last: bool, groups: Sequence[Sequence[int]],
+                per_rank: Sequence[int], counted: bool) -> StepCount:
+    """The :class:`StepCount` of lanes with ``rows`` each, served by ``groups`` (lane lists)
+    taking ``per_rank[i]`` batches per global step."""
+    cut = (lambda n: n // microbatch) if drop_last else (lambda n: -(-n // microbatch))
+    served = [(lanes, p) for lanes, p in zip(groups, per_rank, strict=True) if lanes]  # a group without lanes serves none
+    group_batches = [sum(cut(rows[lane]) for lane in lanes) for lanes, _ in served]
+    full = min(b // p for b, (_, p) in zip(group_batches, served, strict=True))
+    total = sum(group_batches)
+    return StepCount(full, total, total - full * sum(p for _, p in served), counted)
