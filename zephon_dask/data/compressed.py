@@ -21,7 +21,7 @@ and :data:`SEGMENTS`.
 from __future__ import annotations
 
 import zlib
-from collections.abc import Iterator
+from collections.abc import Generator
 from dataclasses import dataclass
 from typing import Any
 
@@ -105,7 +105,7 @@ def _truncated(url: str, name: str, at: int) -> DataFormatError:
     )
 
 
-def decompress(fs: AbstractFileSystem, name: str, url: str, kind: str, out: list) -> Iterator[bytes]:
+def decompress(fs: AbstractFileSystem, name: str, url: str, kind: str, out: list) -> Generator[bytes, None, None]:
     """Yield the decompressed blocks of the file ``name``; append its :class:`Checkpoints` to ``out``.
 
     Raises DataFormatError naming ``url`` and the compressed offset for corrupt or
