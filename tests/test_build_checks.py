@@ -112,6 +112,9 @@ def test_batch_needs_tokens_and_is_set_once(tmp_path):
     (lambda p: p.tokenize().pack(8, algorithm="bestfit"), ["algorithm='bestfit'", "did you mean 'best_fit'?"]),
     (lambda p: p.decode_text(errors="replac"), ["errors='replac'", "did you mean 'replace'?", "'strict'"]),
     (lambda p: p.decode_text(encoding=8), ["encoding=8", "codec name"]),
+    (lambda p: p.tokenize("bytes", bos_id=3), ["tokenize(bos_id=3)", "bos=False", "pass bos=True"]),
+    (lambda p: p.map(lambda r: r, version=1.5), ["map(version=1.5)", "a str, an int or None"]),
+    (lambda p: p.filter(lambda r: True, name=3), ["filter(name=3)", "non-empty str or None"]),
     (lambda p: p.tokenize("byte"), ["tokenizer='byte'", "did you mean 'bytes'?"]),
     (lambda p: p.tokenize("Bytes"), ["did you mean 'bytes'?"]),
 ])

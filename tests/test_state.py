@@ -159,7 +159,7 @@ def run_groups(pipes, steps, per_step):
 
 def elastic_pipes(corpus_dir, dp, mapping, microbatch, drop_last=True, **kw):
     return [
-        build(corpus_dir, R=8, k=1, microbatch=microbatch, runner="synchronous", dp_degree=dp,
+        build(corpus_dir, R=8, k=1, microbatch=None, runner="synchronous", dp_degree=dp,
               dp_group_id=g, mapping_strategy=mapping, batches_per_step=8 * (2 // microbatch) // dp, **kw)
         .batch(microbatch, drop_last=drop_last)
         for g in range(dp)

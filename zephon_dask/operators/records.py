@@ -7,7 +7,7 @@ from collections.abc import Callable
 from ..errors import ConfigError, DataFormatError, MissingFieldError, OperatorOutputError
 from ..validate import check_choice, check_name
 from .base import RecordOp
-from .identity import function_identity
+from .identity import check_pins, function_identity
 
 DECODE_ERRORS = ("strict", "replace", "ignore", "backslashreplace", "surrogateescape")
 
@@ -18,6 +18,7 @@ class _UserFunctionOp(RecordOp):
     def __init__(self, fn: Callable, name: str | None = None, version=None):
         if not callable(fn):
             raise ConfigError(f".{self.name}({fn!r}): expected a callable taking a record dict")
+        check_pins(name, version, self.name)
         self.fn = fn
         self.identity = function_identity(fn, name, version)
 

@@ -26,7 +26,7 @@ from ..errors import (
 )
 from ..validate import check_bool, check_int, check_name, did_you_mean
 from .base import ChunkContext, RecordOp, Row
-from .identity import function_identity
+from .identity import check_pins, function_identity
 
 ID_LIMIT = 2**31  # ids must fit int32 when the vocabulary size is unknown
 EOS_CANDIDATES = ("<|endoftext|>", "</s>", "<eos>", "<|end_of_text|>", "[SEP]")
@@ -138,6 +138,7 @@ class CallableTokenizer:
     checked (:func:`checked_ids`), never cast."""
 
     def __init__(self, fn: Callable[[str], Sequence[int]], name=None, version=None):
+        check_pins(name, version, "tokenize")
         self.fn = fn
         self._identity = function_identity(fn, name, version)
 
@@ -218,6 +219,9 @@ class Tokenize(RecordOp):
 
     def _special(self, which: str, enabled: bool, given) -> int | None:
         if not enabled:
+            if given is not None:
+                raise ConfigError(f"tokenize({which}_id={given!r}) is unused with {which}=False; pass "
+                                  f"{which}=True to add it, or drop {which}_id")
             return None
         tok = self.tokenizer
         if isinstance(tok, HFTokenizer) and (given is None or isinstance(given, str)):
