@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable
+from contextlib import closing
 from dataclasses import dataclass
 from typing import Any
 
@@ -135,11 +136,8 @@ def first_fields(fs: AbstractFileSystem, f: FileInfo) -> list[str]:
             with fs.open(f.name, "rb") as fh:
                 line, number = _first_line(_blocks(fh, 1 << 16))
         else:
-            blocks = compressed.decompress(fs, f.name, f.url, kind, [])
-            try:
+            with closing(compressed.head(fs, f.name, f.url, kind)) as blocks:  # decodes no further
                 line, number = _first_line(blocks)
-            finally:
-                blocks.close()  # stops decompressing at the first line
     except FileNotFoundError:
         raise DatasetNotFoundError(f"JSONL file {f.url!r} no longer exists") from None
     return sorted(_parse_object(line, f"{f.url}: line {number} (sample offset 0)"))
