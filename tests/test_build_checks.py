@@ -16,6 +16,7 @@ from zephon_dask.errors import (
     DatasetNotFoundError,
     DeviceUnavailableError,
     MissingFieldError,
+    RecipePathError,
 )
 
 
@@ -141,6 +142,21 @@ def test_hub_names_say_nothing_is_downloaded_and_how_to_download(build, name, do
     message = str(info.value)
     for part in (name, "never downloads", "from huggingface_hub import snapshot_download", download):
         assert part in message, (part, message)
+
+
+def test_recipes_get_the_same_checks_and_hints_naming_the_key(tmp_path):
+    (tmp_path / "d.jsonl").write_text('{"body": "x"}\n')
+    recipe = tmp_path / "r.toml"
+    recipe.write_text('[[datasets]]\nname = "d"\npath = "d.jsonl"\ntext_field = "bdy"\n')
+    with pytest.raises(MissingFieldError, match=r"did you mean 'body'\?.*text_field = \.\.\. in its \[\[datasets\]\]") as info:
+        z.Pipeline.from_config(recipe)
+    assert "[[datasets]] #1 (name 'd')" in "\n".join(info.value.__notes__)
+    for tokenizer, part in (("gpt2", "snapshot_download('gpt2'"), ("byte", "did you mean 'bytes'?")):
+        recipe.write_text(f'[[datasets]]\nname = "d"\npath = "d.jsonl"\ntext_field = "body"\n'
+                          f'[tokenize]\ntokenizer = "{tokenizer}"\n')
+        with pytest.raises(RecipePathError) as info:
+            z.Pipeline.from_config(recipe)
+        assert f"[tokenize] tokenizer = '{tokenizer}'" in str(info.value) and part in str(info.value)
 
 
 def test_a_missing_tokenizer_file_is_not_taken_for_a_hub_name(tmp_path):

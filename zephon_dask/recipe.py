@@ -24,13 +24,14 @@ from typing import Any
 
 from .curriculum import MixtureWorkSource
 from .curriculum.schedule import parse as parse_schedule
-from .data import Dataset
+from .data import Dataset, hf
 from .data.formats import READERS
 from .data.formats import get as format_reader
 from .data.paths import has_glob
 from .errors import ConfigError, RecipeError, RecipeKeyError, RecipePathError, RecipeTypeError
 from .options import BY_NAME as OPTIONS
 from .pipeline import Pipeline
+from .validate import did_you_mean
 from .views import register
 
 
@@ -239,9 +240,13 @@ def _existing_path(file: str, base: str, where: str, key: str, value: str) -> st
     resolved = os.path.normpath(os.path.join(base, os.path.expanduser(value)))
     found = glob.glob(resolved, recursive=True) if has_glob(resolved) else os.path.exists(resolved)
     if not found:
+        hint = did_you_mean(value, ["bytes"]).strip() if key == "tokenizer" else ""
+        if not hint and hf.looks_like_hub_id(value):
+            hint = hf.download_hint(value, "tokenizer" if key == "tokenizer" else "dataset")
         raise RecipePathError(
             f"{file}: {where} {key} = {value!r} does not exist (looked for {resolved!r}); "
             "relative paths start at the recipe's folder: fix the path or create the data"
+            + (f". {hint}" if hint else "")
         )
     return resolved
 

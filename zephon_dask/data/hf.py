@@ -57,17 +57,22 @@ def looks_like_hub_id(path: object) -> bool:
 
 def not_downloaded(path: str, what: str) -> DatasetNotFoundError:
     """The error for a hub name (:func:`looks_like_hub_id`) given as a ``"tokenizer"`` or a
-    ``"dataset"``: nothing is downloaded, and the two lines that download it and pass the folder."""
+    ``"dataset"``: it does not exist here, and :func:`download_hint`."""
+    return DatasetNotFoundError(f"{what} {path!r} does not exist here. {download_hint(path, what)}")
+
+
+def download_hint(path: str, what: str) -> str:
+    """Nothing is downloaded, and the two lines that download ``path`` (a ``"tokenizer"`` or a
+    ``"dataset"``) with ``huggingface_hub`` and the local folder to pass instead. Pure."""
     if what == "tokenizer":
         fetch = f"folder = snapshot_download({path!r}, allow_patterns=['tokenizer*'])"
         use = "pipeline.tokenize(f'{folder}/tokenizer.json')  # or .tokenize_chat(folder)"
     else:
         fetch = f"folder = snapshot_download({path!r}, repo_type='dataset')  # allow_patterns= picks files"
         use = "Dataset.from_hf('name', folder, split='train')"
-    return DatasetNotFoundError(
-        f"{what} {path!r} does not exist here. If it is a Hugging Face hub name: zephon_dask never "
-        f"downloads anything (a run must not depend on the network); download it once with "
-        f"huggingface_hub and pass the local folder:\n"
+    return (
+        "If it is a Hugging Face hub name: zephon_dask never downloads anything (a run must not "
+        "depend on the network); download it once with huggingface_hub and pass the local folder:\n"
         f"    from huggingface_hub import snapshot_download\n    {fetch}\n    {use}"
     )
 
