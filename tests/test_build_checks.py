@@ -135,6 +135,8 @@ def test_bad_arguments_are_refused_at_build_time(build, parts):
     (lambda p: p.tokenize_chat("Qwen/Qwen2-0.5B-Instruct"), "'Qwen/Qwen2-0.5B-Instruct'", "tokenize_chat(folder)"),
     (lambda p: z.Dataset.from_hf("fw", "HuggingFaceFW/fineweb"), "'HuggingFaceFW/fineweb'",
      "snapshot_download('HuggingFaceFW/fineweb', repo_type='dataset')"),
+    (lambda p: z.Dataset.from_path("fw", "HuggingFaceFW/fineweb-edu"), "'HuggingFaceFW/fineweb-edu'",
+     "Dataset.from_hf('name', folder"),
 ])
 def test_hub_names_say_nothing_is_downloaded_and_how_to_download(build, name, download):
     with pytest.raises(DatasetNotFoundError) as info:

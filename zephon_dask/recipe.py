@@ -13,7 +13,6 @@ folder; URLs (anything with ``://``) are used as written.
 
 from __future__ import annotations
 
-import difflib
 import glob
 import os
 import tomllib
@@ -193,10 +192,9 @@ def load_recipe(path: str | os.PathLike) -> Recipe:
 def _check_known(file: str, where: str, table: dict, known, what: str = "key") -> None:
     for key in sorted(table):
         if key not in known:
-            close = difflib.get_close_matches(key, list(known), n=1)
-            hint = f"did you mean {close[0]!r}? " if close else ""
             raise RecipeKeyError(
-                f"{file}: {where} has an unknown {what} {key!r}; {hint}known: {', '.join(known)}"
+                f"{file}: {where} has an unknown {what} {key!r}; {did_you_mean(key, known)}"
+                f"known: {', '.join(known)}"
             )
 
 

@@ -550,9 +550,7 @@ class Dataset:
             >>> zephon_dask.Dataset.from_hf("wiki", "~/.cache/huggingface/hub/datasets--org--wiki", split="train")  # doctest: +SKIP
         """
         _check_name(name)
-        fs, fpath = filesystem(str(path), storage_options)
-        if is_local(fs) and hf.looks_like_hub_id(str(path)) and not fs.exists(fpath):
-            raise hf.not_downloaded(str(path), "dataset")
+        fs, fpath = _not_a_hub_name(str(path), storage_options)
         kw: dict[str, Any] = {"storage_options": storage_options, "progress": progress, "cache_dir": cache_dir}
         if not has_glob(fpath) and fs.isdir(fpath) and hf.is_saved(fs, fpath):
             return cls.from_arrow(
@@ -695,6 +693,7 @@ class Dataset:
             >>> zephon_dask.Dataset.from_path("web", "data/web/")  # format detected  # doctest: +SKIP
         """
         _check_name(name)
+        _not_a_hub_name(str(path), kwargs.get("storage_options"))
         reader = _detect(name, str(path), kwargs.get("storage_options"), kwargs.get("data_files"))
         if reader.constructor is None:
             return cls.from_files(name, path, reader.name, **kwargs)
@@ -702,6 +701,14 @@ class Dataset:
 
     def _repr_html_(self) -> str:
         return views.show("dataset_html", self)
+
+
+def _not_a_hub_name(path: str, storage_options: dict[str, Any] | None) -> tuple[Any, str]:
+    """``(filesystem, path)``; a hub name that is no local path raises, saying how to download it."""
+    fs, fpath = filesystem(path, storage_options)
+    if is_local(fs) and hf.looks_like_hub_id(path) and not fs.exists(fpath):
+        raise hf.not_downloaded(path, "dataset")
+    return fs, fpath
 
 
 def _detect(
