@@ -10,10 +10,12 @@ VOCAB = 258  # the bytes tokenizer: 256 bytes, BOS, EOS
 STEPS, SAVE_AT = 12, 6
 
 
-def hf_pipeline(corpus_dir, **options):
-    """Four lanes, micro-batches of two rows of at most 96 tokens, Hugging Face labels."""
+def hf_pipeline(corpus_dir, batch=None, **options):
+    """Four lanes, micro-batches of two rows of at most 96 tokens, Hugging Face labels (``batch``:
+    other ``.batch()`` arguments)."""
     options.setdefault("runner", "synchronous")
-    return build(corpus_dir, R=4, k=1, microbatch=2, **options).batch(2, labels="hf")
+    return build(corpus_dir, R=4, k=1, microbatch=None, **options).batch(
+        **{"microbatch_size": 2, "labels": "hf", **(batch or {})})
 
 
 def tiny_gpt2(seed: int = 0):

@@ -40,13 +40,14 @@ def write_corpus(root, n_files=3, docs=60, seed=0, prefix="doc"):
 
 
 def build(corpus_dir, seed=5, R=4, k=2, microbatch=3, algorithm="first_fit", **options):
+    """The two-dataset pipeline; ``microbatch=None`` leaves ``.batch()`` to the caller (it is set once)."""
     web = z.Dataset.from_jsonl("web", str(corpus_dir / "web"), progress=False)
     code = z.Dataset.from_jsonl("code", str(corpus_dir / "code"), progress=False)
     ws = z.MixtureWorkSource([web, code], {"web": 3, "code": 1}, chunk_size=12, seed=seed)
-    return (
-        z.Pipeline(ws).tokenize().shuffle(16).pack(96, algorithm=algorithm).batch(microbatch)
-        .options(canonical_replicas=R, flush_every_k_chunks=k, **options)
-    )
+    pipe = z.Pipeline(ws).tokenize().shuffle(16).pack(96, algorithm=algorithm)
+    if microbatch is not None:
+        pipe = pipe.batch(microbatch)
+    return pipe.options(canonical_replicas=R, flush_every_k_chunks=k, **options)
 
 
 

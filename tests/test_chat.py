@@ -252,9 +252,11 @@ def test_bad_conversations_raise_typed_errors_naming_the_record(conversation, er
 
 def test_missing_field_and_bad_settings():
     ds = z.Dataset.from_records("convs", [{"text": "x"}])
-    pipe = one_lane(ds).tokenize_chat("bytes", chat_template=CHATML)
+    with pytest.raises(MissingFieldError, match=r"'convs'.*no field 'messages'.*\['text'\].*tokenize_chat\(field="):
+        one_lane(ds).tokenize_chat("bytes", chat_template=CHATML)  # at build time: the fields are known
+    pipe = one_lane(ds).map(lambda r: r, version=1).tokenize_chat("bytes", chat_template=CHATML)
     with pytest.raises(MissingFieldError, match="offset 0 .*no field 'messages'"):
-        pipe.compute_window(0, 0)
+        pipe.compute_window(0, 0)  # after a map, at run time, naming the record
     base = one_lane(ds)
     with pytest.raises(ConfigError, match="no chat template"):
         base.tokenize_chat("bytes")

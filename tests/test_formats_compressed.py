@@ -140,10 +140,15 @@ def test_bad_compressed_files_are_typed_errors(tmp_path):
     assert_typed(ei, DataFormatError, ValueError, "x.jsonl", "bzip2", "gzip or zstd")
     bad_line = data.replace(b'{"text": ', b'{"text" ', 1)
     (tmp_path / "line.jsonl.gz").write_bytes(gzip.compress(bad_line))
-    ds = Dataset.from_jsonl("l", tmp_path / "line.jsonl.gz", progress=False)
-    with pytest.raises(DataFormatError) as ei:
-        ds.read(0, [0])
+    with pytest.raises(DataFormatError) as ei:  # the first record is read at construction
+        Dataset.from_jsonl("l", tmp_path / "line.jsonl.gz", progress=False)
     assert_typed(ei, DataFormatError, ValueError, "line.jsonl.gz", "line 1", "offset 0")
+    first, rest = data.split(b"\n", 1)
+    (tmp_path / "second.jsonl.gz").write_bytes(gzip.compress(first + b"\n" + rest.replace(b'{"text": ', b'{"text" ', 1)))
+    ds = Dataset.from_jsonl("s", tmp_path / "second.jsonl.gz", progress=False)
+    with pytest.raises(DataFormatError) as ei:
+        ds.read(0, [1])
+    assert_typed(ei, DataFormatError, ValueError, "second.jsonl.gz", "line ", "offset 1")
 
 
 def test_changed_compressed_file_is_detected(tmp_path):

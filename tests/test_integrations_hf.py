@@ -51,7 +51,7 @@ def train(corpus_dir, out, resume=None, microbatch=MICROBATCH, model=None, eval_
     """A ZephonTrainer run: (trainer, its train() metrics, batch digests, rows per batch)."""
     model = model or tiny_gpt2()
     seen, rows = record_inputs(model), record_rows(model)
-    with hf_pipeline(corpus_dir).batch(microbatch, labels="hf") as pipe:
+    with hf_pipeline(corpus_dir, batch={"microbatch_size": microbatch}) as pipe:
         trainer = ZephonTrainer(model=model, args=args(out, **kw), train_dataset=pipe, eval_dataset=eval_dataset)
         metrics = trainer.train(resume_from_checkpoint=resume).metrics
     return trainer, metrics, seen, rows
@@ -122,7 +122,7 @@ def test_model_receives_hf_fields_with_batch_shape(corpus_dir, tmp_path):
 @pytest.mark.parametrize("batch,match", [({"labels": True}, "labels='hf'"),
                                          ({"labels": "hf", "ignore_index": -1}, "ignore_index=-100")])
 def test_labels_a_model_cannot_take_are_refused(corpus_dir, tmp_path, batch, match):
-    with hf_pipeline(corpus_dir).batch(2, **batch) as pipe:
+    with hf_pipeline(corpus_dir, batch=batch) as pipe:
         with pytest.raises(ConfigError, match=match):
             ZephonTrainer(model=tiny_gpt2(), args=args(tmp_path), train_dataset=pipe)
 

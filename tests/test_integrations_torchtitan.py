@@ -141,9 +141,7 @@ def test_a_state_of_another_loader_is_refused(corpus_dir):
     ({"seq_len": 64}, r"\.pack\(96\).*seq_len is 64"),
 ])
 def test_config_errors_name_the_fix(corpus_dir, change, match):
-    pipeline = titan_pipeline(corpus_dir)
-    if "labels" in change:
-        pipeline = pipeline.batch(2, labels=change.pop("labels"))
+    pipeline = titan_pipeline(corpus_dir, labels=change.pop("labels", True))
     with pytest.raises(ConfigError, match=match):
         build_loader(pipeline, **change)
 

@@ -159,7 +159,7 @@ def run_groups(pipes, steps, per_step):
 
 def elastic_pipes(corpus_dir, dp, mapping, microbatch, drop_last=True, **kw):
     return [
-        build(corpus_dir, R=8, k=1, microbatch=microbatch, runner="synchronous", dp_degree=dp,
+        build(corpus_dir, R=8, k=1, microbatch=None, runner="synchronous", dp_degree=dp,
               dp_group_id=g, mapping_strategy=mapping, batches_per_step=8 * (2 // microbatch) // dp, **kw)
         .batch(microbatch, drop_last=drop_last)
         for g in range(dp)
@@ -251,13 +251,13 @@ def test_state_schema_and_seed_from_checkpoint(corpus_dir, tmp_path):
 
 
 def test_finished_lanes_are_recorded_and_skipped(corpus_dir):
-    pipe = build(corpus_dir, runner="synchronous").batch(3, drop_last=False)
+    pipe = build(corpus_dir, microbatch=None, runner="synchronous").batch(3, drop_last=False)
     truth = ref_group_stream(pipe.spec, pipe.owned_lanes(), 3, drop_last=False)
     cut = len(truth) - 5  # lane 2 (69 batches) has finished by then
     head = take(pipe, cut)
     state = pipe.state_dict()
     assert state["lanes"]["2"]["finished"]
-    resumed = build(corpus_dir, runner="synchronous").batch(3, drop_last=False).load_state_dict(state)
+    resumed = build(corpus_dir, microbatch=None, runner="synchronous").batch(3, drop_last=False).load_state_dict(state)
     assert head + [batch_rows(b) for b in resumed] == truth
 
 

@@ -52,8 +52,8 @@ def small_corpus(tmp_path_factory):
     return root
 
 
-def small(corpus, runner="synchronous", **options):
-    return build(corpus, R=4, k=1, microbatch=2, runner=runner, **options)
+def small(corpus, runner="synchronous", microbatch=2, **options):
+    return build(corpus, R=4, k=1, microbatch=microbatch, runner=runner, **options)
 
 
 @functools.cache
@@ -225,7 +225,7 @@ def dropout_gpt2():
 
 
 def hf_small(corpus):
-    return small(corpus).batch(2, labels="hf")
+    return small(corpus, microbatch=None).batch(2, labels="hf")
 
 
 def same_weights(a, b) -> bool:

@@ -301,7 +301,8 @@ def test_labels_masked_across_document_boundaries():
         (lambda p: p.tokenize().tokenize(), ConfigError, "once"),
         (lambda p: p.tokenize(split_long=True), ConfigError, "max_length"),
         (lambda p: p.tokenize().shuffle(0), ConfigError, "buffer_size"),
-        (lambda p: p.batch(0), ConfigError, "microbatch_size"),
+        (lambda p: p.tokenize().batch(0), ConfigError, "microbatch_size"),
+        (lambda p: p.batch(2), ConfigError, "tokenize"),
         (lambda p: p.options(prefetch=3), ConfigError, "unknown option"),
         (lambda p: p.options(canonical_replicas=0), ConfigError, "canonical_replicas"),
     ],
@@ -320,10 +321,11 @@ def test_record_without_text_field_names_the_pointer(tmp_path):
     with pytest.raises(MissingFieldError, match="body") as info:
         compute_chunk(z.Pipeline(ws).tokenize().spec, 0)
     assert "dataset 'books', shard 0" in "\n".join(info.value.__notes__) + str(info.value)
-    # a field the tokenizer needs but the reader did not check is named with its pointer
+    # a field the tokenizer needs but the reader did not check is named with its pointer (after
+    # a map: without one, the build itself refuses it, see tests/test_build_checks.py)
     ok = z.MixtureWorkSource([z.Dataset.from_records("r", [{"text": "a", "x": 1}])], chunk_size=1)
     with pytest.raises(MissingFieldError, match=r"dataset 'r', shard 0, offset 0 .*'title'"):
-        compute_chunk(z.Pipeline(ok).tokenize(field="title").spec, 0)
+        compute_chunk(z.Pipeline(ok).map(lambda r: r, version=1).tokenize(field="title").spec, 0)
 
 
 def test_user_errors_carry_the_pointer_as_a_note():

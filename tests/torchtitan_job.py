@@ -36,10 +36,10 @@ from zephon_dask.integrations.torchtitan import configure  # noqa: E402
 SEQ_LEN = 128  # TorchTitan's training.seq_len; the pipeline packs rows of 96
 
 
-def titan_pipeline(corpus_dir):
+def titan_pipeline(corpus_dir, labels=True):
     """Four lanes (DP degrees 1, 2, 4), micro-batches of two rows of at most 96 tokens, shifted labels."""
-    return build(corpus_dir, R=4, k=1, microbatch=2, runner="synchronous").batch(
-        2, labels=True, mask_document_boundaries=True)
+    return build(corpus_dir, R=4, k=1, microbatch=None, runner="synchronous").batch(
+        2, labels=labels, mask_document_boundaries=True)
 
 
 class TrainState:

@@ -102,6 +102,11 @@ class ElasticityWarning(ZephonWarning):
     """A setting is valid but costs balance or elasticity (e.g. lanes not divisible by groups)."""
 
 
+class DeviceUnavailableError(ConfigError):
+    """A torch device that this torch cannot use (``device="cuda"`` on a torch without CUDA, or
+    a GPU index past the GPUs present)."""
+
+
 class RecipeError(ConfigError):
     """A TOML recipe cannot be used: bad TOML, a missing key or a bad value."""
 

@@ -17,14 +17,13 @@ the layers that own those rules and run when the pipeline uses them.
 
 from __future__ import annotations
 
-import difflib
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from .errors import ConfigError
-from .validate import check_bool, check_choice, check_int, check_seconds
+from .validate import check_bool, check_choice, check_int, check_seconds, did_you_mean
 
 RUNNER_NAMES = ("distributed", "threads", "synchronous")  # the execution registry's keys (tested)
 MAPPING_STRATEGIES = ("contiguous", "interleaved")
@@ -179,9 +178,7 @@ DATA_OPTIONS = tuple(o.name for o in OPTIONS if o.kind == "data")
 
 def unknown(name: str) -> ConfigError:
     """The error for an option that does not exist, with the closest known name."""
-    close = difflib.get_close_matches(name, list(BY_NAME), n=1)
-    hint = f"did you mean {close[0]!r}? " if close else ""
-    return ConfigError(f"unknown option {name!r}; {hint}known: {', '.join(sorted(BY_NAME))}")
+    return ConfigError(f"unknown option {name!r}; {did_you_mean(name, BY_NAME)}known: {', '.join(sorted(BY_NAME))}")
 
 
 def check(values: Mapping[str, Any]) -> dict[str, Any]:

@@ -20,7 +20,6 @@ folder; URLs (anything with ``://``) are used as written.
 
 from __future__ import annotations
 
-import difflib
 import glob
 import os
 import re
@@ -34,7 +33,7 @@ from .curriculum import MixtureWorkSource
 from .curriculum.routing import LANE_ASSIGNMENTS
 from .curriculum.schedule import parse as parse_schedule
 from .curriculum.token_weights import WEIGHT_BY
-from .data import Dataset
+from .data import Dataset, hf
 from .data.formats import READERS
 from .data.formats import get as format_reader
 from .data.paths import has_glob
@@ -49,6 +48,7 @@ from .errors import (
 from .operators.pack import ALGORITHMS as PACK_ALGORITHMS
 from .options import BY_NAME as OPTIONS
 from .pipeline import Pipeline
+from .validate import did_you_mean
 from .views import register
 
 
@@ -400,10 +400,9 @@ def load_recipe(path: str | os.PathLike) -> Recipe:
 def _check_known(file: str, where: str, table: dict, known, what: str = "key") -> None:
     for key in sorted(table):
         if key not in known:
-            close = difflib.get_close_matches(key, list(known), n=1)
-            hint = f"did you mean {close[0]!r}? " if close else ""
             raise RecipeKeyError(
-                f"{file}: {where} has an unknown {what} {key!r}; {hint}known: {', '.join(known)}"
+                f"{file}: {where} has an unknown {what} {key!r}; {did_you_mean(key, known)}"
+                f"known: {', '.join(known)}"
             )
 
 
@@ -447,9 +446,13 @@ def _existing_path(file: str, base: str, where: str, key: str, value: str) -> st
     resolved = os.path.normpath(os.path.join(base, os.path.expanduser(value)))
     found = glob.glob(resolved, recursive=True) if has_glob(resolved) else os.path.exists(resolved)
     if not found:
+        hint = did_you_mean(value, ["bytes"]).strip() if key == "tokenizer" else ""
+        if not hint and hf.looks_like_hub_id(value):
+            hint = hf.download_hint(value, "tokenizer" if key == "tokenizer" else "dataset")
         raise RecipePathError(
             f"{file}: {where} {key} = {value!r} does not exist (looked for {resolved!r}); "
             "relative paths start at the recipe's folder: fix the path or create the data"
+            + (f". {hint}" if hint else "")
         )
     return resolved
 

@@ -9,8 +9,9 @@ An integer is a Python or numpy integer, never a ``bool``.
 
 from __future__ import annotations
 
+import difflib
 import numbers
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from .errors import ConfigError
@@ -38,19 +39,44 @@ def check_int(value: object, name: str, minimum: int = 1, *, below: int | None =
                       f"{f' ({hint})' if hint else ''}")
 
 
+def did_you_mean(value: object, choices: Iterable) -> str:
+    """``"did you mean 'x'? "`` for the string choice closest to ``value``, else ``""``. Pure.
+
+    The one home of the "did you mean" hint: options, operator arguments, fields."""
+    if not isinstance(value, str):
+        return ""
+    names = [c for c in choices if isinstance(c, str)]
+    close = difflib.get_close_matches(value, names, n=1)
+    if not close:  # a different case ('Bytes', 'TEXT') is close too
+        lower = {c.lower(): c for c in names}
+        close = [lower[value.lower()]] if value.lower() in lower else []
+    return f"did you mean {close[0]!r}? " if close else ""
+
+
 def check_choice(value: object, choices: Sequence, name: str, *, call: str = "") -> Any:
     """``value`` if it is one of ``choices`` (of the same type: ``1`` is not ``True``), else a
-    :class:`ConfigError` listing them."""
+    :class:`ConfigError` listing them (with the closest one first, when close)."""
     if any(isinstance(value, type(c)) and value == c for c in choices):
         return value
-    raise ConfigError(f"{_label(name, value, call)} is unknown; choose one of {', '.join(map(repr, choices))}")
+    raise ConfigError(f"{_label(name, value, call)} is unknown; {did_you_mean(value, choices)}"
+                      f"choose one of {', '.join(map(repr, choices))}")
 
 
-def check_bool(value: object, name: str) -> bool:
-    """``value`` if it is ``True`` or ``False`` (not merely truthy), else a :class:`ConfigError`."""
+def check_bool(value: object, name: str, *, call: str = "") -> bool:
+    """``value`` if it is ``True`` or ``False`` (not merely truthy: ``"yes"``, ``1``), else a
+    :class:`ConfigError`."""
     if isinstance(value, bool):
         return value
-    raise ConfigError(f"{name}={value!r} must be True or False")
+    raise ConfigError(f"{_label(name, value, call)} must be True or False (a bool), not a "
+                      f"{type(value).__name__}; pass {name}=True or {name}=False")
+
+
+def check_name(value: object, name: str, what: str, *, call: str = "") -> str:
+    """``value`` if it is a non-empty ``str`` (a field or template name), else a
+    :class:`ConfigError` saying what it names."""
+    if isinstance(value, str) and value:
+        return value
+    raise ConfigError(f"{_label(name, value, call)} must be a non-empty str: {what}")
 
 
 def check_seconds(value: object, name: str, hint: str = "e.g. 45") -> float:

@@ -31,7 +31,7 @@ import numpy as np
 from .. import views
 from ..errors import ConfigError
 from ..operators.table import SampleTable, segment_arange
-from ..validate import check_int
+from ..validate import check_int, did_you_mean
 
 LABEL_CONVENTIONS = (False, True, "shifted", "hf")
 
@@ -53,11 +53,13 @@ class BatchOptions:
                            check_int(self.microbatch_size, "microbatch_size", 1, call="batch", hint="e.g. 8"))
         if self.labels not in LABEL_CONVENTIONS or isinstance(self.labels, int) and not isinstance(self.labels, bool):
             raise ConfigError(
-                f"batch(labels={self.labels!r}) must be False, True (= 'shifted': next-token targets) "
+                f"batch(labels={self.labels!r}) is unknown; {did_you_mean(self.labels, LABEL_CONVENTIONS)}"
+                "use False, True (= 'shifted': next-token targets) "
                 "or 'hf' (unshifted, for models that shift themselves, e.g. Hugging Face causal LMs)"
             )
-        if not isinstance(self.ignore_index, int):
-            raise ConfigError(f"batch(ignore_index={self.ignore_index!r}) must be an int, e.g. -100")
+        if not isinstance(self.ignore_index, int) or isinstance(self.ignore_index, bool):
+            raise ConfigError(f"batch(ignore_index={self.ignore_index!r}) must be an int, e.g. -100 (the "
+                              "label of positions not trained on)")
 
     def config(self) -> dict:
         """The options as a plain dict (for the pipeline's config and fingerprint)."""

@@ -15,9 +15,35 @@ from collections.abc import Iterator
 
 import torch
 
+from ..errors import DeviceUnavailableError
+
+
+def check_device(device, call: str = "to_torch") -> torch.device | None:
+    """``device`` as a ``torch.device`` (``None`` stays ``None``), or a
+    :class:`~zephon_dask.errors.DeviceUnavailableError` when it is a CUDA device this torch
+    cannot use (built without CUDA, no GPU visible, or an index past the GPUs present)."""
+    if device is None:
+        return None
+    device = torch.device(device)
+    if device.type != "cuda":
+        return device
+    if not torch.cuda.is_available():
+        why = ("this torch is built without CUDA" if torch.version.cuda is None else
+               f"this torch is built with CUDA {torch.version.cuda} but sees no GPU")
+        raise DeviceUnavailableError(
+            f"{call}(device={str(device)!r}): CUDA is not available ({why}; torch {torch.__version__}). "
+            "Use device='cpu' (or leave device=None) with pin_memory=False, or install a CUDA build "
+            "of torch on a machine with a GPU")
+    if device.index is not None and device.index >= torch.cuda.device_count():
+        raise DeviceUnavailableError(
+            f"{call}(device={str(device)!r}): this machine has {torch.cuda.device_count()} GPU(s), "
+            f"cuda:0 to cuda:{torch.cuda.device_count() - 1}; pass one of them (e.g. the local rank's)")
+    return device
+
 
 def batch_to_torch(batch, device=None, non_blocking: bool = False, pin_memory: bool = False) -> dict:
     """Tensors sharing the batch's numpy memory (pinned / moved when asked)."""
+    device = check_device(device, "Batch.to_torch")
     out = {}
     pin = pin_memory and torch.cuda.is_available()
     for key, value in batch.items():
@@ -72,7 +98,7 @@ def to_device_iter(batches: Iterator, device=None, pin_memory: bool | None = Non
     ``on_deliver(batch)`` is called for each batch as it is handed over (not
     when it is staged), so checkpoints never count a batch still in flight.
     """
-    device = torch.device(device) if device is not None else None
+    device = check_device(device)
     cuda = device is not None and device.type == "cuda"
     pin = (cuda if pin_memory is None else bool(pin_memory)) and torch.cuda.is_available()
     stager = _CudaStager(device, pin) if cuda else _HostStager(device, pin)

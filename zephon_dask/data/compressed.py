@@ -21,7 +21,7 @@ and :data:`SEGMENTS`.
 from __future__ import annotations
 
 import zlib
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -152,6 +152,34 @@ def decompress(fs: AbstractFileSystem, name: str, url: str, kind: str, out: list
     out.append(
         Checkpoints(kind, np.array(comp, np.int64), np.array(decomp, np.int64), tuple(states), total)
     )
+
+
+def head(fs: AbstractFileSystem, name: str, url: str, kind: str, block: int = 1 << 16) -> Generator[bytes, None, None]:
+    """Decompressed blocks of at most ``block`` bytes from the start of the file, decoding only as
+    far as they are consumed (a file's first record, read at construction). DataFormatError for
+    corrupt data."""
+    at = 0
+    with fs.open(name, "rb") as fh:
+        try:
+            if kind == "zstd":
+                reader = zstandard().ZstdDecompressor().stream_reader(fh, read_size=block, read_across_frames=True)
+                while piece := reader.read(block):
+                    yield piece
+                return
+            dec, data = _gzip_decoder(), b""
+            while True:
+                data = data or fh.read(block)
+                at += len(data)
+                if not data:
+                    return
+                piece = dec.decompress(data, block)  # at most one block out, the rest kept
+                data = dec.unconsumed_tail
+                if dec.eof:  # the next gzip member
+                    data, dec = dec.unused_data, _gzip_decoder()
+                if piece:
+                    yield piece
+        except Exception as exc:  # zlib.error / zstandard.ZstdError
+            raise _corrupt(url, kind, at, exc) from None
 
 
 def _segment(fs: AbstractFileSystem, name: str, url: str, cp: Checkpoints, k: int) -> bytes:

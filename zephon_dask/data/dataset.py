@@ -35,10 +35,21 @@ from ..errors import (
     RecordIndexError,
     ZephonWarning,
 )
+from ..validate import did_you_mean
+from . import fields as record_fields
 from . import formats, hf, integrity, mds, records, tokens
 from .index import build_index
 from .parquet import is_text_type
-from .paths import FileInfo, Listing, filesystem, has_glob, list_files, match_data_files, to_url
+from .paths import (
+    FileInfo,
+    Listing,
+    filesystem,
+    has_glob,
+    is_local,
+    list_files,
+    match_data_files,
+    to_url,
+)
 from .reader import Reader
 from .shard import Shard
 
@@ -133,8 +144,10 @@ class Dataset:
     ``data_files`` the globs that chose the files; ``skipped`` names the first
     files that discovery passed over (not of the format) and ``num_skipped``
     counts them all; ``vocab_size`` (token stores) is the vocabulary every id read
-    is checked against (``None``: unknown, unchecked). None of these is part of the
-    identity.
+    is checked against (``None``: unknown, unchecked); ``fields`` are the field names
+    of its records as known at construction (the file schema, or the first record of
+    the first non-empty file; ``None`` for token stores), against which ``text_field``
+    was checked there. None of these is part of the identity.
 
     Example:
         >>> web = zephon_dask.Dataset.from_path("web", "s3://bucket/web/")  # doctest: +SKIP
@@ -155,6 +168,7 @@ class Dataset:
     skipped: tuple[str, ...] = ()
     num_skipped: int = 0
     vocab_size: int | None = None
+    fields: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         _check_name(self.name)
@@ -315,15 +329,20 @@ class Dataset:
         cols = None if columns is None else tuple(dict.fromkeys([text_field, *columns]))
         assert reader.inspect is not None, "callers pick a format whose reader can index files"
         index = build_index(fs, files, reader.name, reader.inspect, progress=progress, cache=cache_dir)
+        known: tuple[str, ...] | None = None
         for f, e in zip(files, index.entries, strict=True):
             if "columns" not in e:
                 continue
-            missing = [c for c in (cols or (text_field,)) if c not in e["columns"]]
+            if text_field not in e["columns"]:
+                raise record_fields.missing(name, f"{reader.name} file {f.url!r}", text_field, e["columns"])
+            missing = [c for c in (cols or ()) if c not in e["columns"]]
             if missing:
                 raise MissingFieldError(
                     f"dataset {name!r}: {reader.name} file {f.url!r} has no column(s) {missing}; "
-                    f"available columns: {e['columns']}. Pass text_field=/columns= accordingly"
+                    f"{did_you_mean(missing[0], e['columns'])}available columns: {e['columns']}. "
+                    "Pass columns= accordingly"
                 )
+            known = known or tuple(cols or e["columns"])
             kind = (e.get("types") or {}).get(text_field)
             if kind is not None and e["num_samples"] and not is_text_type(kind):  # empty: any type
                 raise FieldTypeError(
@@ -333,6 +352,11 @@ class Dataset:
                     "text_field=<a string column>; to tokenize a non-string column, turn it into "
                     "text with .map(...) in the pipeline and .tokenize(field=...) that field"
                 )
+        first = next((f for f, e in zip(files, index.entries, strict=True) if e["num_samples"]), None)
+        if known is None and reader.fields is not None and first is not None:
+            known = tuple(reader.fields(fs, first))  # a JSONL file's first record: one short read
+            if text_field not in known:
+                raise record_fields.missing(name, f"the first record of {first.url!r}", text_field, known)
         shards = tuple(
             Shard(f.rel, f.url, e["num_samples"], e["size"], f.mtime, e["mtime_ns"], e["etag"],
                   e["fingerprint"])
@@ -341,7 +365,7 @@ class Dataset:
         return cls(
             name, reader.name, text_field, shards, cols,
             storage_options=dict(storage_options or {}), source=source, data_files=data_files,
-            skipped=tuple(skipped[:_SKIPPED_KEPT]), num_skipped=len(skipped),
+            skipped=tuple(skipped[:_SKIPPED_KEPT]), num_skipped=len(skipped), fields=known,
         )
 
     @classmethod
@@ -411,7 +435,9 @@ class Dataset:
 
         In a directory, ``*.jsonl``/``*.json`` (and ``.gz``/``.zst`` versions) are
         data; ``data_files`` globs (relative to the directory) narrow the choice.
-        Records are checked for ``text_field`` when read (the index only counts lines).
+        The first record of the first non-empty file is read here (its first line only) and
+        must hold ``text_field`` (MissingFieldError listing its fields); the others are checked
+        when read (the index only counts lines).
         ``cache_dir`` overrides where the index cache lives (see docs/formats.md).
 
         Example:
@@ -517,13 +543,14 @@ class Dataset:
         In a repository, ``split`` picks files by ``data_files`` globs (a glob, a
         list, or ``{split: globs}`` as ``datasets.load_dataset`` takes them) or by
         the ``datasets`` naming conventions; the files must be of one format
-        (parquet, JSONL or Arrow).
+        (parquet, JSONL or Arrow). A hub name (``"org/name"``) that is no local folder raises
+        DatasetNotFoundError saying how to download it: nothing is downloaded here.
 
         Example:
             >>> zephon_dask.Dataset.from_hf("wiki", "~/.cache/huggingface/hub/datasets--org--wiki", split="train")  # doctest: +SKIP
         """
         _check_name(name)
-        fs, fpath = filesystem(str(path), storage_options)
+        fs, fpath = _not_a_hub_name(str(path), storage_options)
         kw: dict[str, Any] = {"storage_options": storage_options, "progress": progress, "cache_dir": cache_dir}
         if not has_glob(fpath) and fs.isdir(fpath) and hf.is_saved(fs, fpath):
             return cls.from_arrow(
@@ -575,10 +602,7 @@ class Dataset:
         shards, meta = mds.open_folder(str(path), storage_options)
         names = meta["schema"]["column_names"]
         if text_field not in names:
-            raise MissingFieldError(
-                f"dataset {name!r}: MDS folder {str(path)!r} has no column {text_field!r}; its "
-                f"columns are {names}. Pass text_field=<one of them>"
-            )
+            raise record_fields.missing(name, f"MDS folder {str(path)!r}", text_field, names)
         encoding = meta["schema"]["column_encodings"][names.index(text_field)]
         if encoding.split(":")[0] not in ("str", "json"):
             raise FieldTypeError(
@@ -589,7 +613,7 @@ class Dataset:
             )
         return cls(
             name, "mds", text_field, shards, storage_options=dict(storage_options or {}),
-            source=str(path), _meta_json=json.dumps(meta, sort_keys=True),
+            source=str(path), _meta_json=json.dumps(meta, sort_keys=True), fields=tuple(names),
         )
 
     @classmethod
@@ -606,7 +630,10 @@ class Dataset:
         _check_text_field(text_field)
         ids, lines, sha = records.freeze(records_or_mapping, text_field, name)
         shards = tuple(Shard(i, None, len(ls)) for i, ls in zip(ids, lines, strict=True))
-        return cls(name, "records", text_field, shards, memory_records=lines, memory_sha256=sha)
+        first = next((ls[0] for ls in lines if ls), None)
+        known = None if first is None else tuple(sorted(json.loads(first)))
+        return cls(name, "records", text_field, shards, memory_records=lines, memory_sha256=sha,
+                   fields=known)
 
     @classmethod
     def from_tokens(
@@ -666,6 +693,7 @@ class Dataset:
             >>> zephon_dask.Dataset.from_path("web", "data/web/")  # format detected  # doctest: +SKIP
         """
         _check_name(name)
+        _not_a_hub_name(str(path), kwargs.get("storage_options"))
         reader = _detect(name, str(path), kwargs.get("storage_options"), kwargs.get("data_files"))
         if reader.constructor is None:
             return cls.from_files(name, path, reader.name, **kwargs)
@@ -673,6 +701,14 @@ class Dataset:
 
     def _repr_html_(self) -> str:
         return views.show("dataset_html", self)
+
+
+def _not_a_hub_name(path: str, storage_options: dict[str, Any] | None) -> tuple[Any, str]:
+    """``(filesystem, path)``; a hub name that is no local path raises, saying how to download it."""
+    fs, fpath = filesystem(path, storage_options)
+    if is_local(fs) and hf.looks_like_hub_id(path) and not fs.exists(fpath):
+        raise hf.not_downloaded(path, "dataset")
+    return fs, fpath
 
 
 def _detect(

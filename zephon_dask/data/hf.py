@@ -15,6 +15,8 @@ Pure apart from reading small metadata files and listing folders; no network.
   ``test``/``testing``/``eval``/``evaluation``), else every file is ``train``.
 - A hub cache folder (``datasets--<org>--<name>``) is resolved to the snapshot
   that ``refs/main`` names (or its only snapshot).
+- A hub name (``org/name``, ``gpt2``) given where a local path belongs is never
+  downloaded: :func:`not_downloaded` says how to download it first.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from typing import Any
 
 from fsspec import AbstractFileSystem
 
-from ..errors import ConfigError, DataFormatError
+from ..errors import ConfigError, DataFormatError, DatasetNotFoundError
 from .paths import FileInfo, file_etag, file_mtime, glob_regex, to_url
 
 STATE = "state.json"
@@ -39,6 +41,40 @@ SPLIT_KEYWORDS = {
     "test": ("test", "testing", "eval", "evaluation"),
 }
 _SHARDED = re.compile(r"data/([^/]+?)-\d{5}-of-\d{5}[^/]*\.[^/]*")
+
+
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")
+_DATA_SUFFIXES = (".json", ".jsonl", ".parquet", ".pq", ".arrow", ".gz", ".zst", ".txt", ".model")
+
+
+def looks_like_hub_id(path: object) -> bool:
+    """Whether ``path`` (that does not exist) reads as a Hugging Face hub name, ``org/name`` or
+    ``name``, rather than a mistyped path: no protocol, at most one ``/``, no file suffix. Pure."""
+    if not isinstance(path, str) or not _HUB_ID.fullmatch(path) or path.startswith("."):
+        return False
+    return not path.lower().endswith(_DATA_SUFFIXES)
+
+
+def not_downloaded(path: str, what: str) -> DatasetNotFoundError:
+    """The error for a hub name (:func:`looks_like_hub_id`) given as a ``"tokenizer"`` or a
+    ``"dataset"``: it does not exist here, and :func:`download_hint`."""
+    return DatasetNotFoundError(f"{what} {path!r} does not exist here. {download_hint(path, what)}")
+
+
+def download_hint(path: str, what: str) -> str:
+    """Nothing is downloaded, and the two lines that download ``path`` (a ``"tokenizer"`` or a
+    ``"dataset"``) with ``huggingface_hub`` and the local folder to pass instead. Pure."""
+    if what == "tokenizer":
+        fetch = f"folder = snapshot_download({path!r}, allow_patterns=['tokenizer*'])"
+        use = "pipeline.tokenize(f'{folder}/tokenizer.json')  # or .tokenize_chat(folder)"
+    else:
+        fetch = f"folder = snapshot_download({path!r}, repo_type='dataset')  # allow_patterns= picks files"
+        use = "Dataset.from_hf('name', folder, split='train')"
+    return (
+        "If it is a Hugging Face hub name: zephon_dask never downloads anything (a run must not "
+        "depend on the network); download it once with huggingface_hub and pass the local folder:\n"
+        f"    from huggingface_hub import snapshot_download\n    {fetch}\n    {use}"
+    )
 
 
 def _json(fs: AbstractFileSystem, path: str) -> Any:

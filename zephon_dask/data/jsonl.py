@@ -22,14 +22,15 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable
+from contextlib import closing
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from fsspec import AbstractFileSystem
 
-from ..errors import DataFormatError, DatasetNotFoundError, MissingFieldError
-from . import compressed
+from ..errors import DataFormatError, DatasetNotFoundError
+from . import compressed, fields
 from .integrity import changed
 from .memo import ByteLRU
 from .paths import FileInfo, filesystem
@@ -126,6 +127,35 @@ def inspect(fs: AbstractFileSystem, f: FileInfo) -> dict[str, Any]:
     return extra
 
 
+def first_fields(fs: AbstractFileSystem, f: FileInfo) -> list[str]:
+    """The field names of the first record of a (non-empty) JSONL file, reading (and
+    decompressing) only as far as its first non-blank line; DataFormatError if it is no JSON object."""
+    try:
+        kind = compressed.codec(fs.cat_file(f.name, 0, 8), f.url)
+        if kind is None:
+            with fs.open(f.name, "rb") as fh:
+                line, number = _first_line(_blocks(fh, 1 << 16))
+        else:
+            with closing(compressed.head(fs, f.name, f.url, kind)) as blocks:  # decodes no further
+                line, number = _first_line(blocks)
+    except FileNotFoundError:
+        raise DatasetNotFoundError(f"JSONL file {f.url!r} no longer exists") from None
+    return sorted(_parse_object(line, f"{f.url}: line {number} (sample offset 0)"))
+
+
+def _first_line(blocks: Iterable[bytes]) -> tuple[bytes, int]:
+    """The first non-blank line of a byte stream and its 1-based line number (``b""`` if none)."""
+    buf, skipped = b"", 0
+    for chunk in blocks:
+        buf += chunk
+        while (cut := buf.find(b"\n")) >= 0:
+            line, buf = buf[:cut], buf[cut + 1 :]
+            if line.strip(b" \t\r"):
+                return line, skipped + 1
+            skipped += 1
+    return buf, skipped + 1
+
+
 def _layout(fs: AbstractFileSystem, name: str, shard: Shard) -> _Layout:
     key = (shard.path, shard.size_bytes, shard.mtime)
     layout = SPANS.get(key)
@@ -194,7 +224,7 @@ class _Where:
         return f"{self.path}: line {line} (sample offset {self.offset})"
 
 
-def _parse(raw: bytes, text_field: str, dataset: str, where: _Where) -> dict[str, Any]:
+def _parse_object(raw: bytes, where: object) -> dict[str, Any]:
     try:
         record = json.loads(raw)
     except ValueError as exc:
@@ -206,11 +236,13 @@ def _parse(raw: bytes, text_field: str, dataset: str, where: _Where) -> dict[str
             f"{where} holds a JSON {type(record).__name__}, not an object; "
             "every line must be a JSON object"
         )
+    return record
+
+
+def _parse(raw: bytes, text_field: str, dataset: str, where: _Where) -> dict[str, Any]:
+    record = _parse_object(raw, where)
     if text_field not in record:
-        raise MissingFieldError(
-            f"dataset {dataset!r}: {where} has no field {text_field!r}; fields present: "
-            f"{sorted(record)}. Pass text_field=<one of them> to Dataset.from_jsonl"
-        )
+        raise fields.missing(dataset, str(where), text_field, list(record))
     return record
 
 
@@ -222,4 +254,4 @@ def _read(dataset: Any, index: int, offsets: np.ndarray) -> list[dict[str, Any]]
 
 
 EXTENSIONS = (".jsonl", ".json", ".jsonl.gz", ".json.gz", ".jsonl.zst", ".json.zst", ".jsonl.zstd")
-READER = Reader("jsonl", "from_jsonl", _read, inspect=inspect, extensions=EXTENSIONS)
+READER = Reader("jsonl", "from_jsonl", _read, inspect=inspect, extensions=EXTENSIONS, fields=first_fields)

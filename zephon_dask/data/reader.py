@@ -44,6 +44,8 @@ class Reader:
       ``Dataset.identity()`` (what defines the data besides counts and sizes).
     - ``html(dataset)``: extra ``(label, value)`` rows of the notebook view.
     - ``holds_tokens``: records are ``{"tokens": array}``, already tokenized.
+    - ``fields(fs, file)``: the field names of a non-empty file's first record, read cheaply
+      (never the whole file), for formats whose index holds no ``columns``.
     """
 
     name: str
@@ -56,6 +58,7 @@ class Reader:
     shard_identity: Callable[[Any, int], dict[str, Any]] = _nothing
     html: Callable[[Any], list[tuple[str, str]]] = _no_pairs
     holds_tokens: bool = False
+    fields: Callable[[AbstractFileSystem, FileInfo], list[str]] | None = None
 
     def matches(self, rel: str) -> bool:
         """Whether the file name ``rel`` ends with one of this format's extensions."""

@@ -16,7 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ConfigError, DataFormatError, MissingFieldError
+from ..errors import ConfigError, DataFormatError
+from . import fields
 from .reader import Reader
 
 
@@ -68,10 +69,8 @@ def _freeze_one(rec: Any, i: int, sid: str, text_field: str, dataset: str) -> tu
     elif not isinstance(rec, Mapping):
         raise DataFormatError(f"{where} is a {type(rec).__name__}; expected a dict or a str")
     elif text_field not in rec:
-        raise MissingFieldError(
-            f"{where} has no field {text_field!r}; fields present: {sorted(map(str, rec))}. "
-            "Pass text_field=<one of them> to Dataset.from_records"
-        )
+        raise fields.missing(dataset, f"shard {sid!r}, record {i}", text_field, list(map(str, rec)),
+                             "Pass text_field=<one of them> to Dataset.from_records")
     try:
         text = json.dumps(rec, ensure_ascii=False)
         canonical = json.dumps(rec, ensure_ascii=False, sort_keys=True, separators=(",", ":"))

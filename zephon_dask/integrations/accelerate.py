@@ -22,8 +22,7 @@ training state never sees it.
 
 from __future__ import annotations
 
-import torch
-
+from ..consumer.torch_io import check_device
 from ..pipeline.torch_data import PipelineLoader
 from .ranks import collective_state
 
@@ -34,7 +33,7 @@ class AcceleratorLoader(PipelineLoader):
     _is_accelerate_prepared = True  # accelerate's own mark: prepare() returns the loader unchanged
 
     def __init__(self, pipeline, device=None, num_workers: int = 0, **dataloader_kwargs):
-        self.device = torch.device(device) if device is not None else None
+        self.device = check_device(device, "accelerator_loader")
         cuda = self.device is not None and self.device.type == "cuda"
         dataloader_kwargs.setdefault("pin_memory", cuda)
         super().__init__(pipeline, num_workers=num_workers, **dataloader_kwargs)

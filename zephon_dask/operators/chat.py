@@ -45,15 +45,14 @@ import numpy as np
 from ..errors import (
     ChatFormatError,
     ConfigError,
-    DatasetNotFoundError,
     FieldTypeError,
     MissingDependencyError,
     MissingFieldError,
     ZephonError,
 )
-from ..validate import check_choice, check_int
+from ..validate import check_choice, check_int, check_name
 from .base import ChunkContext, Row
-from .tokenize import ByteTokenizer, HFTokenizer, Tokenize, resolve_tokenizer
+from .tokenize import ByteTokenizer, HFTokenizer, Tokenize, missing_tokenizer, resolve_tokenizer
 
 ROLES = ("system", "user", "assistant", "tool")
 LOSS_ON = ("assistant", "last")
@@ -207,9 +206,7 @@ def resolve_chat(tokenizer, chat_template) -> tuple[Any, str | None, dict[str, s
         if os.path.isdir(path):
             path = os.path.join(path, "tokenizer.json")
         if not os.path.isfile(path):
-            raise DatasetNotFoundError(
-                f"tokenizer {os.fspath(tokenizer)!r} is neither a tokenizer.json nor a folder holding one"
-            )
+            raise missing_tokenizer(os.fspath(tokenizer), "tokenizer (a tokenizer.json or a folder holding one)")
         template, variables = _read_config(path)
         tokenizer = path
     if isinstance(chat_template, os.PathLike):
@@ -241,8 +238,7 @@ class TokenizeChat(Tokenize):
                 "tokenize_chat found no chat template: pass chat_template='...' (jinja2 text), or a "
                 "tokenizer.json whose folder holds a tokenizer_config.json with a chat_template"
             )
-        if not isinstance(field, str) or not field:
-            raise ConfigError(f"tokenize_chat(field={field!r}): give the name of the messages field")
+        check_name(field, "field", "the name of the messages field, e.g. 'messages'", call="tokenize_chat")
         for key, value in (("bos_token", bos_token), ("eos_token", eos_token)):
             if value is not None:
                 if not isinstance(value, str):

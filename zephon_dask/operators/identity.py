@@ -14,6 +14,8 @@ import json
 import types
 from typing import Any
 
+from ..errors import ConfigError
+
 _SIMPLE = (int, float, str, bool, type(None), bytes)
 
 
@@ -33,6 +35,17 @@ def _code_digest(code: types.CodeType, h) -> None:
             _code_digest(const, h)
         else:
             h.update(repr(const).encode())
+
+
+def check_pins(name: Any, version: Any, call: str) -> None:
+    """``name`` a non-empty str or ``None``, ``version`` a str, an int (not a bool) or ``None``,
+    else a :class:`ConfigError` naming ``call``."""
+    if name is not None and not (isinstance(name, str) and name):
+        raise ConfigError(f"{call}(name={name!r}) must be a non-empty str or None: a stable name for "
+                          "the function in the fingerprint")
+    if version is not None and (isinstance(version, bool) or not isinstance(version, str | int)):
+        raise ConfigError(f"{call}(version={version!r}) must be a str, an int or None: bump it when the "
+                          "function's behaviour changes")
 
 
 def function_identity(fn: Any, name: str | None = None, version: str | int | None = None) -> dict:

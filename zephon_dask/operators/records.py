@@ -5,8 +5,11 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ..errors import ConfigError, DataFormatError, MissingFieldError, OperatorOutputError
+from ..validate import check_choice, check_name
 from .base import RecordOp
-from .identity import function_identity
+from .identity import check_pins, function_identity
+
+DECODE_ERRORS = ("strict", "replace", "ignore", "backslashreplace", "surrogateescape")
 
 
 class _UserFunctionOp(RecordOp):
@@ -15,6 +18,7 @@ class _UserFunctionOp(RecordOp):
     def __init__(self, fn: Callable, name: str | None = None, version=None):
         if not callable(fn):
             raise ConfigError(f".{self.name}({fn!r}): expected a callable taking a record dict")
+        check_pins(name, version, self.name)
         self.fn = fn
         self.identity = function_identity(fn, name, version)
 
@@ -52,12 +56,12 @@ class DecodeText(RecordOp):
     name = "decode_text"
 
     def __init__(self, field: str = "text", encoding: str = "utf-8", errors: str = "strict"):
-        if not isinstance(field, str) or not field:
-            raise ConfigError(f"decode_text(field={field!r}): give the name of a bytes field")
+        check_name(field, "field", "the name of a bytes field", call="decode_text")
         try:
-            "".encode(encoding)
+            "".encode(check_name(encoding, "encoding", "a Python codec name, e.g. 'utf-8'", call="decode_text"))
         except LookupError:
             raise ConfigError(f"decode_text(encoding={encoding!r}) is not a known codec") from None
+        check_choice(errors, DECODE_ERRORS, "errors", call="decode_text")
         self.field, self.encoding, self.errors = field, encoding, errors
 
     def spec(self) -> dict:

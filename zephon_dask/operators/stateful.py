@@ -15,7 +15,7 @@ import numpy as np
 
 from ..errors import ConfigError
 from .base import Accumulator, WindowContext
-from .identity import function_identity
+from .identity import check_pins, function_identity
 from .table import MASK_DTYPE, TOKEN_DTYPE, SampleTable
 
 
@@ -72,6 +72,7 @@ class Stateful(Accumulator):
         for label, fn in (("init", init), ("push", push), ("flush", flush)):
             if not callable(fn):
                 raise ConfigError(f"stateful({name!r}): {label}={fn!r} is not callable")
+        check_pins(None, version, "stateful")
         self.label, self.init, self.push, self.flush, self.version = name, init, push, flush, version
 
     def spec(self) -> dict:

@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from ..data import hf
 from ..errors import (
     ConfigError,
     DataFormatError,
@@ -23,9 +24,9 @@ from ..errors import (
     MissingFieldError,
     ZephonError,
 )
-from ..validate import check_int
+from ..validate import check_bool, check_int, check_name, did_you_mean
 from .base import ChunkContext, RecordOp, Row
-from .identity import function_identity
+from .identity import check_pins, function_identity
 
 ID_LIMIT = 2**31  # ids must fit int32 when the vocabulary size is unknown
 EOS_CANDIDATES = ("<|endoftext|>", "</s>", "<eos>", "<|end_of_text|>", "[SEP]")
@@ -64,10 +65,7 @@ class HFTokenizer:
 
         path = os.fspath(path)
         if not os.path.isfile(path):
-            raise DatasetNotFoundError(
-                f"tokenizer file {path!r} does not exist; pass the path of a Hugging Face "
-                "tokenizer.json, a tokenizers.Tokenizer, or tokenizer='bytes'"
-            )
+            raise missing_tokenizer(path, "tokenizer file")
         try:
             return cls(Tokenizer.from_file(path))
         except Exception as exc:
@@ -140,6 +138,7 @@ class CallableTokenizer:
     checked (:func:`checked_ids`), never cast."""
 
     def __init__(self, fn: Callable[[str], Sequence[int]], name=None, version=None):
+        check_pins(name, version, "tokenize")
         self.fn = fn
         self._identity = function_identity(fn, name, version)
 
@@ -148,6 +147,20 @@ class CallableTokenizer:
 
     def identity(self) -> dict:
         return {"kind": "callable", **self._identity}
+
+
+def missing_tokenizer(path: str, what: str) -> ZephonError:
+    """The error for a tokenizer path that does not exist: ``'bytes'`` when it is close to it
+    (``'byte'``), how to download a hub name (``'gpt2'``), else what may be passed."""
+    if hint := did_you_mean(path, ["bytes"]):
+        return ConfigError(f"tokenizer={path!r} is neither 'bytes' nor an existing file; {hint}"
+                           "'bytes' is the built-in UTF-8 byte tokenizer")
+    if hf.looks_like_hub_id(path) and not os.path.exists(path):
+        return hf.not_downloaded(path, "tokenizer")
+    return DatasetNotFoundError(
+        f"{what} {path!r} does not exist; pass the path of a Hugging Face tokenizer.json (or, for "
+        "tokenize_chat, its folder), a tokenizers.Tokenizer, or tokenizer='bytes'"
+    )
 
 
 def resolve_tokenizer(tokenizer, name=None, version=None):
@@ -181,8 +194,9 @@ class Tokenize(RecordOp):
     def __init__(self, tokenizer="bytes", field="text", bos=False, eos=True, max_length=None,
                  split_long=False, bos_id=None, eos_id=None, name=None, version=None):
         self.tokenizer = resolve_tokenizer(tokenizer, name, version)
-        if not isinstance(field, str) or not field:
-            raise ConfigError(f"tokenize(field={field!r}): give the name of the text field")
+        check_name(field, "field", "the name of the text field, e.g. 'text'", call="tokenize")
+        for flag, value in (("bos", bos), ("eos", eos), ("split_long", split_long)):
+            check_bool(value, flag, call="tokenize")
         max_length = check_int(max_length, "max_length", 1, optional=True, call="tokenize",
                                hint="tokens per document, BOS/EOS included; None: no cap")
         if split_long and max_length is None:
@@ -205,6 +219,9 @@ class Tokenize(RecordOp):
 
     def _special(self, which: str, enabled: bool, given) -> int | None:
         if not enabled:
+            if given is not None:
+                raise ConfigError(f"tokenize({which}_id={given!r}) is unused with {which}=False; pass "
+                                  f"{which}=True to add it, or drop {which}_id")
             return None
         tok = self.tokenizer
         if isinstance(tok, HFTokenizer) and (given is None or isinstance(given, str)):

@@ -29,6 +29,7 @@ from ..core.spec import PipelineSpec
 from ..core.window import WindowOutput, compute_window
 from ..curriculum import MixtureWorkSource
 from ..curriculum.routing import group_lanes
+from ..data import fields as record_fields
 from ..errors import ConfigError, StateError, UnsizedPipelineError, ZephonWarning
 from ..log import logger
 from ..operators.base import Accumulator, RecordOp
@@ -43,7 +44,7 @@ from ..options import DEFAULTS, OPTIONS
 from ..options import check as check_options
 from ..state.progress import StepShape
 from ..state.schema import check_state, config_diff, describe_diff
-from ..validate import check_int
+from ..validate import check_bool, check_int
 from ..views import show
 from . import counting, phases, steps
 from .guard import refuse_fetching_ahead
@@ -74,6 +75,7 @@ class Pipeline:
         self._record_ops: tuple[RecordOp, ...] = ()
         self._accumulators: tuple[Accumulator, ...] = ()
         self._batch = BatchOptions()
+        self._batched = False  # .batch() was called: it sets the shape once
         self._settings: Mapping[str, Any] = MappingProxyType(dict(DEFAULTS))
         self._session = Session(self, work_source)
         self._resolved: tuple | None = None  # (source, (G, microbatch), its schedule resolved)
@@ -86,6 +88,7 @@ class Pipeline:
         new._record_ops = changes.get("record_ops", self._record_ops)
         new._accumulators = changes.get("accumulators", self._accumulators)
         new._batch = changes.get("batch", self._batch)
+        new._batched = changes.get("batched", self._batched)
         new._settings = MappingProxyType(dict(changes.get("settings", self._settings)))
         new._session = Session(new, self._session.base_source)  # measured again if its operators need it
         new._resolved = None
@@ -192,18 +195,22 @@ class Pipeline:
             A new pipeline.
 
         Raises:
-            ConfigError: a second ``tokenize``, an unsupported tokenizer, a missing
-                special token, or a bad length setting.
-            DatasetNotFoundError: the ``tokenizer.json`` path does not exist.
+            ConfigError: a second ``tokenize``, an unsupported tokenizer (``"byte"``: did you
+                mean ``"bytes"``), a flag that is not a bool, a missing special token, or a bad
+                length setting.
+            DatasetNotFoundError: the ``tokenizer.json`` path does not exist (a hub name such
+                as ``"gpt2"``: the message says how to download it; nothing is downloaded).
+            MissingFieldError: a dataset's records lack ``field`` (checked when no ``map`` or
+                ``filter`` comes before).
 
         Example:
             >>> pipeline.tokenize("tokenizer.json", bos=True, eos=True)  # doctest: +SKIP
         """
         if any(isinstance(op, Tokenize) for op in self._record_ops):
             raise ConfigError("the pipeline already tokenizes; call .tokenize() once")
-        return self._add_record_op(
-            Tokenize(tokenizer, field, bos, eos, max_length, split_long, bos_id, eos_id, name, version)
-        )
+        op = Tokenize(tokenizer, field, bos, eos, max_length, split_long, bos_id, eos_id, name, version)
+        self._check_field("tokenize", op.field)
+        return self._add_record_op(op)
 
     def tokenize_chat(self, tokenizer, field: str = "messages", chat_template: str | None = None,
                       loss_on: str = "assistant", max_length: int | None = None,
@@ -238,6 +245,8 @@ class Pipeline:
         Raises:
             ConfigError: a second tokenizer, no chat template, a template that does not
                 compile, a tokenizer without offsets (a callable), or a bad setting.
+            MissingFieldError: a dataset's records lack ``field`` (checked here when no ``map``
+                or ``filter`` comes before).
             ChatFormatError, MissingFieldError, FieldTypeError: at run time, a bad
                 conversation, naming its record (dataset, shard, offset).
 
@@ -246,9 +255,21 @@ class Pipeline:
         """
         if any(isinstance(op, Tokenize) for op in self._record_ops):
             raise ConfigError("the pipeline already tokenizes; call .tokenize() or .tokenize_chat() once")
-        return self._add_record_op(
-            TokenizeChat(tokenizer, field, chat_template, loss_on, max_length, bos_token, eos_token, roles)
-        )
+        op = TokenizeChat(tokenizer, field, chat_template, loss_on, max_length, bos_token, eos_token, roles)
+        self._check_field("tokenize_chat", op.field)
+        return self._add_record_op(op)
+
+    def _check_field(self, call: str, field: str) -> None:
+        """``field`` must be among each dataset's known fields (``Dataset.fields``) when the records
+        reach ``call`` unchanged: no ``map``/``filter`` before it, which could add or drop fields."""
+        if any(not isinstance(op, DecodeText) for op in self._record_ops):
+            return
+        for ds in self._source.datasets:
+            known = getattr(ds, "fields", None)
+            if known is not None and field not in known:
+                raise record_fields.missing(
+                    ds.name, "its first record", field, known,
+                    f"Pass {call}(field=<one of them>), or make the field with .map(...) before .{call}()")
 
     # -- accumulators ---------------------------------------------------------------
 
@@ -387,15 +408,26 @@ class Pipeline:
             A new pipeline.
 
         Raises:
-            ConfigError: ``microbatch_size`` is not a positive int, or
-                ``ignore_index`` is not an int.
+            ConfigError: a second ``.batch()``, no tokens yet (call ``tokenize``
+                first), ``microbatch_size`` not a positive int, a flag that is not a
+                bool, or ``ignore_index`` not an int.
 
         Example:
             >>> pipeline.batch(8, labels=True)  # doctest: +SKIP
         """
-        return self._derive(batch=BatchOptions(microbatch_size, bool(drop_last), labels, ignore_index,
-                                               bool(mask_document_boundaries), bool(cu_seqlens),
-                                               self._batch.pad_id))
+        if self._batched:
+            old = self._batch
+            raise ConfigError(
+                f".batch({microbatch_size!r}) follows .batch({old.microbatch_size!r}): the batch shape "
+                "is set once; call .batch() once, with every argument (on the pipeline before it, to "
+                "try another shape side by side)")
+        self._check_tokens("batch")
+        for flag, value in (("drop_last", drop_last), ("mask_document_boundaries", mask_document_boundaries),
+                            ("cu_seqlens", cu_seqlens)):
+            check_bool(value, flag, call="batch")
+        return self._derive(batch=BatchOptions(microbatch_size, drop_last, labels, ignore_index,
+                                               mask_document_boundaries, cu_seqlens, self._batch.pad_id),
+                            batched=True)
 
     def options(self, **settings: Any) -> Pipeline:
         """A new pipeline with these settings; the others are kept.
@@ -766,13 +798,18 @@ class Pipeline:
         Returns:
             An iterator of ``{field: tensor}`` dicts; its deliveries move :meth:`state_dict`.
 
+        Raises:
+            DeviceUnavailableError: ``device`` is CUDA and this torch cannot use it (no CUDA build,
+                no GPU): use ``device="cpu"``.
+
         Example:
             >>> for batch in pipeline.to_torch("cuda"):  # doctest: +SKIP
             ...     loss = model(batch["tokens"]).loss
         """
         # torch loads only when tensors are asked for
-        from ..consumer.torch_io import to_device_iter
+        from ..consumer.torch_io import check_device, to_device_iter
 
+        device = check_device(device)  # here, not at the first batch
         session = self._session
 
         def staged(progress):
@@ -1097,7 +1134,8 @@ class Pipeline:
             path: the recipe file.
 
         Returns:
-            A new pipeline: tokenize, shuffle, pack and batch as the recipe says.
+            A new pipeline: tokenize, shuffle, pack and batch as the recipe says. Its ``[batch]``
+            is a default: one ``.batch(...)`` call may replace it (e.g. to add ``labels="hf"``).
 
         Raises:
             ConfigError: the recipe is malformed (the message names the file and key).
@@ -1106,7 +1144,9 @@ class Pipeline:
         Example:
             >>> pipeline = Pipeline.from_config("recipe.toml")  # doctest: +SKIP
         """
-        return show("pipeline_from_config", path)
+        pipeline = show("pipeline_from_config", path)
+        pipeline._batched = False  # the recipe's [batch] is a default that one .batch() may replace
+        return pipeline
 
     def explain(self):
         """A readable plan: datasets, mixture, lanes, operators, runner, warnings.
