@@ -42,7 +42,9 @@ def dataset_formats() -> tuple[str, ...]:
 _INT, _BOOL, _STR = (int,), (bool,), (str,)
 _NUMBER = (int, float)
 
-DATASET_KEYS = {"name": _STR, "path": _STR, "format": _STR, "text_field": _STR, "weight": _NUMBER}
+DATASET_KEYS = {"name": _STR, "path": _STR, "format": _STR, "text_field": _STR, "weight": _NUMBER,
+                "storage_options": (dict,)}
+SECRET_KEYS = ("storage_options",)  # values never echoed in a message: they may hold credentials
 DATASET_REQUIRED = ("name", "path")
 
 # table -> key -> accepted TOML types; keys are the keyword arguments of the
@@ -71,8 +73,9 @@ OPTION_TYPES: dict[str, tuple[type, ...]] = {o.name: o.toml for o in OPTIONS.val
 TOP_LEVEL = ("datasets", "mixture", *TABLES, "options")
 SCHEDULE_KEYS = ("step", "chunk", "weights")  # one [[mixture.schedule]] table: a start and the weights
 
-_TYPE_NAMES = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
-_EXAMPLES = {int: "8", float: "0.5", bool: "true", str: '"..."'}
+_TYPE_NAMES = {int: "an integer", float: "a number", bool: "true or false", str: "a string",
+               dict: "an inline table"}
+_EXAMPLES = {int: "8", float: "0.5", bool: "true", str: '"..."', dict: '{ endpoint_url = "..." }'}
 
 
 @dataclass(frozen=True)
@@ -84,10 +87,13 @@ class DatasetEntry:
     format: str | None = None
     text_field: str | None = None
     weight: int | float | None = None
+    storage_options: dict[str, Any] | None = field(default=None, repr=False)  # may hold credentials
 
     def open(self):
         """The :class:`~zephon_dask.data.Dataset` (does the I/O of indexing its files)."""
         kwargs: dict[str, Any] = {} if self.text_field is None else {"text_field": self.text_field}
+        if self.storage_options is not None:
+            kwargs["storage_options"] = self.storage_options
         if self.format is None:
             return Dataset.from_path(self.name, self.path, **kwargs)
         constructor = format_reader(self.format).constructor
@@ -203,8 +209,9 @@ def _check_type(file: str, where: str, key: str, value: Any, types: tuple[type, 
     ok = isinstance(value, types) and (bool in types or not isinstance(value, bool))
     if not ok:
         expected = " or ".join(_TYPE_NAMES[t] for t in types)
+        shown = f"(a {type(value).__name__})" if key in SECRET_KEYS else repr(value)
         raise RecipeTypeError(
-            f"{file}: {where} {key} = {value!r} must be {expected}; "
+            f"{file}: {where} {key} = {shown} must be {expected}; "
             f"write e.g. {key} = {_EXAMPLES[types[-1]]}"
         )
 
@@ -277,7 +284,8 @@ def _datasets(file: str, base: str, value: Any) -> tuple[DatasetEntry, ...]:
                 "give each dataset a unique name"
             )
         path = _existing_path(file, base, where, "path", table["path"])
-        entries.append(DatasetEntry(table["name"], path, fmt, table.get("text_field"), table.get("weight")))
+        entries.append(DatasetEntry(table["name"], path, fmt, table.get("text_field"), table.get("weight"),
+                                    table.get("storage_options")))
     weighted = [e.weight is not None for e in entries]
     if any(weighted) and not all(weighted):
         missing = [e.name for e in entries if e.weight is None]

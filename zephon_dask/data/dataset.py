@@ -38,7 +38,16 @@ from ..errors import (
 from . import formats, hf, integrity, mds, records, tokens
 from .index import build_index
 from .parquet import is_text_type
-from .paths import FileInfo, Listing, filesystem, has_glob, list_files, match_data_files, to_url
+from .paths import (
+    FileInfo,
+    Listing,
+    filesystem,
+    has_glob,
+    list_files,
+    match_data_files,
+    storage_errors,
+    to_url,
+)
 from .reader import Reader
 from .shard import Shard
 
@@ -290,8 +299,12 @@ class Dataset:
                 f"dataset {self.name!r} shard {sh.shard_id!r} has {sh.num_samples} samples; "
                 f"offset {int(bad[0])} is out of range"
             )
-        integrity.verify(sh, self.storage_options, self.name)
-        return self.reader.read(self, idx, off)
+        if sh.path is None or "://" not in sh.path:
+            integrity.verify(sh, self.storage_options, self.name)
+            return self.reader.read(self, idx, off)
+        with storage_errors(sh.path):
+            integrity.verify(sh, self.storage_options, self.name)
+            return self.reader.read(self, idx, off)
 
     # --------------------------------------------------------- constructors
     @classmethod

@@ -103,7 +103,7 @@ class _Layout:
 def _scan_any(fs: AbstractFileSystem, name: str, url: str) -> tuple[_Layout, int]:
     """``(layout, file size)`` of a plain or compressed JSONL file (sniffed by magic bytes)."""
     try:
-        kind = compressed.codec(fs.cat_file(name, 0, 8), url)
+        kind = compressed.codec(fs.cat_file(name, start=0, end=8), url)
         if kind is None:
             spans, size = scan(fs, name)
             return _Layout(spans, None), size
