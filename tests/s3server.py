@@ -64,7 +64,7 @@ class S3Server:
     def set_auth(self, free_requests: float) -> None:
         """Check credentials (moto's IAM) after ``free_requests`` more requests; ``inf``: never."""
         req = urllib.request.Request(f"{self.url}/moto-api/reset-auth", data=str(free_requests).encode(),
-                                     method="POST")
+                                     headers={"Content-Type": "text/plain"}, method="POST")
         urllib.request.urlopen(req, timeout=10).read()
 
     def stop(self) -> None:

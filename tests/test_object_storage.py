@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -16,11 +17,12 @@ import pytest
 import zstandard
 from oracles import batch_rows
 from pipelines import write_corpus
-from s3server import SECRET, S3Server
+from s3server import KEY, SECRET, FaultProxy, S3Server
 from test_formats_mds import own_write, samples
 
 import zephon_dask as z
-from zephon_dask.data import Dataset, write_token_store
+from zephon_dask.data import Dataset, arrow, compressed, jsonl, mds, tokens, write_token_store
+from zephon_dask.errors import DatasetNotFoundError, StorageAccessError, StorageError
 
 pytest.importorskip("s3fs")
 pytest.importorskip("moto")
@@ -66,14 +68,14 @@ def write_formats(root) -> dict[str, str]:
             "hf": "hf", "mds": "mds", "mdsz": "mdsz", "tok": "tok"}
 
 
-def records(ds: Dataset, seed: int = 0) -> list:
-    """Every record, read in shuffled chunks of up to 7 offsets (arrays made lists)."""
+def records(ds: Dataset, seed: int = 0, chunk: int = 7) -> list:
+    """Every record, read in shuffled chunks of up to ``chunk`` offsets (arrays made lists)."""
     rng = np.random.default_rng(seed)
     out = []
     for i, n in enumerate(ds.shard_sizes):
         order = rng.permutation(n)
-        for lo in range(0, n, 7):
-            for r in ds.read(i, order[lo : lo + 7]):
+        for lo in range(0, n, chunk):
+            for r in ds.read(i, order[lo : lo + chunk]):
                 out.append({k: (v.dtype.str, v.tolist()) if isinstance(v, np.ndarray) else v
                             for k, v in r.items()})
     return out
@@ -209,3 +211,105 @@ head_start = false
     seen = proc.stdout + proc.stderr + (tmp_path / "ck.json").read_text()
     seen += "".join(p.read_text() for p in ledger.iterdir())
     assert SECRET not in seen
+
+
+def forget() -> None:
+    """Empty every per-process read cache, as in a fresh worker: reads go to the store again."""
+    for memo in (jsonl.SPANS, compressed.SEGMENTS, arrow.TABLES, mds.OFFSETS, mds.DECODED, tokens.OPENED):
+        memo.clear()
+
+
+@pytest.mark.slow
+def test_faults_of_the_store_are_retried_and_change_no_record(s3, bucket, tmp_path):
+    """Through a proxy answering 503 SlowDown, resetting connections mid-body and delaying
+    responses, every format reads what the local files hold; a store that never stops
+    throttling is a StorageError naming the URL, after the retries."""
+    local, paths = bucket
+    with FaultProxy(s3.url, slowdown=0.1, reset=0.1, delay=0.05, delay_s=0.1, seed=1) as proxy:
+        opts = s3.options(endpoint=proxy.url)
+        for name in ("gz", "pq", "hf", "mds", "tok"):
+            rel = paths[name]
+            forget()
+            here = Dataset.from_path(name, str(local / rel), progress=False)
+            there = Dataset.from_path(name, f"s3://formats/{rel}", storage_options=opts, progress=False,
+                                      cache_dir=tmp_path / "index")
+            assert records(there, chunk=40) == records(here, chunk=40), name
+        assert proxy.faults["slowdown"] > 0 and proxy.faults["reset"] > 0 and proxy.faults["delay"] > 0
+    with FaultProxy(s3.url, slowdown=1.0) as proxy:
+        opts = s3.options(endpoint=proxy.url, config_kwargs={"retries": {"max_attempts": 2}})
+        with pytest.raises(StorageError, match="s3://formats/plain/a.jsonl.*reduce your request rate") as e:
+            Dataset.from_jsonl("p", "s3://formats/plain/a.jsonl", storage_options=opts, progress=False)
+        assert SECRET not in str(e.value)
+
+
+def test_missing_or_refused_data_is_a_typed_error_at_construction(s3, bucket):
+    import boto3
+
+    opts = s3.options()
+    with pytest.raises(DatasetNotFoundError, match="bucket 'no-such-bucket' does not exist"):
+        Dataset.from_jsonl("x", "s3://no-such-bucket/a.jsonl", storage_options=opts, progress=False)
+    with pytest.raises(DatasetNotFoundError, match="s3://formats/plain/nope.jsonl"):
+        Dataset.from_jsonl("x", "s3://formats/plain/nope.jsonl", storage_options=opts, progress=False)
+    fs = s3.filesystem()
+    fs.mkdir("private")
+    fs.pipe("private/a.jsonl", b'{"text": "no"}\n')
+    iam = boto3.client("iam", endpoint_url=s3.url, region_name="us-east-1", aws_access_key_id=KEY,
+                       aws_secret_access_key=SECRET)
+    iam.create_user(UserName="reader")
+    made = iam.create_access_key(UserName="reader")["AccessKey"]
+    allow = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "s3:*", "Resource": [
+        "arn:aws:s3:::formats", "arn:aws:s3:::formats/*"]}]}
+    iam.put_user_policy(UserName="reader", PolicyName="formats", PolicyDocument=json.dumps(allow))
+    reader = {"key": made["AccessKeyId"], "secret": made["SecretAccessKey"], "endpoint_url": s3.url}
+    s3.set_auth(0)  # from now on moto checks signatures and policies
+    try:
+        assert len(Dataset.from_jsonl("ok", "s3://formats/plain/a.jsonl", storage_options=reader,
+                                      progress=False)) == 170
+        cases = {
+            "denied": ("s3://private/a.jsonl", reader, "Access Denied"),
+            "wrong secret": ("s3://formats/plain/a.jsonl", {**reader, "secret": SECRET}, "signature"),
+            "unknown key": ("s3://formats/plain/a.jsonl", {**reader, "key": "AKIANOSUCHKEY"}, "Key Id"),
+        }
+        for what, (url, options, says) in cases.items():
+            with pytest.raises(StorageAccessError, match=says) as e:
+                Dataset.from_jsonl("x", url, storage_options=options, progress=False)
+            assert url in str(e.value) and "credentials" in str(e.value), what
+            assert SECRET not in str(e.value) and made["SecretAccessKey"] not in str(e.value), what
+            assert isinstance(e.value, PermissionError)
+    finally:
+        s3.set_auth(float("inf"))
+
+
+def test_credentials_never_leave_the_storage_options(s3, bucket, tmp_path, caplog):
+    """The secret in storage_options is in no fingerprint, state, ledger line, log line, explain(),
+    repr, notebook view, stats or error message; the fingerprint is the local files' one."""
+    local, _ = bucket
+    opts = s3.options()
+
+    def pipeline(where, **so):
+        web = Dataset.from_path("web", f"{where}/plain", progress=False, **so)
+        code = Dataset.from_path("code", f"{where}/pq", progress=False, **so)
+        return _pipeline(web, code, runner="synchronous", ledger=str(tmp_path / "ledger"))
+
+    caplog.set_level(logging.DEBUG, logger="zephon_dask")
+    remote = pipeline("s3://formats", storage_options=opts)
+    assert remote.fingerprint() == pipeline(str(local)).fingerprint()
+    with remote:
+        for _, _b in zip(range(4), remote):
+            pass
+        seen = [json.dumps(remote.state_dict()), str(remote.explain()), repr(remote), str(remote.stats()),
+                remote.fingerprint()]
+    ds = remote.work_source.datasets[0]
+    seen += [repr(ds), ds._repr_html_(), ds.chosen_files(), json.dumps(ds.identity()), caplog.text]
+    seen += [p.read_text() for p in (tmp_path / "ledger").iterdir()]
+    fs = s3.filesystem()
+    fs.pipe("formats/plain/a.jsonl", fs.cat_file("formats/plain/a.jsonl") + b"\n")
+    forget()
+    with pytest.raises(z.DataChangedError) as e:
+        ds.read(0, [0])
+    seen.append(str(e.value))
+    with pytest.raises(DatasetNotFoundError) as e2:
+        Dataset.from_path("gone", "s3://formats/plain/none.jsonl", storage_options=opts, progress=False)
+    seen.append(str(e2.value))
+    assert all(SECRET not in text for text in seen)
+    assert all(s3.url not in text for text in seen[:-2])  # nor the endpoint
