@@ -348,7 +348,7 @@ class Dataset:
                 )
         shards = tuple(
             Shard(f.rel, f.url, e["num_samples"], e["size"], f.mtime, e["mtime_ns"], e["etag"],
-                  e["fingerprint"])
+                  e["fingerprint"], tuple(e["parts"]) if e.get("parts") else None)
             for f, e in zip(files, index.entries, strict=True)
         )
         return cls(
