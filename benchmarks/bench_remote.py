@@ -11,8 +11,10 @@ in every format into a bucket, and reports:
   response body bytes that passed the proxy, over the bytes those records take in
   the object (object size x records read / records in it). ``index`` is what
   building the Dataset fetched (once per run, on the machine that builds it),
-  ``first read`` what the first chunk of a fresh process fetched (the JSONL line
-  scan reads the object once per process), ``per chunk`` the later chunks.
+  ``first read`` what the first chunk of a fresh process on that node fetched,
+  ``other node`` the same on a node without the cache directory (a plain JSONL
+  object's line spans are kept there at indexing; elsewhere each process scans
+  the object once), ``per chunk`` the later chunks.
 * **tokens/s** of a pipeline (bytes tokenizer, packing, batches; in-process
   ``synchronous`` runner, so the time is the reading) over the JSONL corpus on
   local disk and in the bucket: cold (fresh process caches) and warm (the same
@@ -28,6 +30,8 @@ Nothing asserts a time. ``--quick`` uses 20,000 documents.
 from __future__ import annotations
 
 import argparse
+import os
+import shutil
 import sys
 import tempfile
 import time
@@ -42,6 +46,7 @@ from s3server import FaultProxy, S3Server  # noqa: E402
 
 import zephon_dask as z  # noqa: E402
 from zephon_dask.data import Dataset, arrow, compressed, jsonl, mds, tokens, write_token_store  # noqa: E402
+from zephon_dask.data.index import CACHE_ENV  # noqa: E402
 
 
 def clear() -> None:
@@ -66,24 +71,28 @@ def bytes_table(server: S3Server, proxy: FaultProxy, paths: dict[str, str], chun
     opts = server.options(endpoint=proxy.url)
     print(f"bytes fetched per byte of records used ({reads} reads of {chunk} consecutive records, "
           "fresh process)")
-    print(f"{'format':<12} {'object MiB':>10} {'index MiB':>10} {'first read':>11} {'per chunk':>10}")
+    print(f"{'format':<12} {'object MiB':>10} {'index MiB':>10} {'first read':>11} {'other node':>11} "
+          f"{'per chunk':>10}")
     rng = np.random.default_rng(0)
     for label, url in paths.items():
         clear()
-        with tempfile.TemporaryDirectory() as cache:
-            index_b, ds = fetched(proxy, lambda u=url, c=cache: Dataset.from_path(
-                "b", u, storage_options=opts, progress=False, cache_dir=c))
+        shutil.rmtree(os.path.join(os.environ[CACHE_ENV], "index"), ignore_errors=True)
+        index_b, ds = fetched(proxy, lambda u=url: Dataset.from_path("b", u, storage_options=opts,
+                                                                      progress=False))
         clear()
         n = ds.num_samples
         size = object_size(fs, url)
         per_record = size / n
         starts = rng.integers(0, n - chunk, size=reads)
         first_b, _ = fetched(proxy, lambda d=ds, s=starts: d.read(0, np.arange(s[0], s[0] + chunk)))
+        clear()
+        shutil.rmtree(os.path.join(os.environ[CACHE_ENV], "spans"), ignore_errors=True)
+        other_b, _ = fetched(proxy, lambda d=ds, s=starts: d.read(0, np.arange(s[0], s[0] + chunk)))
         rest_b, _ = fetched(proxy, lambda d=ds, s=starts: [d.read(0, np.arange(a, a + chunk))
                                                            for a in s[1:]])
         used = per_record * chunk
         print(f"{label:<12} {size / 2**20:>10.1f} {index_b / 2**20:>10.1f} {first_b / used:>10.1f}x "
-              f"{rest_b / (used * (reads - 1)):>9.2f}x")
+              f"{other_b / used:>10.1f}x {rest_b / (used * (reads - 1)):>9.2f}x")
 
 
 def pipeline(ds: Dataset):
@@ -114,12 +123,13 @@ def tokens_table(server: S3Server, local: str, steps: int) -> None:
         with FaultProxy(server.url, slowdown=share / 2, reset=share / 2, seed=2) as proxy:
             opts = server.options(endpoint=proxy.url)
             clear()
-            with tempfile.TemporaryDirectory() as cache:
-                ds = Dataset.from_jsonl("web", "s3://bench/jsonl/a.jsonl", storage_options=opts,
-                                        progress=False, cache_dir=cache)
-                proxy.reset_counts()
-                s, n, got = stream(pipeline(ds), steps)
-                s2, _, got2 = stream(pipeline(ds), steps)
+            shutil.rmtree(os.path.join(os.environ[CACHE_ENV], "index"), ignore_errors=True)
+            ds = Dataset.from_jsonl("web", "s3://bench/jsonl/a.jsonl", storage_options=opts,
+                                    progress=False)
+            clear()
+            proxy.reset_counts()
+            s, n, got = stream(pipeline(ds), steps)
+            s2, _, got2 = stream(pipeline(ds), steps)
             assert got == want and got2 == want, "batches differ from the local ones"
             label = f"S3, {share:.0%} of requests failed"
             print(f"{label:<30} {n / s:>11,.0f} {n / s2:>11,.0f} {proxy.requests:>9} "
@@ -135,7 +145,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=200)
     args = ap.parse_args()
     docs = documents(20_000 if args.quick else args.docs)
-    with tempfile.TemporaryDirectory() as tmp, S3Server() as server, FaultProxy(server.url) as proxy:
+    with tempfile.TemporaryDirectory() as tmp, tempfile.TemporaryDirectory() as ours, S3Server() as server, FaultProxy(server.url) as proxy:
+        os.environ[CACHE_ENV] = ours  # the node's cache directory (index, kept line spans)
         root = Path(tmp)
         written = write_all(root, docs)
         rng = np.random.default_rng(1)

@@ -313,3 +313,18 @@ def test_credentials_never_leave_the_storage_options(s3, bucket, tmp_path, caplo
     seen.append(str(e2.value))
     assert all(SECRET not in text for text in seen)
     assert all(s3.url not in text for text in seen[:-2])  # nor the endpoint
+
+
+def test_a_fresh_process_fetches_byte_ranges_not_whole_objects(s3, bucket, tmp_path):
+    """A worker's first read of a plain JSONL object (its line spans kept on the node at indexing)
+    or a raw MDS shard fetches the records' ranges, not the object."""
+    fs = s3.filesystem()
+    with FaultProxy(s3.url) as proxy:
+        opts = s3.options(endpoint=proxy.url)
+        for url, offsets in (("s3://formats/plain/a.jsonl", [150, 151]), ("s3://formats/mds", [10, 11])):
+            ds = Dataset.from_path("r", url, storage_options=opts, progress=False, cache_dir=tmp_path)
+            shard = ds.shards[1 if "mds" in url else 0]
+            forget()  # a fresh worker on this node
+            proxy.reset_counts()
+            ds.read(1 if "mds" in url else 0, offsets)
+            assert 0 < proxy.body_bytes < fs.size(shard.path.removeprefix("s3://")) / 4, url

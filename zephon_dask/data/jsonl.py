@@ -16,11 +16,21 @@ checkpoints; indexing fills it, and any other process rescans on its first
 read. A rescan that disagrees with the indexed size or count raises
 DataChangedError (the file changed since it was indexed; ``Dataset.read`` checks
 the file's signature before, see :mod:`zephon_dask.data.integrity`).
+
+A plain file in an object store would be fetched whole by that rescan in every
+process: indexing also writes its spans to our cache directory
+(``spans/<hh>/<sha256 of URL, size and ETag>.npy``, atomically), and a process
+missing them in :data:`SPANS` loads that file when its node has it (the
+processes of the node that built the Dataset: its Dask workers), so its reads
+fetch only byte ranges. Best effort: without the file, the object is scanned.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
+import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -30,9 +40,10 @@ from fsspec import AbstractFileSystem
 
 from ..errors import DataFormatError, DatasetNotFoundError, MissingFieldError
 from . import compressed
+from .index import cache_dir
 from .integrity import changed
 from .memo import ByteLRU
-from .paths import FileInfo, filesystem
+from .paths import FileInfo, filesystem, is_local
 from .reader import Reader
 from .shard import Shard
 
@@ -115,11 +126,51 @@ def _scan_any(fs: AbstractFileSystem, name: str, url: str) -> tuple[_Layout, int
     return _Layout(spans, found[0]), size
 
 
+def spans_file(url: str, size: int, etag: str) -> str:
+    """Where the node keeps the spans of the object ``url`` of this size and ETag."""
+    digest = hashlib.sha256(f"{url}\0{size}\0{etag}".encode()).hexdigest()
+    return os.path.join(cache_dir(), "spans", digest[:2], f"{digest}.npy")
+
+
+def _keep_spans(url: str, size: int, etag: str, spans: np.ndarray) -> None:
+    target = spans_file(url, size, etag)
+    tmp = f"{target}.tmp-{uuid.uuid4().hex}"
+    try:
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        with open(tmp, "wb") as fh:
+            np.save(fh, spans, allow_pickle=False)
+        os.replace(tmp, target)
+    except OSError:  # best effort: the object is scanned instead
+        try:
+            os.remove(tmp)
+        except OSError:
+            pass
+
+
+def _kept_spans(shard: Shard) -> np.ndarray | None:
+    """The spans the node kept for ``shard``'s object, if they fit its index; else ``None``."""
+    if shard.etag is None or shard.size_bytes is None:
+        return None
+    try:
+        spans = np.load(spans_file(str(shard.path), shard.size_bytes, shard.etag), allow_pickle=False)
+    except (OSError, ValueError):
+        return None
+    ok = (
+        spans.dtype == np.int64 and spans.shape == (shard.num_samples, 2)
+        and (spans.size == 0 or (int(spans[0, 0]) >= 0 and int(spans[-1, 1]) <= shard.size_bytes))
+        and bool(np.all(spans[:, 1] >= spans[:, 0])) and bool(np.all(spans[1:, 0] >= spans[:-1, 1]))
+    )
+    return spans if ok else None
+
+
 def inspect(fs: AbstractFileSystem, f: FileInfo) -> dict[str, Any]:
-    """Index entry extras for one file; also primes :data:`SPANS` for this process."""
+    """Index entry extras for one file; also primes :data:`SPANS` for this process (and, for a
+    plain file in an object store, the node's spans file)."""
     layout, size = _scan_any(fs, f.name, f.url)
     if size == f.size:
         SPANS.put((f.url, f.size, f.mtime), layout, layout.nbytes)
+        if layout.checkpoints is None and f.etag is not None and not is_local(fs):
+            _keep_spans(f.url, f.size, f.etag, layout.spans)
     extra: dict[str, Any] = {"num_samples": int(layout.spans.shape[0])}
     if layout.checkpoints is not None:
         extra["codec"] = layout.checkpoints.codec
@@ -129,6 +180,11 @@ def inspect(fs: AbstractFileSystem, f: FileInfo) -> dict[str, Any]:
 def _layout(fs: AbstractFileSystem, name: str, shard: Shard) -> _Layout:
     key = (shard.path, shard.size_bytes, shard.mtime)
     layout = SPANS.get(key)
+    if layout is None and not is_local(fs):
+        kept = _kept_spans(shard)
+        if kept is not None:
+            layout = _Layout(kept, None)
+            SPANS.put(key, layout, layout.nbytes)
     if layout is None:
         layout, size = _scan_any(fs, name, str(shard.path))
         if size != shard.size_bytes or layout.spans.shape[0] != shard.num_samples:
