@@ -18,6 +18,7 @@ import zstandard
 from oracles import batch_rows
 from pipelines import write_corpus
 from s3server import KEY, SECRET, FaultProxy, S3Server
+from test_faults_cluster import dask_cluster
 from test_formats_mds import own_write, samples
 
 import zephon_dask as z
@@ -170,6 +171,8 @@ def test_cluster_workers_read_the_bucket_and_prepared_tokens_round_trip(s3, tmp_
 
 @pytest.mark.slow
 def test_recipe_with_s3_paths_runs_through_the_cli(s3, tmp_path):
+    """`zephon-dask run` on the embedded cluster streams a recipe whose dataset is in a bucket;
+    the secret in its storage_options is in no output, ledger line or checkpoint."""
     write_corpus(tmp_path / "web", 2, 30, 4, "web")
     fs = s3.filesystem()
     fs.mkdir("recipe")
@@ -179,7 +182,7 @@ def test_recipe_with_s3_paths_runs_through_the_cli(s3, tmp_path):
 [[datasets]]
 name = "web"
 path = "s3://recipe/web/"
-storage_options = {{ endpoint_url = "{s3.url}" }}
+storage_options = {{ endpoint_url = "{s3.url}", key = "{KEY}", secret = "{SECRET}" }}
 
 [source]
 chunk_size = 8
@@ -200,17 +203,26 @@ flush_every_k_chunks = 2
 n_workers = 1
 head_start = false
 """)
-    env = {**os.environ, "AWS_ACCESS_KEY_ID": "zephon-test-key-id", "AWS_SECRET_ACCESS_KEY": SECRET}
-    ledger = tmp_path / "ledger"
-    proc = subprocess.run(
-        [sys.executable, "-m", "zephon_dask.cli", "run", str(recipe), "--steps", "3",
-         "--ledger", str(ledger), "--checkpoint", str(tmp_path / "ck.json")],
-        env=env, capture_output=True, text=True, timeout=300,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    seen = proc.stdout + proc.stderr + (tmp_path / "ck.json").read_text()
-    seen += "".join(p.read_text() for p in ledger.iterdir())
-    assert SECRET not in seen
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+
+    def run(out, *extra):
+        proc = subprocess.run(
+            [sys.executable, "-m", "zephon_dask.cli", "run", str(recipe), "--steps", "3",
+             "--ledger", str(out / "ledger"), "--checkpoint", str(out / "ck.json"), *extra],
+            env=env, capture_output=True, text=True, timeout=300,
+        )
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        ledger = "".join(p.read_text() for p in sorted((out / "ledger").iterdir()))
+        seen = proc.stdout + proc.stderr + (out / "ck.json").read_text() + ledger
+        assert SECRET not in seen
+        return sorted(json.dumps({k: r[k] for k in ("lane", "index_in_lane", "sha256")})
+                      for r in map(json.loads, ledger.splitlines()))
+
+    (tmp_path / "embedded").mkdir()
+    (tmp_path / "address").mkdir()
+    embedded = run(tmp_path / "embedded")
+    with dask_cluster(tmp_path, 1) as (address, _, _):  # a `dask scheduler` and a `dask worker`
+        assert run(tmp_path / "address", "--address", address) == embedded
 
 
 def forget() -> None:

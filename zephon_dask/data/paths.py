@@ -57,14 +57,16 @@ def has_glob(path: str) -> bool:
 
 
 # An S3 filesystem's retries and timeouts unless storage_options set them: botocore's "standard"
-# retry mode (exponential backoff with jitter, at most 20 s a wait) retries throttling (503
-# SlowDown), 5xx and connection errors; s3fs retries a body cut short (5 tries, 0.1 s to 0.8 s
-# apart). A request that gets no byte for read_timeout seconds counts as failed.
+# retry mode (exponential backoff with jitter: up to 1, 2, 4, 8 s) retries throttling (503
+# SlowDown), 5xx, resets and timeouts; s3fs tries a call 5 times in all on a body cut short, a
+# timeout or SlowDown (0.1 s to 0.5 s apart). A request that gets no byte for read_timeout
+# seconds has failed. The deadline of one call is thus 5 x 5 x (5 + 15) s plus the waits when
+# every attempt times out (about 9 minutes), under 80 s when the store answers errors at once.
 S3_DEFAULTS: dict[str, Any] = {
     "config_kwargs": {
-        "retries": {"max_attempts": 6, "mode": "standard"},
+        "retries": {"max_attempts": 5, "mode": "standard"},
         "connect_timeout": 5,
-        "read_timeout": 20,
+        "read_timeout": 15,
     },
 }
 _S3_PROTOCOLS = ("s3", "s3a")
