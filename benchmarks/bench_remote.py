@@ -19,8 +19,10 @@ in every format into a bucket, and reports:
   ``synchronous`` runner, so the time is the reading) over the JSONL corpus on
   local disk and in the bucket: cold (fresh process caches) and warm (the same
   pipeline streamed again), and through the proxy failing 1% and 10% of the
-  requests (half answered 503 SlowDown, half reset mid-body); batches are checked
-  equal to the local ones.
+  requests (half answered 503 SlowDown, half reset mid-body), and with the node
+  cache (``storage_options["node_cache"]``: the first pass fetches the object
+  once, the second reads the node's copy; process caches emptied between);
+  batches are checked equal to the local ones.
 
 Nothing asserts a time. ``--quick`` uses 20,000 documents.
 
@@ -134,6 +136,17 @@ def tokens_table(server: S3Server, local: str, steps: int) -> None:
             label = f"S3, {share:.0%} of requests failed"
             print(f"{label:<30} {n / s:>11,.0f} {n / s2:>11,.0f} {proxy.requests:>9} "
                   f"{sum(proxy.faults.values()):>7}")
+    with FaultProxy(server.url) as proxy, tempfile.TemporaryDirectory() as node:
+        opts = server.options(endpoint=proxy.url, node_cache={"dir": node, "max_bytes": 1 << 34})
+        ds = Dataset.from_jsonl("web", "s3://bench/jsonl/a.jsonl", storage_options=opts, progress=False)
+        clear()
+        proxy.reset_counts()
+        s, n, got = stream(pipeline(ds), steps)
+        clear()
+        s2, _, got2 = stream(pipeline(ds), steps)
+        assert got == want and got2 == want, "batches differ from the local ones"
+        print(f"{'S3, node cache (cold, warm)':<30} {n / s:>11,.0f} {n / s2:>11,.0f} {proxy.requests:>9} "
+              f"{0:>7}")
 
 
 def main() -> None:

@@ -340,3 +340,58 @@ def test_a_fresh_process_fetches_byte_ranges_not_whole_objects(s3, bucket, tmp_p
             proxy.reset_counts()
             ds.read(1 if "mds" in url else 0, offsets)
             assert 0 < proxy.body_bytes < fs.size(shard.path.removeprefix("s3://")) / 4, url
+
+
+def _read_everything(ds: Dataset) -> list:
+    forget()
+    return records(ds, chunk=50)
+
+
+def test_node_cache_fetches_once_per_node_checks_etags_and_evicts(s3, bucket, tmp_path):
+    """With storage_options' node_cache, a node fetches an object once (three processes reading it
+    at once: one fetch, the others wait for it), later reads fetch nothing, a rewritten object is
+    fetched again, and the least recently used objects go when the cache is over its limit."""
+    import multiprocessing
+
+    local, paths = bucket
+    fs = s3.filesystem()
+    fs.mkdir("cached")
+    fs.put(str(local / "pq") + "/", "cached/pq/", recursive=True)
+    fs.put(str(local / "hf") + "/", "cached/hf/", recursive=True)
+    size = sum(fs.du("cached/pq", total=False).values())
+    objects = tmp_path / "node" / "objects"
+    with FaultProxy(s3.url) as proxy:
+        opts = s3.options(endpoint=proxy.url, node_cache={"dir": str(tmp_path / "node"), "max_bytes": 10**9})
+        ds = Dataset.from_path("pq", "s3://cached/pq", storage_options=opts, progress=False)
+        want = records(Dataset.from_path("pq", str(local / "pq"), progress=False), chunk=50)
+        proxy.reset_counts()
+        with multiprocessing.get_context("spawn").Pool(3) as pool:
+            got = pool.map(_read_everything, [ds] * 3, chunksize=1)
+        assert got == [want] * 3
+        assert proxy.body_bytes == size  # each object fetched once for the node, by one process
+        proxy.reset_counts()
+        assert _read_everything(ds) == want and proxy.body_bytes == 0
+        assert sorted(p.stat().st_size for p in objects.rglob("*") if p.is_file()) == sorted(
+            fs.du("cached/pq", total=False).values())
+
+        old = fs.cat_file("cached/pq/p0.parquet")
+        fs.pipe("cached/pq/p0.parquet", fs.cat_file("formats/pq/p1.parquet"))  # new ETag
+        with pytest.raises(z.DataChangedError):
+            ds.read(0, [0])  # the index is checked first: the cached copy is never served
+        again = Dataset.from_path("pq", "s3://cached/pq", storage_options=opts, progress=False)
+        proxy.reset_counts()
+        assert again.read(0, [0]) == Dataset.from_path(
+            "p", str(local / "pq" / "p1.parquet"), progress=False).read(0, [0])
+        assert proxy.body_bytes == len(fs.cat_file("cached/pq/p0.parquet"))  # fetched again
+        fs.pipe("cached/pq/p0.parquet", old)
+
+        small = {**opts, "node_cache": {"dir": str(tmp_path / "node"), "max_bytes": 1}}
+        hf = Dataset.from_path("hf", "s3://cached/hf", storage_options=small, progress=False)
+        for i in range(hf.num_shards):
+            hf.read(i, [0])
+        kept = [p for p in objects.rglob("*") if p.is_file()]
+        assert len(kept) == 1  # only the last object read: the rest went, least recently used first
+        assert kept[0].stat().st_size == hf.shards[-1].size_bytes
+    with pytest.raises(z.ConfigError, match="node_cache"):
+        Dataset.from_path("x", "s3://cached/pq", storage_options={**opts, "node_cache": {"dir": "x"}},
+                          progress=False)
