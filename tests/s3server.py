@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import http.client
 import random
+import signal
 import socket
 import struct
 import subprocess
@@ -23,6 +24,15 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 KEY = "zephon-test-key-id"
 SECRET = "zephon-TEST-secret-0123456789abcdef"  # a dummy: grepped for in every output
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: a SIGTERM when the process that started it dies (Linux), so a
+    killed test run leaves no server behind."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 def free_port() -> int:
@@ -39,7 +49,7 @@ class S3Server:
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=_die_with_parent,
         )
         end = time.monotonic() + deadline
         while True:
