@@ -34,6 +34,16 @@ class DatasetNotFoundError(ZephonError, FileNotFoundError):
     """A dataset path, glob or tokenizer file does not exist."""
 
 
+class StorageError(ZephonError, OSError):
+    """An object store (``s3://``, ...) could not serve a request: unreachable, or still failing
+    (throttled, 5xx, connections reset, timeouts) once the retries and their deadline are spent."""
+
+
+class StorageAccessError(StorageError, PermissionError):
+    """An object store refused the request: unknown or wrong credentials, or no permission on the
+    bucket or object."""
+
+
 class EmptyDatasetError(ZephonError, ValueError):
     """A dataset has no samples."""
 

@@ -61,6 +61,7 @@ _INT, _BOOL, _STR = (int,), (bool,), (str,)
 _NUMBER = (int, float)
 _TABLE = (dict,)
 
+SECRET_KEYS = ("storage_options",)  # values never echoed in a message: they may hold credentials
 
 class _Required:
     def __repr__(self) -> str:
@@ -121,6 +122,10 @@ DATASETS = Table("[[datasets]]", "one table per dataset, at least one",
         "the dataset's share of samples (of tokens with `[source]` `weight_by = \"tokens\"`), "
         "relative to the others; set in every `[[datasets]]` table or in none, and not with "
         "`[[mixture.schedule]]`", (), "shares proportional to the sample counts"),
+    Key("storage_options", _TABLE, None, "options of the path's filesystem (fsspec), e.g. `{ endpoint_url "
+        "= \"...\" }` for an S3 server; keys and secrets are better left to the environment (see "
+        "[object storage](object-storage.md)); never shown in a message, repr or state",
+        (), "none"),
 ))
 SOURCE = Table("[source]", "how the datasets are ordered, mixed and cut into chunks",
                "`MixtureWorkSource(datasets, weights, **source)`", (
@@ -211,7 +216,7 @@ TOP_LEVEL = ("datasets", "mixture", *TABLES, "options")
 
 _TYPE_NAMES = {int: "an integer", float: "a number", bool: "true or false", str: "a string",
                dict: "an inline table"}
-_EXAMPLES = {int: "8", float: "0.5", bool: "true", str: '"..."', dict: "{ name = 1 }"}
+_EXAMPLES = {int: "8", float: "0.5", bool: "true", str: '"..."', dict: '{ key = "..." }'}
 
 
 # -- the reference ------------------------------------------------------------------------
@@ -258,10 +263,13 @@ class DatasetEntry:
     format: str | None = None
     text_field: str | None = None
     weight: int | float | None = None
+    storage_options: dict[str, Any] | None = field(default=None, repr=False)  # may hold credentials
 
     def open(self):
         """The :class:`~zephon_dask.data.Dataset` (does the I/O of indexing its files)."""
         kwargs: dict[str, Any] = {} if self.text_field is None else {"text_field": self.text_field}
+        if self.storage_options is not None:
+            kwargs["storage_options"] = self.storage_options
         if self.format is None:
             return Dataset.from_path(self.name, self.path, **kwargs)
         constructor = format_reader(self.format).constructor
@@ -410,8 +418,9 @@ def _check_type(file: str, where: str, key: str, value: Any, types: tuple[type, 
     ok = isinstance(value, types) and (bool in types or not isinstance(value, bool))
     if not ok:
         expected = " or ".join(_TYPE_NAMES[t] for t in types)
+        shown = f"(a {type(value).__name__})" if key in SECRET_KEYS else repr(value)
         raise RecipeTypeError(
-            f"{file}: {where} {key} = {value!r} must be {expected}; "
+            f"{file}: {where} {key} = {shown} must be {expected}; "
             f"write e.g. {key} = {_EXAMPLES[types[-1]]}"
         )
 
@@ -488,7 +497,8 @@ def _datasets(file: str, base: str, value: Any) -> tuple[DatasetEntry, ...]:
                 "give each dataset a unique name"
             )
         path = _existing_path(file, base, where, "path", table["path"])
-        entries.append(DatasetEntry(table["name"], path, fmt, table.get("text_field"), table.get("weight")))
+        entries.append(DatasetEntry(table["name"], path, fmt, table.get("text_field"), table.get("weight"),
+                                    table.get("storage_options")))
     weighted = [e.weight is not None for e in entries]
     if any(weighted) and not all(weighted):
         missing = [e.name for e in entries if e.weight is None]

@@ -193,7 +193,7 @@ def _segment(fs: AbstractFileSystem, name: str, url: str, cp: Checkpoints, k: in
     want = (int(cp.decompressed[k + 1]) if k + 1 < len(cp.states) else cp.size) - int(
         cp.decompressed[k]
     )
-    raw = fs.cat_file(name, lo, hi)
+    raw = fs.cat_file(name, start=lo, end=hi)
     dec = cp.states[k].copy() if cp.codec == "gzip" else _zstd_decoder()
     parts, data = [], raw
     try:

@@ -12,6 +12,7 @@ Empty shards (zero samples) are kept, with size 0, so shard indices always map
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import operator
 import os
@@ -37,7 +38,7 @@ from ..errors import (
 )
 from ..validate import did_you_mean
 from . import fields as record_fields
-from . import formats, hf, integrity, mds, records, tokens
+from . import formats, hf, integrity, mds, node_cache, records, tokens
 from .index import build_index
 from .parquet import is_text_type
 from .paths import (
@@ -48,6 +49,7 @@ from .paths import (
     is_local,
     list_files,
     match_data_files,
+    storage_errors,
     to_url,
 )
 from .reader import Reader
@@ -173,6 +175,7 @@ class Dataset:
     def __post_init__(self) -> None:
         _check_name(self.name)
         formats.get(self.format)
+        node_cache.settings(self.storage_options)
         if self.num_samples == 0:
             listed = [s.path or s.shard_id for s in self.shards[:5]]
             more = f" and {len(self.shards) - 5} more" if len(self.shards) > 5 else ""
@@ -304,8 +307,29 @@ class Dataset:
                 f"dataset {self.name!r} shard {sh.shard_id!r} has {sh.num_samples} samples; "
                 f"offset {int(bad[0])} is out of range"
             )
-        integrity.verify(sh, self.storage_options, self.name)
-        return self.reader.read(self, idx, off)
+        if sh.path is None or "://" not in sh.path:
+            integrity.verify(sh, self.storage_options, self.name)
+            return self.reader.read(self, idx, off)
+        with storage_errors(sh.path):
+            integrity.verify(sh, self.storage_options, self.name)
+            for _ in range(2):  # a second time if the node cache evicted the copy before it was read
+                local = node_cache.local_copy(sh, self.storage_options)
+                if local is None:
+                    return self.reader.read(self, idx, off)
+                try:
+                    return self.reader.read(self._with_local(idx, local), idx, off)
+                except FileNotFoundError:
+                    continue
+            raise DatasetNotFoundError(
+                f"dataset {self.name!r}: the node cache's copy of {sh.path!r} was evicted twice "
+                "before it was read; raise node_cache's max_bytes"
+            )
+
+    def _with_local(self, idx: int, local: str) -> Dataset:
+        """This dataset with shard ``idx`` read from the local file ``local`` (a node cache copy)."""
+        shard = dataclasses.replace(self.shards[idx], path=local)
+        return dataclasses.replace(self, shards=(*self.shards[:idx], shard, *self.shards[idx + 1 :]),
+                                   storage_options={})
 
     # --------------------------------------------------------- constructors
     @classmethod
@@ -359,7 +383,7 @@ class Dataset:
                 raise record_fields.missing(name, f"the first record of {first.url!r}", text_field, known)
         shards = tuple(
             Shard(f.rel, f.url, e["num_samples"], e["size"], f.mtime, e["mtime_ns"], e["etag"],
-                  e["fingerprint"])
+                  e["fingerprint"], tuple(e["parts"]) if e.get("parts") else None)
             for f, e in zip(files, index.entries, strict=True)
         )
         return cls(

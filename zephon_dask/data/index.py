@@ -10,7 +10,7 @@ directory's URL>.json``), keyed by file name::
                            "fingerprint": "9f2c...", "num_samples": 10}}}
 
 Format-specific extras ride along (parquet and Arrow store their ``columns`` and
-their ``types``). Each entry records the file's signature
+their ``types``; an Arrow file in an object store its message layout ``parts``). Each entry records the file's signature
 (:mod:`zephon_dask.data.integrity`: size, mtime, etag, and a content fingerprint
 for local files, taken afresh on every build) and is reused only when format and
 signature still match; otherwise the file is re-inspected (in a thread pool,

@@ -92,8 +92,12 @@ def of_file(fs: AbstractFileSystem, f: FileInfo) -> Signature:
 
 
 def current(fs: AbstractFileSystem, name: str) -> Signature:
-    """The signature of ``name`` now (a local file's fingerprint included)."""
-    return local(name) if is_local(fs) else from_info(fs.info(name))
+    """The signature of ``name`` now (a local file's fingerprint included; an object store is
+    asked afresh, not its filesystem's listing cache)."""
+    if is_local(fs):
+        return local(name)
+    fs.invalidate_cache(name)
+    return from_info(fs.info(name))
 
 
 def recorded(shard: Shard) -> Signature | None:

@@ -16,11 +16,21 @@ checkpoints; indexing fills it, and any other process rescans on its first
 read. A rescan that disagrees with the indexed size or count raises
 DataChangedError (the file changed since it was indexed; ``Dataset.read`` checks
 the file's signature before, see :mod:`zephon_dask.data.integrity`).
+
+A plain file in an object store would be fetched whole by that rescan in every
+process: indexing also writes its spans to our cache directory
+(``spans/<hh>/<sha256 of URL, size and ETag>.npy``, atomically), and a process
+missing them in :data:`SPANS` loads that file when its node has it (the
+processes of the node that built the Dataset: its Dask workers), so its reads
+fetch only byte ranges. Best effort: without the file, the object is scanned.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
+import uuid
 from collections.abc import Callable, Iterable
 from contextlib import closing
 from dataclasses import dataclass
@@ -31,9 +41,10 @@ from fsspec import AbstractFileSystem
 
 from ..errors import DataFormatError, DatasetNotFoundError
 from . import compressed, fields
+from .index import cache_dir
 from .integrity import changed
 from .memo import ByteLRU
-from .paths import FileInfo, filesystem
+from .paths import FileInfo, filesystem, is_local
 from .reader import Reader
 from .shard import Shard
 
@@ -104,7 +115,7 @@ class _Layout:
 def _scan_any(fs: AbstractFileSystem, name: str, url: str) -> tuple[_Layout, int]:
     """``(layout, file size)`` of a plain or compressed JSONL file (sniffed by magic bytes)."""
     try:
-        kind = compressed.codec(fs.cat_file(name, 0, 8), url)
+        kind = compressed.codec(fs.cat_file(name, start=0, end=8), url)
         if kind is None:
             spans, size = scan(fs, name)
             return _Layout(spans, None), size
@@ -116,11 +127,51 @@ def _scan_any(fs: AbstractFileSystem, name: str, url: str) -> tuple[_Layout, int
     return _Layout(spans, found[0]), size
 
 
+def spans_file(url: str, size: int, etag: str) -> str:
+    """Where the node keeps the spans of the object ``url`` of this size and ETag."""
+    digest = hashlib.sha256(f"{url}\0{size}\0{etag}".encode()).hexdigest()
+    return os.path.join(cache_dir(), "spans", digest[:2], f"{digest}.npy")
+
+
+def _keep_spans(url: str, size: int, etag: str, spans: np.ndarray) -> None:
+    target = spans_file(url, size, etag)
+    tmp = f"{target}.tmp-{uuid.uuid4().hex}"
+    try:
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        with open(tmp, "wb") as fh:
+            np.save(fh, spans, allow_pickle=False)
+        os.replace(tmp, target)
+    except OSError:  # best effort: the object is scanned instead
+        try:
+            os.remove(tmp)
+        except OSError:
+            pass
+
+
+def _kept_spans(shard: Shard) -> np.ndarray | None:
+    """The spans the node kept for ``shard``'s object, if they fit its index; else ``None``."""
+    if shard.etag is None or shard.size_bytes is None:
+        return None
+    try:
+        spans = np.load(spans_file(str(shard.path), shard.size_bytes, shard.etag), allow_pickle=False)
+    except (OSError, ValueError):
+        return None
+    ok = (
+        spans.dtype == np.int64 and spans.shape == (shard.num_samples, 2)
+        and (spans.size == 0 or (int(spans[0, 0]) >= 0 and int(spans[-1, 1]) <= shard.size_bytes))
+        and bool(np.all(spans[:, 1] >= spans[:, 0])) and bool(np.all(spans[1:, 0] >= spans[:-1, 1]))
+    )
+    return spans if ok else None
+
+
 def inspect(fs: AbstractFileSystem, f: FileInfo) -> dict[str, Any]:
-    """Index entry extras for one file; also primes :data:`SPANS` for this process."""
+    """Index entry extras for one file; also primes :data:`SPANS` for this process (and, for a
+    plain file in an object store, the node's spans file)."""
     layout, size = _scan_any(fs, f.name, f.url)
     if size == f.size:
         SPANS.put((f.url, f.size, f.mtime), layout, layout.nbytes)
+        if layout.checkpoints is None and f.etag is not None and not is_local(fs):
+            _keep_spans(f.url, f.size, f.etag, layout.spans)
     extra: dict[str, Any] = {"num_samples": int(layout.spans.shape[0])}
     if layout.checkpoints is not None:
         extra["codec"] = layout.checkpoints.codec
@@ -131,7 +182,7 @@ def first_fields(fs: AbstractFileSystem, f: FileInfo) -> list[str]:
     """The field names of the first record of a (non-empty) JSONL file, reading (and
     decompressing) only as far as its first non-blank line; DataFormatError if it is no JSON object."""
     try:
-        kind = compressed.codec(fs.cat_file(f.name, 0, 8), f.url)
+        kind = compressed.codec(fs.cat_file(f.name, start=0, end=8), f.url)
         if kind is None:
             with fs.open(f.name, "rb") as fh:
                 line, number = _first_line(_blocks(fh, 1 << 16))
@@ -159,6 +210,11 @@ def _first_line(blocks: Iterable[bytes]) -> tuple[bytes, int]:
 def _layout(fs: AbstractFileSystem, name: str, shard: Shard) -> _Layout:
     key = (shard.path, shard.size_bytes, shard.mtime)
     layout = SPANS.get(key)
+    if layout is None and not is_local(fs):
+        kept = _kept_spans(shard)
+        if kept is not None:
+            layout = _Layout(kept, None)
+            SPANS.put(key, layout, layout.nbytes)
     if layout is None:
         layout, size = _scan_any(fs, name, str(shard.path))
         if size != shard.size_bytes or layout.spans.shape[0] != shard.num_samples:

@@ -278,7 +278,7 @@ def _raw_layout(fs: Any, name: str, shard: Shard) -> np.ndarray:
     table = OFFSETS.get(shard)
     if table is None:
         n = shard.num_samples
-        head = fs.cat_file(name, 0, 4 * (n + 2))
+        head = fs.cat_file(name, start=0, end=4 * (n + 2))
         if len(head) < 4 * (n + 2) or int(np.frombuffer(head, np.uint32, 1)[0]) != n:
             raise DataFormatError(
                 f"MDS shard {shard.path!r}: its header does not say {n} samples as index.json "

@@ -63,8 +63,10 @@ def read(
     assert shard.path is not None, "a file shard has a path"
     fs, name = filesystem(shard.path, storage_options)
     try:
-        with fs.open(name, "rb") as fh:
-            pf = pq.ParquetFile(fh)
+        # no read-ahead (an object store's file would fetch 50 MiB blocks): pyarrow asks for the
+        # footer, then the needed column chunks of the needed row groups, coalesced (pre_buffer)
+        with fs.open(name, "rb", cache_type="none") as fh:
+            pf = pq.ParquetFile(fh, pre_buffer=True)
             md = pf.metadata
             counts = np.array(
                 [md.row_group(i).num_rows for i in range(md.num_row_groups)], np.int64

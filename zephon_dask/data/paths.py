@@ -6,14 +6,21 @@ below the link, each real directory once). Hidden entries (a path component
 starting with ``.`` or ``_``, e.g. ``_SUCCESS``), any ``index.json`` (other
 tools' index files) and ``zarr.json`` metadata are never data files.
 :func:`match_data_files` selects files by Hugging Face ``data_files`` globs.
+
+Object stores: :func:`fs_options` completes ``storage_options`` with our retry
+and timeout defaults (:data:`S3_DEFAULTS`) where the user set none, and
+:func:`storage_errors` turns what an object store raises into typed errors naming
+the URL and what to check (never the options: they may hold credentials).
 """
 
 from __future__ import annotations
 
+import copy
 import os
 import posixpath
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -21,7 +28,7 @@ from typing import Any
 import fsspec
 from fsspec import AbstractFileSystem
 
-from ..errors import DatasetNotFoundError
+from ..errors import DatasetNotFoundError, StorageAccessError, StorageError, ZephonError
 
 INDEX_NAME = "index.json"
 _GLOB_CHARS = frozenset("*?[")
@@ -49,9 +56,86 @@ def has_glob(path: str) -> bool:
     return any(c in _GLOB_CHARS for c in path)
 
 
+# An S3 filesystem's retries and timeouts unless storage_options set them: botocore's "standard"
+# retry mode (exponential backoff with jitter: up to 1, 2, 4, 8 s) retries throttling (503
+# SlowDown), 5xx, resets and timeouts; s3fs tries a call 5 times in all on a body cut short, a
+# timeout or SlowDown (0.1 s to 0.5 s apart). A request that gets no byte for read_timeout
+# seconds has failed. The deadline of one call is thus 5 x 5 x (5 + 15) s plus the waits when
+# every attempt times out (about 9 minutes), under 80 s when the store answers errors at once.
+S3_DEFAULTS: dict[str, Any] = {
+    "config_kwargs": {
+        "retries": {"max_attempts": 5, "mode": "standard"},
+        "connect_timeout": 5,
+        "read_timeout": 15,
+    },
+}
+_S3_PROTOCOLS = ("s3", "s3a")
+
+
+NODE_CACHE_KEY = "node_cache"  # ours (zephon_dask.data.node_cache), never passed to fsspec
+
+
+def fs_options(path: str, storage_options: dict[str, Any] | None) -> dict[str, Any]:
+    """``storage_options`` completed with our defaults for ``path``'s protocol, without our own
+    keys (a fresh dict). Pure."""
+    opts = {k: v for k, v in (storage_options or {}).items() if k != NODE_CACHE_KEY}
+    if fsspec.core.split_protocol(str(path))[0] in _S3_PROTOCOLS:
+        config = dict(opts.get("config_kwargs") or {})
+        for key, value in S3_DEFAULTS["config_kwargs"].items():
+            config.setdefault(key, copy.deepcopy(value))
+        opts["config_kwargs"] = config
+    return opts
+
+
 def filesystem(path: str, storage_options: dict[str, Any] | None) -> tuple[AbstractFileSystem, str]:
-    """``(filesystem, internal path)`` for a local path or fsspec URL."""
-    return fsspec.core.url_to_fs(str(path), **(storage_options or {}))
+    """``(filesystem, internal path)`` for a local path or fsspec URL (:func:`fs_options` applied)."""
+    return fsspec.core.url_to_fs(str(path), **fs_options(path, storage_options))
+
+
+def _check_hint(url: str) -> str:
+    return (
+        f"check the URL {url!r}, the endpoint (endpoint_url in storage_options) and the "
+        "credentials (storage_options key/secret, the AWS_* environment variables or the "
+        "instance role)"
+    )
+
+
+@contextmanager
+def storage_errors(url: str) -> Iterator[None]:
+    """Turn an object store's failures under this block into typed errors naming ``url``.
+
+    A refusal (wrong or unknown credentials, no permission) is a
+    :class:`~zephon_dask.errors.StorageAccessError`; a failure left after the
+    filesystem's retries (throttling, 5xx, resets, timeouts, an unreachable
+    endpoint) a :class:`~zephon_dask.errors.StorageError`. Our own errors and a
+    missing file pass through. Messages carry the exception's class and text,
+    never the storage options.
+    """
+    try:
+        yield
+    except (ZephonError, FileNotFoundError):
+        raise
+    except PermissionError as exc:
+        raise StorageAccessError(
+            f"the object store refused access to {url!r} ({type(exc).__name__}: {exc}); "
+            + _check_hint(url) + ", and that they may read this bucket and key"
+        ) from None
+    except Exception as exc:
+        if not _is_remote_failure(exc):
+            raise
+        raise StorageError(
+            f"reading {url!r} failed after the filesystem's retries ({type(exc).__name__}: {exc}); "
+            + _check_hint(url) + "; a store that throttles needs fewer concurrent readers, or "
+            "more retries (config_kwargs={'retries': {'max_attempts': N}} in storage_options)"
+        ) from None
+
+
+def _is_remote_failure(exc: BaseException) -> bool:
+    """Whether ``exc`` is a network or object-store failure (not a bug or a data error)."""
+    if isinstance(exc, (OSError, TimeoutError)):
+        return True
+    module = type(exc).__module__.split(".")[0]
+    return module in ("botocore", "aiobotocore", "aiohttp", "urllib3", "fsspec", "s3fs")
 
 
 def is_local(fs: AbstractFileSystem) -> bool:
@@ -125,7 +209,14 @@ def list_files(path: str, storage_options: dict[str, Any] | None = None) -> List
     fixed prefix, or the file's own directory). Raises DatasetNotFoundError when
     the path does not exist; an empty result is returned as is.
     """
+    with storage_errors(path):
+        return _list_files(path, storage_options)
+
+
+def _list_files(path: str, storage_options: dict[str, Any] | None) -> Listing:
     fs, fpath = filesystem(path, storage_options)
+    if not is_local(fs):
+        fs.invalidate_cache()  # see the store as it is now, not as an earlier listing saw it
     if has_glob(fpath):
         kind, root, searched = "glob", _glob_root(fpath), f"files matching the glob {path!r}"
         infos = _follow(fs, fs.glob(fpath, detail=True), recurse=False)
@@ -139,6 +230,7 @@ def list_files(path: str, storage_options: dict[str, Any] | None = None) -> List
     else:
         raise DatasetNotFoundError(
             f"dataset path {path!r} does not exist (looked for a file, a directory or a glob)"
+            + _missing_bucket(fs, fpath)
         )
     files = []
     for name, info in infos.items():
@@ -152,6 +244,17 @@ def list_files(path: str, storage_options: dict[str, Any] | None = None) -> List
             )
     files.sort(key=lambda f: f.rel)
     return Listing(fs, kind, searched, files)
+
+
+def _missing_bucket(fs: AbstractFileSystem, fpath: str) -> str:
+    """A note when the bucket of an object-store path itself does not exist ("" otherwise)."""
+    if is_local(fs) or "/" not in fpath.strip("/"):
+        bucket = fpath.strip("/")
+    else:
+        bucket = fpath.strip("/").split("/")[0]
+    if is_local(fs) or not bucket or fs.exists(bucket):
+        return ""
+    return f": the bucket {bucket!r} does not exist at this endpoint (check its name and endpoint_url)"
 
 
 def _real(fs: AbstractFileSystem, name: str) -> str:

@@ -67,7 +67,7 @@ from ..errors import (
 )
 from ..validate import check_int
 from .memo import ByteLRU
-from .paths import filesystem, to_url
+from .paths import filesystem, fs_options, to_url
 from .reader import Reader
 from .shard import Shard
 
@@ -87,6 +87,12 @@ EVERY_CHUNK: ArrayConfigParams = {"write_empty_chunks": True}
 RECORD = "record"  # a shard group's completion record (prepare_tokens)
 REPAIR = ("rerun zephon_dask.prepare_tokens (or `zephon-dask prepare`) with the same dataset, tokenizer "
           "and output path: it rewrites the shards that fail verification")
+
+
+def zarr_options(path: str, storage_options: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The ``storage_options`` zarr gets for ``path``: ours completed with the filesystem defaults
+    (retries, timeouts), ``None`` when there are none (a local path)."""
+    return fs_options(path, storage_options) or None
 
 
 def _root(path: str, storage_options: dict[str, Any] | None) -> str:
@@ -134,7 +140,7 @@ def write_token_store(
     if vocab_size is not None and top >= vocab_size:
         raise ConfigError(f"token id {top} is outside the vocabulary [0, {vocab_size})")
     dtype = np.uint16 if top < 2**16 else np.uint32
-    root = zarr.open_group(path, mode="w", storage_options=storage_options or None)
+    root = zarr.open_group(path, mode="w", storage_options=zarr_options(path, storage_options))
     for sid in ids:
         lengths = np.array([d.size for d in docs[sid]], dtype=np.int64)
         offsets = np.concatenate(([0], np.cumsum(lengths))).astype(np.int64)
@@ -171,7 +177,7 @@ def _recorded(attrs: dict[str, Any], key: str, minimum: int) -> int | None:
 def open_store(path: str, storage_options: dict[str, Any] | None) -> Store:
     """The store's :class:`Store` metadata (no token data is read)."""
     try:
-        root = zarr.open_group(path, mode="r", storage_options=storage_options or None)
+        root = zarr.open_group(path, mode="r", storage_options=zarr_options(path, storage_options))
         attrs: dict[str, Any] = dict(root.attrs)
     except FileNotFoundError:
         raise DatasetNotFoundError(f"token store {path!r} does not exist") from None
@@ -289,7 +295,7 @@ def _open(shard: Shard, storage_options: dict[str, Any] | None) -> tuple[Any, np
     cached = OPENED.get(shard)
     if cached is not None:
         return cached
-    opts = storage_options or None
+    opts = zarr_options(str(shard.path), storage_options)
     try:
         group = zarr.open_group(shard.path, mode="r", storage_options=opts)
         tok = zarr.open_array(f"{shard.path}/tokens", mode="r", storage_options=opts)
@@ -373,7 +379,7 @@ def verify_store(path: str, storage_options: dict[str, Any] | None = None) -> in
     shards = open_store(path, storage_options).shards
     for shard in shards:
         tok, _ = _open(shard, storage_options)
-        record = zarr.open_group(shard.path, mode="r", storage_options=storage_options or None).attrs.get(RECORD)
+        record = zarr.open_group(shard.path, mode="r", storage_options=zarr_options(str(shard.path), storage_options)).attrs.get(RECORD)
         if not isinstance(record, dict):
             continue  # written by write_token_store: no digest to check
         sha = hashlib.sha256()
@@ -431,7 +437,7 @@ class ShardWriter:
     def __init__(self, url: str, dtype: Any, storage_options: dict[str, Any] | None):
         self._dtype = np.dtype(dtype).newbyteorder("<")
         self._top = int(np.iinfo(self._dtype).max)
-        self._group = zarr.open_group(url, mode="w", storage_options=storage_options or None)
+        self._group = zarr.open_group(url, mode="w", storage_options=zarr_options(url, storage_options))
         self._tokens = self._group.create_array(
             "tokens", shape=(0,), dtype=self._dtype, chunks=(TOKEN_CHUNK,), config=EVERY_CHUNK
         )
@@ -500,7 +506,7 @@ def verify_shard(
     """
     want = np.dtype(dtype).newbyteorder("<")
     try:
-        group = zarr.open_group(url, mode="r", storage_options=storage_options or None)
+        group = zarr.open_group(url, mode="r", storage_options=zarr_options(url, storage_options))
         record = group.attrs.get(RECORD)
         if not isinstance(record, dict) or record.get("source") != source:
             return None

@@ -26,7 +26,7 @@ import zarr
 from ..data.dataset import Dataset
 from ..data.paths import filesystem, to_url
 from ..data.shard import Shard
-from ..data.tokens import FORMAT, RECORD, VERSION, ShardWriter, array_at, verify_shard
+from ..data.tokens import FORMAT, RECORD, VERSION, ShardWriter, array_at, verify_shard, zarr_options
 from ..errors import ConfigError, DataFormatError, MissingFieldError, TokenizerMismatchError
 from ..execution.cluster import connect, each_completed
 from ..operators.identity import sha256_json
@@ -338,7 +338,7 @@ def prepare_tokens(
         return _run_tasks(client, fn, (dataset, tokenize, dtype, storage_options), todo, calls, keys, ids,
                           f"zephon-prepare-{fp}", f"{desc} {dataset.name}", progress)
 
-    opts = storage_options or None
+    opts = zarr_options(str(out), storage_options)
     first = dataset.shards[0].path
     local = _in_process(fs) or (
         first is not None and _in_process(filesystem(first, dataset.storage_options)[0])

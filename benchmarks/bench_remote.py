@@ -1,0 +1,179 @@
+"""Data in object storage: what a node fetches per format, and tokens/s local against S3.
+
+Starts a real S3-protocol server on 127.0.0.1 (moto's server, ``moto[server]``,
+reached through ``s3fs``) with a counting, fault-injecting proxy in front of it
+(``tests/s3server.py``), writes the documents of ``bench_read.py`` (fixed seed)
+in every format into a bucket, and reports:
+
+* **bytes fetched per byte of records used**, per format: ``--reads`` reads of
+  ``--chunk`` consecutive records at random offsets in a fresh process (every
+  per-process read cache empty, as a new Dask worker has them), counted as the
+  response body bytes that passed the proxy, over the bytes those records take in
+  the object (object size x records read / records in it). ``index`` is what
+  building the Dataset fetched (once per run, on the machine that builds it),
+  ``first read`` what the first chunk of a fresh process on that node fetched,
+  ``other node`` the same on a node without the cache directory (a plain JSONL
+  object's line spans are kept there at indexing; elsewhere each process scans
+  the object once), ``per chunk`` the later chunks.
+* **tokens/s** of a pipeline (bytes tokenizer, packing, batches; in-process
+  ``synchronous`` runner, so the time is the reading) over the JSONL corpus on
+  local disk and in the bucket: cold (fresh process caches) and warm (the same
+  pipeline streamed again), and through the proxy failing 1% and 10% of the
+  requests (half answered 503 SlowDown, half reset mid-body), and with the node
+  cache (``storage_options["node_cache"]``: the first pass fetches the object
+  once, the second reads the node's copy; process caches emptied between);
+  batches are checked equal to the local ones.
+
+Nothing asserts a time. ``--quick`` uses 20,000 documents.
+
+    python benchmarks/bench_remote.py [--quick] [--docs N] [--chunk N] [--reads N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+
+from bench_read import documents, write_all  # noqa: E402
+from s3server import FaultProxy, S3Server  # noqa: E402
+
+import zephon_dask as z  # noqa: E402
+from zephon_dask.data import Dataset, arrow, compressed, jsonl, mds, tokens, write_token_store  # noqa: E402
+from zephon_dask.data.index import CACHE_ENV  # noqa: E402
+
+
+def clear() -> None:
+    """Every per-process read cache emptied: a fresh Dask worker."""
+    for cache in (jsonl.SPANS, compressed.SEGMENTS, mds.OFFSETS, mds.DECODED, arrow.TABLES, tokens.OPENED):
+        cache.clear()
+
+
+def object_size(fs, url: str) -> int:
+    path = url.removeprefix("s3://")
+    return sum(fs.du(path, total=False).values()) if fs.isdir(path) else fs.size(path)
+
+
+def fetched(proxy: FaultProxy, fn) -> tuple[int, object]:
+    proxy.reset_counts()
+    out = fn()
+    return proxy.body_bytes, out
+
+
+def bytes_table(server: S3Server, proxy: FaultProxy, paths: dict[str, str], chunk: int, reads: int) -> None:
+    fs = server.filesystem()
+    opts = server.options(endpoint=proxy.url)
+    print(f"bytes fetched per byte of records used ({reads} reads of {chunk} consecutive records, "
+          "fresh process)")
+    print(f"{'format':<12} {'object MiB':>10} {'index MiB':>10} {'first read':>11} {'other node':>11} "
+          f"{'per chunk':>10}")
+    rng = np.random.default_rng(0)
+    for label, url in paths.items():
+        clear()
+        shutil.rmtree(os.path.join(os.environ[CACHE_ENV], "index"), ignore_errors=True)
+        index_b, ds = fetched(proxy, lambda u=url: Dataset.from_path("b", u, storage_options=opts,
+                                                                      progress=False))
+        clear()
+        n = ds.num_samples
+        size = object_size(fs, url)
+        per_record = size / n
+        starts = rng.integers(0, n - chunk, size=reads)
+        first_b, _ = fetched(proxy, lambda d=ds, s=starts: d.read(0, np.arange(s[0], s[0] + chunk)))
+        clear()
+        shutil.rmtree(os.path.join(os.environ[CACHE_ENV], "spans"), ignore_errors=True)
+        other_b, _ = fetched(proxy, lambda d=ds, s=starts: d.read(0, np.arange(s[0], s[0] + chunk)))
+        rest_b, _ = fetched(proxy, lambda d=ds, s=starts: [d.read(0, np.arange(a, a + chunk))
+                                                           for a in s[1:]])
+        used = per_record * chunk
+        print(f"{label:<12} {size / 2**20:>10.1f} {index_b / 2**20:>10.1f} {first_b / used:>10.1f}x "
+              f"{other_b / used:>10.1f}x {rest_b / (used * (reads - 1)):>9.2f}x")
+
+
+def pipeline(ds: Dataset):
+    ws = z.MixtureWorkSource([ds], chunk_size=64, seed=1)
+    return (z.Pipeline(ws).tokenize().pack(1024).batch(8)
+            .options(canonical_replicas=4, flush_every_k_chunks=4, runner="synchronous"))
+
+
+def stream(p, steps: int) -> tuple[float, int, list]:
+    t0 = time.perf_counter()
+    ntok, rows = 0, []
+    with p:
+        for _, b in zip(range(steps), p, strict=False):
+            ntok += int(b["lengths"].sum())
+            rows.append(b["tokens"].tobytes())
+    return time.perf_counter() - t0, ntok, rows
+
+
+def tokens_table(server: S3Server, local: str, steps: int) -> None:
+    print(f"\ntokens/s of the pipeline over JSONL ({steps} batches, synchronous runner)")
+    print(f"{'data':<30} {'cold tok/s':>11} {'warm tok/s':>11} {'requests':>9} {'faults':>7}")
+    clear()
+    ds = Dataset.from_jsonl("web", local, progress=False)
+    s, n, want = stream(pipeline(ds), steps)
+    s2, _, _ = stream(pipeline(ds), steps)
+    print(f"{'local disk':<30} {n / s:>11,.0f} {n / s2:>11,.0f} {'':>9} {'':>7}")
+    for share in (0.0, 0.01, 0.10):
+        with FaultProxy(server.url, slowdown=share / 2, reset=share / 2, seed=2) as proxy:
+            opts = server.options(endpoint=proxy.url)
+            clear()
+            shutil.rmtree(os.path.join(os.environ[CACHE_ENV], "index"), ignore_errors=True)
+            ds = Dataset.from_jsonl("web", "s3://bench/jsonl/a.jsonl", storage_options=opts,
+                                    progress=False)
+            clear()
+            proxy.reset_counts()
+            s, n, got = stream(pipeline(ds), steps)
+            s2, _, got2 = stream(pipeline(ds), steps)
+            assert got == want and got2 == want, "batches differ from the local ones"
+            label = f"S3, {share:.0%} of requests failed"
+            print(f"{label:<30} {n / s:>11,.0f} {n / s2:>11,.0f} {proxy.requests:>9} "
+                  f"{sum(proxy.faults.values()):>7}")
+    with FaultProxy(server.url) as proxy, tempfile.TemporaryDirectory() as node:
+        opts = server.options(endpoint=proxy.url, node_cache={"dir": node, "max_bytes": 1 << 34})
+        ds = Dataset.from_jsonl("web", "s3://bench/jsonl/a.jsonl", storage_options=opts, progress=False)
+        clear()
+        proxy.reset_counts()
+        s, n, got = stream(pipeline(ds), steps)
+        clear()
+        s2, _, got2 = stream(pipeline(ds), steps)
+        assert got == want and got2 == want, "batches differ from the local ones"
+        print(f"{'S3, node cache (cold, warm)':<30} {n / s:>11,.0f} {n / s2:>11,.0f} {proxy.requests:>9} "
+              f"{0:>7}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--docs", type=int, default=100_000)
+    ap.add_argument("--chunk", type=int, default=64)
+    ap.add_argument("--reads", type=int, default=50)
+    ap.add_argument("--steps", type=int, default=200)
+    args = ap.parse_args()
+    docs = documents(20_000 if args.quick else args.docs)
+    with tempfile.TemporaryDirectory() as tmp, tempfile.TemporaryDirectory() as ours, S3Server() as server, FaultProxy(server.url) as proxy:
+        os.environ[CACHE_ENV] = ours  # the node's cache directory (index, kept line spans)
+        root = Path(tmp)
+        written = write_all(root, docs)
+        rng = np.random.default_rng(1)
+        write_token_store(str(root / "tok"), {"s0": [rng.integers(0, 256, len(d["text"])).astype(np.uint16)
+                                                     for d in docs]}, vocab_size=256)
+        fs = server.filesystem()
+        fs.mkdir("bench")
+        fs.put(str(root) + "/", "bench/", recursive=True)
+        paths = {label: "s3://bench/" + str(p.relative_to(root)) for label, p in written.items()}
+        paths["tokens"] = "s3://bench/tok"
+        print(f"{len(docs):,} documents; S3 server {server.url} (moto), counted at a proxy on 127.0.0.1")
+        bytes_table(server, proxy, paths, args.chunk, args.reads)
+        tokens_table(server, str(written["jsonl"]), args.steps)
+
+
+if __name__ == "__main__":
+    main()
