@@ -157,6 +157,43 @@ def test_embedded_cluster_workers_and_the_consumer_give_freed_memory_back(corpus
     assert trims == [1]  # once per interval
 
 
+def test_workers_trim_between_tasks_at_most_once_a_second(monkeypatch):
+    from zephon_dask.execution import cluster
+
+    trims = []
+    monkeypatch.setattr(cluster, "trim_freed_memory", lambda: trims.append(1) or True)
+    plugin = cluster.TrimFreedMemory()
+    plugin.transition("k", "executing", "memory")
+    plugin.transition("k", "ready", "executing")  # a task starting: no trim
+    plugin.transition("k2", "executing", "memory")  # within the second: no trim
+    assert trims == [1]
+    plugin._trimmed -= cluster.TRIM_AFTER_TASK_EVERY
+    plugin.transition("k2", "executing", "error")
+    assert trims == [1, 1]
+
+
+def test_windows_computed_ahead_wait_in_the_training_process_not_on_the_workers(corpus_dir, cluster):
+    """A window's result is fetched as soon as it is computed and the cluster's copy released, so
+    the workers hold no finished window while the consumer is busy; the batches are unchanged."""
+    p = build(corpus_dir, client=cluster, prefetch_windows=6, windows_per_task=1)
+    truth = reference(p)
+    with p:
+        it = iter(p)
+        got = [batch_rows(next(it))]
+        handles = list(p.session.stream.fetcher.inflight.values())
+        deadline = time.monotonic() + 60
+        while sum(h.fetched for h in handles) < 3:
+            assert time.monotonic() < deadline, "no window fetched ahead"
+            time.sleep(0.05)
+        fetched = set().union(*(h.keys for h in handles if h.fetched))
+        deadline = time.monotonic() + 30
+        while held := {k for k, workers in cluster.who_has(list(fetched)).items() if workers}:
+            assert time.monotonic() < deadline, f"still held on the workers: {held}"
+            time.sleep(0.05)
+        got += [batch_rows(b) for b in it]
+    assert got == truth
+
+
 def _scheduler_records(dask_scheduler, trim=False):
     from dask.utils import key_split
 

@@ -175,21 +175,46 @@ def test_all_workers_lost_raises_a_stall_error(corpus_dir, tmp_path):
     assert waited < 60, waited
 
 
-def test_all_workers_lost_while_finished_results_are_held_raises_without_spinning(corpus_dir, tmp_path):
-    """Results finished on the workers and not yet fetched die with them (their futures turn
-    ``lost``, not done): the wait for them sleeps in slices and checks liveness, instead of waking
-    at once in a loop, and raises within cluster_timeout plus a check."""
+def test_a_finished_result_lost_with_every_worker_is_waited_for_without_spinning(tmp_path):
+    """A result finished on a worker and not yet fetched dies with it (its future turns ``lost``,
+    not done): the wait for it sleeps in slices and checks liveness, instead of waking at once in
+    a loop, and raises within cluster_timeout plus a check."""
+    from distributed import Client
+
+    from zephon_dask.execution.watch import ClusterWatch
+
+    with dask_cluster(tmp_path, 2) as (address, _, workers), Client(address, set_as_default=False) as client:
+        futures = client.map(lambda i: bytes(1000) * i, range(4), pure=False)
+        _wait_for(lambda: all(f.status == "finished" for f in futures), "4 finished results held")
+        for w in workers:
+            w.send_signal(signal.SIGKILL)
+        _wait_for(lambda: not any(f.done() for f in futures), "the held results lost")
+        watch = ClusterWatch(client, timeout=3, address=address)
+        t = time.monotonic()
+        with pytest.raises(ClusterStallError, match="no worker") as info:
+            while watch.wait(futures) is None:
+                assert time.monotonic() - t < 60, "no ClusterStallError"
+        waited = time.monotonic() - t
+    assert address in str(info.value) and "3 s" in str(info.value)
+    # a slice lasts up to 1 s and the scheduler is asked at most once a second while a fault is
+    # pending: a spinning wait made thousands of each a second
+    assert watch.waits <= 5 * waited + 10, (watch.waits, waited)
+    assert watch.checks <= 2 * waited + 5, (watch.checks, waited)
+
+
+def test_all_workers_lost_mid_stream_raises_without_spinning(corpus_dir, tmp_path):
+    """Every worker killed while windows are in flight (some computed and fetched ahead, some
+    computing): the windows already here are served, then the wait for the others raises
+    ClusterStallError within cluster_timeout plus a check, sleeping in slices meanwhile."""
     with dask_cluster(tmp_path, 2) as (address, _, workers):
         p = build(corpus_dir, address=address, prefetch_windows=6, cluster_timeout=3)
         with p:
             stream = iter(p)
             next(stream)
             watch, inflight = p.runner().watch, p.session.stream.fetcher.inflight
-            _wait_for(lambda: sum(h.done() for h in list(inflight.values())) >= 3, "3 finished windows held")
+            _wait_for(lambda: sum(h.done() for h in list(inflight.values())) >= 3, "3 windows computed ahead")
             for w in workers:
                 w.send_signal(signal.SIGKILL)
-            # the scheduler tells the client: finished results turn lost (not done) before they are asked for
-            _wait_for(lambda: not any(h.done() for h in list(inflight.values())), "the held results lost")
             waits, checks, t = watch.waits, watch.checks, time.monotonic()
             with pytest.raises(ClusterStallError, match="no worker") as info:
                 for _ in stream:
@@ -197,8 +222,6 @@ def test_all_workers_lost_while_finished_results_are_held_raises_without_spinnin
             waited = time.monotonic() - t
     assert address in str(info.value) and "3 s" in str(info.value)
     assert waited < 60, waited
-    # a slice lasts up to 1 s and the scheduler is asked at most once a second while a fault is
-    # pending: a spinning wait made thousands of each a second
     assert (watch.waits - waits) <= 5 * waited + 10, (watch.waits - waits, waited)
     assert (watch.checks - checks) <= 2 * waited + 5, (watch.checks - checks, waited)
 

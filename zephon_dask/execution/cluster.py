@@ -21,7 +21,9 @@ module state, :data:`OPEN_RUNNERS`.
 
 from __future__ import annotations
 
+import asyncio
 import atexit
+import concurrent.futures
 import contextlib
 import logging
 import os
@@ -41,6 +43,7 @@ import distributed.utils_comm
 from dask._expr import LLGExpr
 from dask.utils import key_split
 from distributed import CancelledError, Client, LocalCluster, SpecCluster
+from distributed.client import _wait
 from distributed.comm import CommClosedError
 from distributed.diagnostics.plugin import SchedulerPlugin, WorkerPlugin
 from tornado.ioloop import PeriodicCallback
@@ -192,22 +195,31 @@ def _forget_key_names() -> None:
 
 
 class TrimFreedMemory(WorkerPlugin):
-    """A worker plugin of the embedded cluster: every ``every`` seconds on the worker's event loop,
-    :func:`~.memory.trim_freed_memory` (the workers keep glibc's default thresholds and one heap,
-    see :data:`EMBEDDED_DEFAULTS`) and :func:`_forget_key_names`."""
+    """A worker plugin of the embedded cluster: :func:`~.memory.trim_freed_memory` each time a task
+    ends, between tasks, at most once every :data:`TRIM_AFTER_TASK_EVERY` seconds (the workers keep
+    glibc's default thresholds and one heap, see :data:`EMBEDDED_DEFAULTS`, so what a window's
+    arrays freed would otherwise stay in the worker until a later window reuses it), and every
+    ``every`` seconds on the worker's event loop, with :func:`_forget_key_names`. Holds its last
+    trim's time."""
 
     name = "zephon-trim-freed-memory"
 
     def __init__(self, every: float = TRIM_EVERY):
         self.every = every
         self._callback: PeriodicCallback | None = None
+        self._trimmed = 0.0
 
     def setup(self, worker) -> None:
         self._callback = PeriodicCallback(self._trim, self.every * 1000)
         self._callback.start()
 
-    @staticmethod
-    def _trim() -> None:
+    def transition(self, key, start, finish, **kwargs) -> None:
+        if start == "executing" and time.monotonic() - self._trimmed >= TRIM_AFTER_TASK_EVERY:
+            self._trimmed = time.monotonic()
+            trim_freed_memory()
+
+    def _trim(self) -> None:
+        self._trimmed = time.monotonic()
         trim_freed_memory()
         _forget_key_names()
 
@@ -291,6 +303,8 @@ LOST_RESULT = (CancelledError, CommClosedError, OSError)
 RESUBMITS = 3
 SILENT_AFTER = 3.0  # seconds without a heartbeat (at least) before a worker counts as frozen
 MAX_WINDOWS_PER_TASK = 4  # the automatic windows_per_task's ceiling (stall_timeout counts a whole task)
+TRIM_AFTER_TASK_EVERY = 1.0  # seconds: a worker trims when a task ends, at most this often (~1 ms a trim)
+EARLY_FETCHES = 2  # results fetched ahead of the consumer at once (a client gathers 5 at once in all)
 
 
 class DistributedHandle(WindowHandle):
@@ -312,7 +326,14 @@ class DistributedHandle(WindowHandle):
     and none is fetched from it.
 
     A task's final error (:mod:`.task_errors`: the library's own data or
-    configuration errors) comes back as its value and is raised here."""
+    configuration errors) comes back as its value and is raised here.
+
+    Its result is fetched as soon as it is computed, ahead of the consumer
+    (:meth:`DistributedRunner.fetch_early`), and the cluster's copy is released
+    then: the windows computed ahead wait in the training process, so a worker
+    holds a result only while it is sent, and the consumer finds the next window
+    here instead of fetching it between two batches. A window the consumer asks
+    for before its early fetch ended is waited for and fetched as above."""
 
     def __init__(self, graph: WindowGraph | GroupGraph, futures, runner, priority):
         super().__init__(graph, future=futures[-1])
@@ -323,6 +344,56 @@ class DistributedHandle(WindowHandle):
         self._copy_on: list[str] = []  # the workers the copy may run on
         self._stuck: set[str] = set()  # keys not to fetch: held by a stalled worker, or not fetched in time
         runner.track(self)
+        # the early fetch (set on the client's event loop) and whether the consumer took over
+        self._early_lock = threading.Lock()
+        self._early_value: Any = NOT_FETCHED
+        self._claimed = self._early_gathering = False
+        self._early = runner.fetch_early(self, self._future)
+
+    def gathering(self, future) -> bool:
+        """Whether the early fetch of ``future`` may go on to gather it (the consumer has not taken
+        the window over); from then on the consumer waits for that fetch instead of cancelling it
+        (called on the client's event loop)."""
+        with self._early_lock:
+            if self._claimed or future is not self._future:
+                return False
+            self._early_gathering = True
+            return True
+
+    def fetched_early(self, future, value) -> None:
+        """Keep ``value``, ``future``'s result fetched ahead of the consumer, and release the
+        cluster's copy of it, unless the consumer took over the window meanwhile (called on the
+        client's event loop)."""
+        with self._early_lock:
+            if self._claimed or future is not self._future:
+                return
+            self._early_value = value
+            for f in [*self._chunks, future]:
+                f.release()
+
+    def stop_early(self) -> None:
+        """Cancel an early fetch still waiting for its result (the worker computing it stalled); a
+        fetch under way or a result already fetched stays."""
+        with self._early_lock:
+            if self._early_value is not NOT_FETCHED or self._early_gathering:
+                return
+            self._claimed = True
+            early, self._early = self._early, None
+        if early is not None:
+            early.cancel()
+
+    def _claim(self) -> tuple[Any, concurrent.futures.Future | None]:
+        """``(the result fetched early or NOT_FETCHED, the early fetch under way or None)``; an early
+        fetch still waiting for its result is cancelled: the consumer waits and fetches from here on."""
+        with self._early_lock:
+            self._claimed = True
+            value, self._early_value = self._early_value, NOT_FETCHED
+            early, self._early = self._early, None
+            gathering = self._early_gathering
+        if early is not None and value is NOT_FETCHED and not gathering:
+            early.cancel()
+            early = None
+        return value, early if value is NOT_FETCHED else None
 
     def chunks_done(self) -> int:
         """A split window's chunk tasks finished so far (all once the window is done)."""
@@ -339,7 +410,16 @@ class DistributedHandle(WindowHandle):
     def copied(self) -> bool:
         return self._copy is not None
 
+    @property
+    def fetched(self) -> bool:
+        """Whether the result was fetched ahead of the consumer (it is in this process, and the
+        cluster's copy released)."""
+        return self._early_value is not NOT_FETCHED
+
     def result(self):
+        value, early = self._claim()
+        if value is not NOT_FETCHED:
+            return raise_if_failed(value, self.graph.label)
         runner, resubmits = self._runner, 0
         started = reported = time.monotonic()
         while True:
@@ -355,8 +435,9 @@ class DistributedHandle(WindowHandle):
                     self._stalled(reported - started)
                 continue
             finished = done.status == "finished"
+            fetching, early = (early if done is self._future else None), None  # the early fetch under way, once
             try:
-                value = runner.watch.fetch(done, self._stall) if finished else done.result()
+                value = runner.watch.fetch(done, self._stall, fetching) if finished else done.result()
             except ClusterError as exc:  # the cluster failed while the result was fetched
                 exc.add_note(f"zephon_dask: while waiting for {self.graph.label}")
                 raise
@@ -431,12 +512,16 @@ class DistributedHandle(WindowHandle):
             self._stuck.add(self._future.key)
 
     def release(self) -> None:
+        _, early = self._claim()
+        if early is not None:
+            early.cancel()  # the gather itself is shielded: it ends on its own
         self._runner.track(self, False)
-        fut, chunks, copy = self._future, self._chunks, self._copy
-        self._future, self._chunks, self._copy = None, [], None
-        for f in [*chunks, fut, copy]:
-            if f is not None:
-                f.release()
+        with self._early_lock:
+            fut, chunks, copy = self._future, self._chunks, self._copy
+            self._future, self._chunks, self._copy = None, [], None
+            for f in [*chunks, fut, copy]:
+                if f is not None:
+                    f.release()
 
 
 class DistributedRunner(Runner):
@@ -460,6 +545,7 @@ class DistributedRunner(Runner):
         self.computed_here: list[tuple[int, int]] = []  # (lane, window) computed in this process (head start)
         self._in_flight: weakref.WeakSet[DistributedHandle] = weakref.WeakSet()  # handles not released
         self._in_flight_lock = threading.Lock()  # handles are made on the consumer's and the start's threads
+        self._early_slots: asyncio.Semaphore | None = None  # EARLY_FETCHES, on the client's event loop
         OPEN_RUNNERS.add(self)
         if not self._own_cluster:
             self._connect(client if client is not None else open_client(address, timeout), address, timeout)
@@ -630,6 +716,30 @@ class DistributedRunner(Runner):
                 pass
         return self._live_only[0] if self._live_only is not None else None
 
+    def fetch_early(self, handle: DistributedHandle, future) -> concurrent.futures.Future | None:
+        """Fetch ``future``'s result as soon as it is computed and hand it to ``handle``
+        (:meth:`DistributedHandle.fetched_early`), at most :data:`EARLY_FETCHES` at once, so a
+        worker that stops answering ties up only those of the client's gathers. Runs on the
+        client's event loop until the future ends or the handle cancels it; its errors are left to
+        the consumer's own wait and fetch (which waits for this one once it gathers)."""
+        client = self._client
+        if client is None:
+            return None
+
+        async def fetch() -> list:
+            await _wait([future])  # a result lost with its worker is waited for again
+            if self._early_slots is None:
+                self._early_slots = asyncio.Semaphore(EARLY_FETCHES)
+            async with self._early_slots:
+                if future.status != "finished" or not handle.gathering(future):
+                    raise CancelledError(future.key)
+                # shielded: a client merges concurrent gathers, and cancelling one would cancel them all
+                values = await asyncio.shield(client.gather([future], asynchronous=True))
+            handle.fetched_early(future, values[0])
+            return values
+
+        return asyncio.run_coroutine_threadsafe(fetch(), client.loop.asyncio_loop)
+
     def rescue(self, stalled: set[str], placement: dict[DistributedHandle, list[str]], live: list[str]) -> None:
         """Compute again, at once, on the ``live`` workers, every window in flight that a
         ``stalled`` worker computes or holds (``placement``, from :meth:`placement`) and that has
@@ -639,6 +749,7 @@ class DistributedRunner(Runner):
             return
         rescued = [h for h, workers in placement.items() if set(workers) & stalled and not h.copied]
         for handle in rescued:
+            handle.stop_early()  # a fetch from a stalled worker would only hold a gather
             handle.copy_on(others, stalled=set(placement[handle]) <= stalled)
         if rescued:
             logger.warning("zephon_dask: worker(s) %s stalled (no heartbeat for over %g s): computing again on "

@@ -17,6 +17,7 @@ done, and a slice waiting for it lasts until it finishes again or the slice ends
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import math
 import socket
 import time
@@ -140,7 +141,7 @@ class ClusterWatch:
             self._check_if_due()
         return done
 
-    def fetch(self, future, limit: float):
+    def fetch(self, future, limit: float, fetching: concurrent.futures.Future | None = None):
         """The value of the finished ``future``, fetched on the client's event loop while this
         thread waits in slices of at most :data:`POLL` seconds, checking liveness between them as
         :meth:`wait` does (a result lost with its worker is computed again meanwhile, and a
@@ -148,11 +149,13 @@ class ClusterWatch:
         :data:`NOT_FETCHED` after ``limit`` seconds (a frozen worker holding it); the fetch is then
         cancelled (after a cluster error it is left to end with the client: cancelled while it
         waits for a lost result, Dask's gather leaves orphaned tasks that log at exit). A slice
-        counts in :attr:`waits`."""
+        counts in :attr:`waits`. ``fetching``: a fetch of ``future`` already under way (its value a
+        one-item list, as a gather's), waited for instead of starting one."""
         self.check_open()
         client = self.client
-        fetching = asyncio.run_coroutine_threadsafe(client.gather([future], asynchronous=True),
-                                                    client.loop.asyncio_loop)
+        if fetching is None:
+            fetching = asyncio.run_coroutine_threadsafe(client.gather([future], asynchronous=True),
+                                                        client.loop.asyncio_loop)
         end = time.monotonic() + limit
         while True:
             try:
