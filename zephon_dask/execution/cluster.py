@@ -335,7 +335,7 @@ class DistributedHandle(WindowHandle):
     here instead of fetching it between two batches. A window the consumer asks
     for before its early fetch ended is waited for and fetched as above."""
 
-    def __init__(self, graph: WindowGraph | GroupGraph, futures, runner, priority):
+    def __init__(self, graph: WindowGraph | GroupGraph, futures, runner, priority, early: bool = True):
         super().__init__(graph, future=futures[-1])
         self._chunks, self._runner, self._priority = futures[:-1], runner, priority
         # stall_timeout is per window: a task of several windows may compute as many times longer
@@ -348,7 +348,7 @@ class DistributedHandle(WindowHandle):
         self._early_lock = threading.Lock()
         self._early_value: Any = NOT_FETCHED
         self._claimed = self._early_gathering = False
-        self._early = runner.fetch_early(self, self._future)
+        self._early = runner.fetch_early(self, self._future) if early else None
 
     def gathering(self, future) -> bool:
         """Whether the early fetch of ``future`` may go on to gather it (the consumer has not taken
@@ -457,7 +457,7 @@ class DistributedHandle(WindowHandle):
                                resubmits, RESUBMITS)
                 runner.watch.check()
                 self.release()
-                again = runner._submit_remote(self.graph, self._priority)
+                again = runner._submit_remote(self.graph, self._priority, early=False)  # its futures become ours
                 self._future, self._chunks = again._future, again._chunks
                 runner.track(again, False)
                 runner.track(self)
@@ -797,14 +797,14 @@ class DistributedRunner(Runner):
         :data:`MAX_WINDOWS_PER_TASK`, at least 1."""
         return max(1, min(MAX_WINDOWS_PER_TASK, prefetch // (2 * self.share(lanes))))
 
-    def _submit_remote(self, graph: WindowGraph | GroupGraph, priority: int) -> DistributedHandle:
+    def _submit_remote(self, graph: WindowGraph | GroupGraph, priority: int, early: bool = True) -> DistributedHandle:
         live_only = self._responsive_only()
         if live_only:  # while a worker is silent: avoid it, and do not fetch the spec from it
             futures = self.submit_tasks(graph, self.spec, priority, self.retries,
                                         workers=live_only, allow_other_workers=False)
         else:
             futures = self.submit_tasks(graph, self._spec_future, priority, self.retries)
-        return DistributedHandle(graph, futures, self, priority)
+        return DistributedHandle(graph, futures, self, priority, early)
 
     def submit_tasks(self, graph: WindowGraph | GroupGraph, spec, priority: int, retries: int | None, **where) -> list:
         """Submit ``graph.tasks_for(spec)`` as one graph; the futures of ``graph.task_keys``.

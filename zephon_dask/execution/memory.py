@@ -6,9 +6,10 @@ MB over the first half hour although the memory in use stays flat. Dask's
 nanny counters this by exporting ``MALLOC_TRIM_THRESHOLD_=65536``, which trims
 on every large free and made tokenize + pack ~20% slower in the embedded
 cluster's workers (which therefore keep glibc's default thresholds); here memory is
-trimmed once every :data:`TRIM_EVERY` seconds instead, in the embedded
-cluster's workers (the distributed runner's worker plugin) and, between
-windows, in the consumer. The trim shrinks only the top of glibc's main heap
+trimmed instead: in the embedded cluster's workers when a task ends (at most
+once a second) and every :data:`TRIM_EVERY` seconds (the distributed runner's
+worker plugin), and in the consumer between windows, at most every
+:data:`TRIM_EVERY` seconds. The trim shrinks only the top of glibc's main heap
 (it frees whole pages inside every heap), so the embedded cluster's workers
 run with one heap (``MALLOC_ARENA_MAX=1``, see the cluster's defaults).
 :func:`malloc_in_use` and :func:`python_small_objects` tell live memory from
