@@ -93,8 +93,12 @@ def _asked(client, pids: dict[str, str]) -> tuple[dict[str, float], ...]:
                   if key in values and values[key][i] is not None} for i in range(4))
 
 
-def soak(seconds: float, every: float, n_workers: int = 1, workdir: str | None = None) -> list[Sample]:
-    """Stream a repeating pipeline on an embedded cluster for ``seconds``; a :class:`Sample` every ``every`` s."""
+def soak(seconds: float, every: float, n_workers: int = 1, workdir: str | None = None,
+         rate: float | None = None) -> list[Sample]:
+    """Stream a repeating pipeline on an embedded cluster for ``seconds``; a :class:`Sample` every
+    ``every`` s. ``rate``: take at most that many batches a second, as a training loop slower than
+    its data does (the windows computed ahead then stay at ``prefetch_windows``); ``None``: as
+    fast as the pipeline gives them."""
     with tempfile.TemporaryDirectory(dir=workdir) as tmp:
         ds = z.Dataset.from_jsonl("web", _corpus(Path(tmp) / "web"), progress=False)
         ws = z.MixtureWorkSource([ds], chunk_size=64, seed=0, exhausted_policy="repeat")
@@ -121,6 +125,8 @@ def soak(seconds: float, every: float, n_workers: int = 1, workdir: str | None =
                         break
                 next(batches)
                 n += 1
+                if rate and n % 64 == 0 and (ahead := start + n / rate - time.monotonic()) > 0:
+                    time.sleep(ahead)
         return samples
 
 
@@ -227,6 +233,8 @@ def main() -> None:
     ap.add_argument("--warmup", type=float, default=None, help="seconds of warm-up (default: a tenth)")
     ap.add_argument("--span", type=float, default=None,
                     help="seconds averaged at each end for the RSS change (default: 300, at most a quarter of the rest)")
+    ap.add_argument("--rate", type=float, default=None,
+                    help="batches a second at most, as a training loop slower than its data (default: as fast as it can)")
     ap.add_argument("--csv", help="write every sample here")
     ap.add_argument("--quick", action="store_true", help="20 s, a sample every 2 s")
     ap.add_argument("--png", help="plot the curves here (needs matplotlib)")
@@ -239,7 +247,7 @@ def main() -> None:
         seconds = samples[-1].seconds
     else:
         seconds = args.minutes * 60
-        samples = soak(seconds, args.every, args.workers)
+        samples = soak(seconds, args.every, args.workers, rate=args.rate)
     if args.csv and not args.plot:
         names = sorted(samples[0].rss_mb)
         with open(args.csv, "w") as fh:
