@@ -355,6 +355,7 @@ def in_recipe_terms(message: str, table: Table, dataset: str = "") -> str:
                      lambda m: f"{m[1]} = {_PYTHON_TO_TOML[m[2]]}", message)
     message = re.sub(r" to (?:zephon_dask\.)?(?:Dataset|Pipeline|MixtureWorkSource)\b[\w.]*(?:\(\))?",
                      f" in this {table.header} table", message)
+    message = re.sub(r" \(in a recipe: [^()]*\)", "", message)  # the recipe's own wording follows
     message = re.sub(rf"(^|[.;:]\s+)Pass (?=({keys}) = )", r"\1Set ", message)
     return re.sub(rf"\bpass (?=({keys}) = )", "set ", message)
 
