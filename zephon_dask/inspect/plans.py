@@ -128,7 +128,8 @@ def _entry(replicas: int, degree: int, mapping: str, batches_per_step: int | Non
             notes.append(f"{global_batches} batches per global step do not split over {degree} groups: "
                          f"refused (valid: {steps.valid_degrees(replicas, global_batches)})")
         else:
-            notes.append(f"{global_batches // degree} batches per rank per step")
+            per_rank = global_batches // degree
+            notes.append(f"{per_rank} batch{'es' if per_rank != 1 else ''} per rank per step")
     elif batches_per_step is not None:
         try:
             routing.check_step(batches_per_step, degree, replicas)
