@@ -200,10 +200,11 @@ def _scheduler_records(dask_scheduler, trim=False):
     from zephon_dask.execution.cluster import TrimSchedulerRecords
 
     if trim:
-        TrimSchedulerRecords.trim(dask_scheduler)
+        TrimSchedulerRecords.trim(dask_scheduler, keep=1, quiet=0)
     spans = dask_scheduler.extensions["spans"].spans.values()
     return (sorted(dask_scheduler.plugins), key_split.cache_info().currsize,
-            sum(len((s.metadata or {}).get("collections", ())) for s in spans))
+            sum(len((s.metadata or {}).get("collections", ())) for s in spans), len(spans),
+            len(dask_scheduler.computations), dask_scheduler.computations.maxlen)
 
 
 def test_embedded_cluster_keeps_dasks_per_window_records_bounded(corpus_dir):
@@ -211,15 +212,19 @@ def test_embedded_cluster_keeps_dasks_per_window_records_bounded(corpus_dir):
     # graph in the scheduler (without end); the client kept its last 1,000 messages
     from zephon_dask.execution.cluster import TrimSchedulerRecords
 
+    # and a new default span (with its task groups) each time every task was done, never dropped
     with build(corpus_dir, n_workers=1, head_start=False) as p:
-        assert len(list(p)) > 4
+        for _ in range(3):  # every task done between two passes: a new span each
+            assert len(list(p)) > 4
         client = p.runner().client
         assert client.scheduler_comm.recent_message_log.maxlen == 300
-        plugins, names, collections = client.run_on_scheduler(_scheduler_records)
+        plugins, names, collections, spans, computations, kept = client.run_on_scheduler(_scheduler_records)
         assert TrimSchedulerRecords.name in plugins  # it trims every 30 s: sizes depend on when it last ran
-        _, names, collections = client.run_on_scheduler(_scheduler_records, trim=True)
+        assert spans >= 3 and kept == 10 and computations <= kept
+        _, names, collections, spans, _, _ = client.run_on_scheduler(_scheduler_records, trim=True)
         # one distinct entry per kind of graph: a window's, a several-window task's, the spec's future
         assert names == 0 and collections <= 3
+        assert spans <= 2  # the last finished one, and the one the spec's task still holds
 
 
 def test_malloc_in_use_counts_live_allocations_not_freed_memory():

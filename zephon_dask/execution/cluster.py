@@ -112,6 +112,7 @@ EMBEDDED_DEFAULTS = {
     "distributed.admin.system-monitor.interval": "2s",
     "distributed.admin.low-level-log-length": 300,  # 5 minutes of profile history
     "distributed.admin.system-monitor.log-length": 300,
+    "distributed.diagnostics.computations.max-history": 10,  # one per idle spell (every few s)
 }
 
 
@@ -228,11 +229,36 @@ class TrimFreedMemory(WorkerPlugin):
             self._callback.stop()
 
 
+SPANS_KEPT = 10  # finished default spans the embedded cluster's scheduler keeps (its latest computations)
+SPAN_QUIET_S = 60.0  # seconds a finished span is kept at least: a worker's metrics for it come within a heartbeat
+
+
+def _forget_finished_spans(scheduler, keep: int, quiet: float = SPAN_QUIET_S) -> None:
+    """Drop all but the last ``keep`` of the scheduler's default spans that finished over ``quiet``
+    seconds ago and hold no live task group. Dask starts a new default span each time every task
+    was done (a pipeline whose windows are fetched as soon as computed, and a cluster ahead of its
+    consumer, make that every few seconds), and never drops one, nor the task groups it lists."""
+    ext = scheduler.extensions.get("spans")
+    defaults = getattr(ext, "spans_search_by_name", {}).get(("default",), [])
+    live = {id(tg) for tg in scheduler.task_groups.values()}
+    now = time.time()  # Dask's span times are wall-clock times
+    gone = {s.id for s in defaults[:max(0, len(defaults) - keep)]
+            if s.done and not s.children and not any(id(tg) in live for tg in s.groups)
+            and now - s.stop >= quiet}
+    if not gone:
+        return
+    for span_id in gone:
+        ext.spans.pop(span_id, None)
+    for spans in (defaults, ext.spans_search_by_tag.get("default", []), ext.root_spans):
+        spans[:] = [s for s in spans if s.id not in gone]
+
+
 class TrimSchedulerRecords(SchedulerPlugin):
     """A scheduler plugin of the embedded cluster: every ``every`` seconds,
-    :func:`~.memory.trim_freed_memory`, :func:`_forget_key_names`, and each span's list of
+    :func:`~.memory.trim_freed_memory`, :func:`_forget_key_names`, each span's list of
     submitted collections cut to its distinct entries (Dask appends one per graph, so one per
-    window, and never drops any)."""
+    window, and never drops any), and :func:`_forget_finished_spans` (all but
+    :data:`SPANS_KEPT`)."""
 
     name = "zephon-trim-scheduler-records"
 
@@ -245,9 +271,10 @@ class TrimSchedulerRecords(SchedulerPlugin):
         self._callback.start()
 
     @staticmethod
-    def trim(scheduler) -> None:
+    def trim(scheduler, keep: int = SPANS_KEPT, quiet: float = SPAN_QUIET_S) -> None:
         trim_freed_memory()
         _forget_key_names()
+        _forget_finished_spans(scheduler, keep, quiet)
         spans = scheduler.extensions.get("spans")
         for span in getattr(spans, "spans", {}).values():
             collections = (span.metadata or {}).get("collections")
