@@ -82,8 +82,8 @@ def _asked(client, pids: dict[str, str]) -> tuple[dict[str, float], ...]:
     arenas and, for workers, the task results held (MB)."""
     values = {"trainer": (*allocator_stats(), None)}
     try:
-        # a worker's results held: the windows computed ahead and not yet fetched (at most
-        # ``prefetch_windows`` in all); a lambda, so that it travels by value (this module is
+        # a worker's results held: a window's result until the training process has fetched it
+        # (as soon as it is computed); a lambda, so that it travels by value (this module is
         # not importable on the workers)
         values.update(client.run(lambda dask_worker: (*allocator_stats(), dask_worker.state.nbytes)))
         values["scheduler"] = (*client.run_on_scheduler(allocator_stats), None)
