@@ -235,7 +235,8 @@ def test_malloc_in_use_counts_live_allocations_not_freed_memory():
     during = memory.malloc_in_use()
     del block
     after = memory.malloc_in_use()
-    assert during - before >= 64 * 2**20 and after - before < 8 * 2**20, (before, during, after)
+    # other threads (a client's event loop from an earlier test) may free or allocate a little meanwhile
+    assert during - before >= 60 * 2**20 and after - before < 8 * 2**20, (before, during, after)
 
 
 def test_python_small_objects_counts_live_objects_within_the_arenas_held():

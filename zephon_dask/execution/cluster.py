@@ -765,7 +765,10 @@ class DistributedRunner(Runner):
             handle.fetched_early(future, values[0])
             return values
 
-        return asyncio.run_coroutine_threadsafe(fetch(), client.loop.asyncio_loop)
+        try:
+            return asyncio.run_coroutine_threadsafe(fetch(), client.loop.asyncio_loop)
+        except RuntimeError:  # the client's loop closed meanwhile: the consumer's own wait says so
+            return None
 
     def rescue(self, stalled: set[str], placement: dict[DistributedHandle, list[str]], live: list[str]) -> None:
         """Compute again, at once, on the ``live`` workers, every window in flight that a
@@ -845,8 +848,12 @@ class DistributedRunner(Runner):
         # Each task returns a final error as its value (task_errors): never retried nor logged there.
         expr = LLGExpr(settled(graph.tasks_for(spec)), _determ_token=graph.key)
         # fifo_timeout as in Client.submit: among equal priorities, the graph submitted first runs first
-        return c.get(expr, list(graph.task_keys), sync=False, priority=priority,
-                     retries=retries, fifo_timeout="100 ms", **where)
+        try:
+            return c.get(expr, list(graph.task_keys), sync=False, priority=priority,
+                         retries=retries, fifo_timeout="100 ms", **where)
+        except Exception:
+            self.watch.check_open()  # a client closed meanwhile (windows fetched ahead come first): say so
+            raise
 
     def close(self) -> None:
         """Stop using the cluster, each step bounded (:data:`CLOSE_S`): a start still in progress is
