@@ -493,8 +493,8 @@ def test_window_tasks_are_queued_in_priority_order_however_few(corpus_dir, clust
     spec = build(corpus_dir, seed=79, k=4).spec  # a fingerprint no other test submits
     runner = DistributedRunner(spec, client=cluster)
     split, fused = window_graph(spec, 0, 0, fused=False), window_graph(spec, 1, 0, fused=True)
-    # no early fetch: its results stay held, not released, so the scheduler still has every task
-    handles = [runner._submit_remote(split, 0, early=False), runner._submit_remote(fused, -1, early=False)]
+    runner.fetch_ahead = False  # its results stay held, not released: the scheduler still has every task
+    handles = [runner.submit(split, priority=0), runner.submit(fused, priority=-1)]
     for h in handles:
         h.result()
     seen = cluster.run_on_scheduler(_queued_in_priority_order, spec.fingerprint[:16])

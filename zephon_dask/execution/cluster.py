@@ -573,6 +573,7 @@ class DistributedRunner(Runner):
         self._in_flight: weakref.WeakSet[DistributedHandle] = weakref.WeakSet()  # handles not released
         self._in_flight_lock = threading.Lock()  # handles are made on the consumer's and the start's threads
         self._early_slots: asyncio.Semaphore | None = None  # EARLY_FETCHES, on the client's event loop
+        self.fetch_ahead = True  # fetch each window as soon as it is computed (see DistributedHandle)
         OPEN_RUNNERS.add(self)
         if not self._own_cluster:
             self._connect(client if client is not None else open_client(address, timeout), address, timeout)
@@ -834,7 +835,7 @@ class DistributedRunner(Runner):
                                         workers=live_only, allow_other_workers=False)
         else:
             futures = self.submit_tasks(graph, self._spec_future, priority, self.retries)
-        return DistributedHandle(graph, futures, self, priority, early)
+        return DistributedHandle(graph, futures, self, priority, early and self.fetch_ahead)
 
     def submit_tasks(self, graph: WindowGraph | GroupGraph, spec, priority: int, retries: int | None, **where) -> list:
         """Submit ``graph.tasks_for(spec)`` as one graph; the futures of ``graph.task_keys``.
