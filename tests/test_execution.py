@@ -197,34 +197,43 @@ def test_windows_computed_ahead_wait_in_the_training_process_not_on_the_workers(
 def _scheduler_records(dask_scheduler, trim=False):
     from dask.utils import key_split
 
-    from zephon_dask.execution.cluster import TrimSchedulerRecords
+    from zephon_dask.execution.cluster import SPAN_NAME, TrimSchedulerRecords
 
     if trim:
         TrimSchedulerRecords.trim(dask_scheduler, keep=1, quiet=0)
     spans = dask_scheduler.extensions["spans"].spans.values()
+    ours = [s for s in spans if s.name == SPAN_NAME]
+    dead_groups = sum(dask_scheduler.task_groups.get(tg.name) is not tg for s in ours for tg in s.groups)
     return (sorted(dask_scheduler.plugins), key_split.cache_info().currsize,
-            sum(len((s.metadata or {}).get("collections", ())) for s in spans), len(spans),
-            len(dask_scheduler.computations), dask_scheduler.computations.maxlen)
+            sum(len((s.metadata or {}).get("collections", ())) for s in spans), len(spans), len(ours),
+            dead_groups, len(dask_scheduler.computations), dask_scheduler.computations.maxlen)
+
+
+def _span_ids_in_worker_metrics(dask_worker):
+    return sorted({k[1] for k in dask_worker.digests_total if isinstance(k, tuple) and k[0] == "execute"})
 
 
 def test_embedded_cluster_keeps_dasks_per_window_records_bounded(corpus_dir):
     # Dask keeps every key's name prefix (up to 100,000) and one collection entry per submitted
-    # graph in the scheduler (without end); the client kept its last 1,000 messages
+    # graph in the scheduler (without end); the client kept its last 1,000 messages; a span, and
+    # a worker's metrics for it, per idle spell (a new default span each time every task was
+    # done), never dropped, each listing its task groups
     from zephon_dask.execution.cluster import TrimSchedulerRecords
 
-    # and a new default span (with its task groups) each time every task was done, never dropped
     with build(corpus_dir, n_workers=1, head_start=False) as p:
-        for _ in range(3):  # every task done between two passes: a new span each
+        for _ in range(3):  # every task done between two passes
             assert len(list(p)) > 4
         client = p.runner().client
         assert client.scheduler_comm.recent_message_log.maxlen == 300
-        plugins, names, collections, spans, computations, kept = client.run_on_scheduler(_scheduler_records)
+        plugins, names, collections, spans, ours, dead, computations, kept = client.run_on_scheduler(_scheduler_records)
         assert TrimSchedulerRecords.name in plugins  # it trims every 30 s: sizes depend on when it last ran
-        assert spans >= 3 and kept == 10 and computations <= kept
-        _, names, collections, spans, _, _ = client.run_on_scheduler(_scheduler_records, trim=True)
+        assert ours == 1 and spans <= 2 and kept == 10 and computations <= kept
+        (span_ids,) = client.run(_span_ids_in_worker_metrics).values()
+        assert len(span_ids) == 1 and span_ids[0].startswith("zephon-dask-"), span_ids
+        _, names, collections, spans, ours, dead, _, _ = client.run_on_scheduler(_scheduler_records, trim=True)
         # one distinct entry per kind of graph: a window's, a several-window task's, the spec's future
         assert names == 0 and collections <= 3
-        assert spans <= 2  # the last finished one, and the one the spec's task still holds
+        assert ours == 1 and spans <= 2 and dead == 0
 
 
 def test_malloc_in_use_counts_live_allocations_not_freed_memory():

@@ -229,15 +229,17 @@ class TrimFreedMemory(WorkerPlugin):
             self._callback.stop()
 
 
+SPAN_NAME = ("zephon-dask",)  # the span every window of a runner is submitted under, one id a client
 SPANS_KEPT = 10  # finished default spans the embedded cluster's scheduler keeps (its latest computations)
 SPAN_QUIET_S = 60.0  # seconds a finished span is kept at least: a worker's metrics for it come within a heartbeat
 
 
 def _forget_finished_spans(scheduler, keep: int, quiet: float = SPAN_QUIET_S) -> None:
     """Drop all but the last ``keep`` of the scheduler's default spans that finished over ``quiet``
-    seconds ago and hold no live task group. Dask starts a new default span each time every task
-    was done (a pipeline whose windows are fetched as soon as computed, and a cluster ahead of its
-    consumer, make that every few seconds), and never drops one, nor the task groups it lists."""
+    seconds ago and hold no live task group, and the task groups the scheduler has forgotten from
+    our own spans (:data:`SPAN_NAME`). Dask starts a new default span each time every task was
+    done, and never drops one; a span lists every task group it ever had, and a window's task
+    group is new each time the previous one's tasks were all released."""
     ext = scheduler.extensions.get("spans")
     defaults = getattr(ext, "spans_search_by_name", {}).get(("default",), [])
     live = {id(tg) for tg in scheduler.task_groups.values()}
@@ -245,6 +247,9 @@ def _forget_finished_spans(scheduler, keep: int, quiet: float = SPAN_QUIET_S) ->
     gone = {s.id for s in defaults[:max(0, len(defaults) - keep)]
             if s.done and not s.children and not any(id(tg) in live for tg in s.groups)
             and now - s.stop >= quiet}
+    for span in ext.spans.values() if ext is not None else ():
+        if span.name == SPAN_NAME:
+            span.groups.difference_update([tg for tg in span.groups if scheduler.task_groups.get(tg.name) is not tg])
     if not gone:
         return
     for span_id in gone:
@@ -639,8 +644,10 @@ class DistributedRunner(Runner):
         self.watch = ClusterWatch(client, timeout, address)
         # A task, not scattered data: if the worker holding it dies, the
         # scheduler recomputes it from the task definition.
-        self._spec_future = client.submit(_spec_value, self.spec, key=graph_keys.spec_key(self.spec.fingerprint),
-                                          pure=False, priority=1_000_000)
+        self._span = {"name": SPAN_NAME, "ids": (f"zephon-dask-{client.id}",)}
+        with dask.annotate(span=self._span):
+            self._spec_future = client.submit(_spec_value, self.spec, key=graph_keys.spec_key(self.spec.fingerprint),
+                                              pure=False, priority=1_000_000)
 
     @property
     def starting(self) -> bool:
@@ -848,10 +855,14 @@ class DistributedRunner(Runner):
         # The name is only the submission's; the task keys stay the graph's deterministic keys.
         # Each task returns a final error as its value (task_errors): never retried nor logged there.
         expr = LLGExpr(settled(graph.tasks_for(spec)), _determ_token=graph.key)
-        # fifo_timeout as in Client.submit: among equal priorities, the graph submitted first runs first
+        # fifo_timeout as in Client.submit: among equal priorities, the graph submitted first runs first.
+        # Every window goes to this runner's one span (annotations are context-local), so the
+        # per-span records of workers and scheduler stay one entry per task group, however long
+        # the run.
         try:
-            return c.get(expr, list(graph.task_keys), sync=False, priority=priority,
-                         retries=retries, fifo_timeout="100 ms", **where)
+            with dask.annotate(span=self._span):
+                return c.get(expr, list(graph.task_keys), sync=False, priority=priority,
+                             retries=retries, fifo_timeout="100 ms", **where)
         except Exception:
             self.watch.check_open()  # a client closed meanwhile (windows fetched ahead come first): say so
             raise
