@@ -257,12 +257,15 @@ def test_a_frozen_worker_costs_one_stall_timeout_not_one_per_window(corpus_dir, 
     assert err is None
     assert rows == truth
     messages = [r.getMessage() for r in caplog.records]
-    rescue = next(i for i, m in enumerate(messages) if "stalled (no heartbeat" in m)
-    rescued = re.findall(r"lane \d+, window \d+", messages[rescue].split("in flight there: ")[1])
-    assert rescued, messages[rescue]
-    later = [m for m in messages[rescue + 1:] if "has been computing" in m]
-    assert not [m for m in later if any(f"{w} has been" in m for w in rescued)], later  # none waited again
     assert sum("has been computing" in m for m in messages) <= 3, messages
+    # the windows in flight on the frozen worker when it was found silent are computed again at
+    # once (under load, the few in flight may all have been copied one by one before that)
+    rescue = next((i for i, m in enumerate(messages) if "stalled (no heartbeat" in m), None)
+    if rescue is not None:
+        rescued = re.findall(r"lane \d+, window \d+", messages[rescue].split("in flight there: ")[1])
+        assert rescued, messages[rescue]
+        later = [m for m in messages[rescue + 1:] if "has been computing" in m]
+        assert not [m for m in later if any(f"{w} has been" in m for w in rescued)], later  # none waited again
 
 
 def test_user_client_closed_mid_stream_gives_a_typed_error(corpus_dir, tmp_path):
