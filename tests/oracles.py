@@ -367,3 +367,43 @@ def ref_grouped_submissions(num_windows: dict, start: dict, prefetch: int, gets:
         next_needed[lane] = w + 1
         top_up()
     return out
+
+
+def ref_batch_arrays(table, opts) -> dict:
+    """A batch's arrays from every row of ``table``, one row and one column at a time: rows
+    padded to the longest, labels by the rule in ``zephon_dask.consumer.batch``'s docstring."""
+    b = len(table)
+    width = max((int(n) for n in table.lengths), default=0)
+    tokens = np.full((b, width), opts.pad_id, dtype=np.int64)
+    positions = np.zeros((b, width), dtype=np.int64)
+    docs = np.full((b, width), -1, dtype=np.int64)
+    mask = np.zeros((b, width), dtype=np.int64)
+    for i in range(b):
+        lo, hi = int(table.offsets[i]), int(table.offsets[i + 1])
+        for t in range(hi - lo):
+            tokens[i, t], positions[i, t] = int(table.tokens[lo + t]), int(table.positions[lo + t])
+            docs[i, t] = int(table.document_ids[lo + t])
+            mask[i, t] = 1 if table.loss_mask is None else int(table.loss_mask[lo + t])
+    out = {"tokens": tokens, "positions": positions, "document_ids": docs,
+           "lengths": np.asarray(table.lengths, dtype=np.int64)}
+    if opts.label_convention is not None:
+        labels = np.full((b, width), opts.ignore_index, dtype=np.int64)  # target of t: token t + 1
+        trained = np.zeros((b, width), dtype=bool)
+        for i in range(b):
+            for t in range(width - 1):
+                if (docs[i, t] >= 0 and docs[i, t + 1] >= 0 and mask[i, t + 1]
+                        and not (opts.mask_document_boundaries and docs[i, t + 1] != docs[i, t])):
+                    labels[i, t], trained[i, t] = tokens[i, t + 1], True
+        if opts.label_convention == "hf":  # the target of t is token t: one column to the right
+            hf_labels = np.full((b, width), opts.ignore_index, dtype=np.int64)
+            hf_trained = np.zeros((b, width), dtype=bool)
+            hf_labels[:, 1:], hf_trained[:, 1:] = labels[:, :-1], trained[:, :-1]
+            labels, trained = hf_labels, hf_trained
+            out["attention_mask"] = (docs >= 0).astype(np.int64)
+            out["position_ids"] = positions
+        out.update(input_ids=tokens, labels=labels, loss_mask=trained)
+    if opts.cu_seqlens:
+        flat = docs.reshape(-1).tolist()
+        cu = [k for k in range(len(flat)) if k % width == 0 or flat[k] != flat[k - 1]] if width else []
+        out["cu_seqlens"] = np.array([*cu, len(flat)], dtype=np.int32)
+    return out

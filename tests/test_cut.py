@@ -1,14 +1,15 @@
-"""Batches cut ahead in one vectorised pass equal, byte for byte, the ones ``make_batch`` builds
-one at a time over the same rows, and no two batches share memory."""
+"""Batches cut ahead in one vectorised pass equal, byte for byte, the one-batch cut
+(``make_batch``) over the same rows and a row-by-row oracle, and no two batches share memory."""
 
 from __future__ import annotations
 
 import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from oracles import ref_batch_arrays
 
+from zephon_dask.consumer import BatchOptions, make_batch
 from zephon_dask.consumer import batcher as batcher_module
-from zephon_dask.consumer.batch import BatchOptions, make_batch
 from zephon_dask.consumer.batcher import LaneBatcher
 from zephon_dask.operators.table import SampleTable
 
@@ -60,7 +61,7 @@ def lane(draw):
     opts = BatchOptions(microbatch_size=draw(st.integers(1, 5)), drop_last=draw(st.booleans()),
                         labels=draw(st.sampled_from([False, True, "shifted", "hf"])), ignore_index=-100,
                         mask_document_boundaries=draw(st.booleans()), cu_seqlens=draw(st.booleans()),
-                        pad_id=draw(st.integers(0, 3)))
+                        pad_id=draw(st.sampled_from([0, 1, 3, 2**31])))  # 2**31: no int32 token
     skip = draw(st.integers(0, len(windows[0])))
     return windows, opts, skip
 
@@ -89,12 +90,16 @@ def stream(windows, opts, skip):
             return out
 
 
-def same(batch, ref) -> None:
+def same_arrays(batch, ref) -> None:
     assert list(batch) == list(ref)
     for key in ref:
         a, b = batch[key], ref[key]
         assert (a.dtype, a.shape, a.tobytes()) == (b.dtype, b.shape, b.tobytes()), key
     assert (batch["input_ids"] is batch["tokens"]) == (ref["input_ids"] is ref["tokens"]) if "input_ids" in ref else True
+
+
+def same(batch, ref) -> None:
+    same_arrays(batch, ref)
     assert (batch.lane, batch.index_in_lane, batch.position, batch.last) == \
         (ref.lane, ref.index_in_lane, ref.position, ref.last)
     assert len(batch.lineage) == len(ref.lineage)
@@ -119,11 +124,12 @@ def scribble(batch) -> None:
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(lane())
-def test_cut_batches_equal_make_batch_one_at_a_time(case):
+def test_cut_batches_equal_the_one_batch_cut_and_the_oracle(case):
     windows, opts, skip = case
     batches = stream(windows, opts, skip)
     for k, (batch, rows, nxt) in enumerate(batches):
         table = SampleTable.concat([windows[w].slice(i, i + 1) for w, i in rows])
+        same_arrays(batch, ref_batch_arrays(table, opts))
         ref = make_batch(table, 3, 5 + k, opts, NAMES, nxt, last=batch.last)
         same(batch, ref)  # batches before this one were written into: none of it shows here
         scribble(batch)
@@ -133,8 +139,8 @@ def test_cut_batches_equal_make_batch_one_at_a_time(case):
 
 
 def test_cut_covers_whole_windows_and_is_used(monkeypatch):
-    """Batches inside a window come from the cut (not ``make_batch``); a batch that straddles two
-    windows comes from ``make_batch``."""
+    """Batches inside a window come from the window's cut; a batch that straddles two windows is a
+    one-batch cut (``make_batch``)."""
     built = []
     monkeypatch.setattr(batcher_module, "make_batch", lambda *a, **k: built.append(a[2]) or make_batch(*a, **k))
     rng = np.random.default_rng(0)
@@ -148,3 +154,14 @@ def test_cut_covers_whole_windows_and_is_used(monkeypatch):
     got = [batcher.pop() for _ in range(2 * n // 4)]
     assert built == [n // 4]  # only the batch across the two windows
     assert [b.position for b in got[n // 4 - 1:n // 4 + 1]] == [(0, n - 2), (1, 2)]
+
+
+@settings(max_examples=100, deadline=None)
+@given(window(packed=False, masked=True, width=5), st.sampled_from([False, True, "hf"]), st.booleans())
+def test_make_batch_of_any_rows_equals_the_oracle(table, labels, cu_seqlens):
+    """Any rows in one batch, none or all empty included."""
+    opts = BatchOptions(microbatch_size=2, labels=labels, cu_seqlens=cu_seqlens, pad_id=5)
+    same_arrays(make_batch(table, 0, 0, opts, NAMES), ref_batch_arrays(table, opts))
+    empty = SampleTable(table.tokens[:0], np.zeros(3, np.int64), table.positions[:0], table.document_ids[:0],
+                        table.lineage[:0], np.zeros(3, np.int64), None)
+    same_arrays(make_batch(empty, 0, 0, opts, NAMES), ref_batch_arrays(empty, opts))

@@ -17,7 +17,7 @@ import pytest
 import zephon_dask as z
 from zephon_dask.cli import main
 from zephon_dask.commands import bench
-from zephon_dask.consumer.batch import make_batch
+from zephon_dask.consumer import make_batch
 from zephon_dask.core import compute_window
 from zephon_dask.curriculum import routing
 from zephon_dask.errors import ConfigError, MissingDependencyError
@@ -182,7 +182,7 @@ def test_batch_html_lists_rows_and_sources(corpus):
 FRESH_REPRS = """
 import sys
 import zephon_dask as z
-from zephon_dask.consumer.batch import make_batch
+from zephon_dask.consumer import make_batch
 
 web = z.Dataset.from_records("web", ["river lamp", "harvest bridge ferry", "orchard"])
 code = z.Dataset.from_records("code", ["def f(): pass", "x = 1"])

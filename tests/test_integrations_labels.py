@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from zephon_dask.consumer.batch import BatchOptions, make_batch
+from zephon_dask.consumer import BatchOptions, make_batch
 from zephon_dask.errors import ConfigError, ZephonError
 from zephon_dask.operators.table import SampleTable
 
