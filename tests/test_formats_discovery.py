@@ -189,11 +189,21 @@ def test_data_files_pick_a_split(tmp_path):
         ("**/train[-._ 0-9]*", ["train-1.pq", "d/train_a.pq"], ["trainer.pq", "d/mytrain.pq"]),
         ("part-?.jsonl", ["part-1.jsonl"], ["part-12.jsonl"]),
         ("[!a]*.jsonl", ["b.jsonl"], ["a.jsonl"]),
+        ("[^a]*.jsonl", ["a.jsonl", "^.jsonl"], ["b.jsonl"]),  # as in fsspec and shells: ^ is no negation
+        ("/data/*.jsonl", ["data/a.jsonl"], ["/data/a.jsonl"]),
+        ("a/**", ["a/b", "a/b/c.jsonl"], ["b/a/c"]),
+        ("a[b", ["a[b"], ["ab"]),
     ],
 )
 def test_glob_semantics(pattern, yes, no):
     r = glob_regex(pattern)
     assert all(r.fullmatch(p) for p in yes) and not any(r.fullmatch(p) for p in no)
+
+
+def test_a_glob_with_double_star_inside_a_name_is_refused():
+    with pytest.raises(ConfigError) as ei:
+        glob_regex("data/**.jsonl")
+    assert_typed(ei, ConfigError, ValueError, "data/**.jsonl", "**/*.jsonl")
 
 
 def test_mixed_formats_refused_and_others_warned_once(tmp_path):
