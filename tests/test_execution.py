@@ -148,10 +148,12 @@ def test_embedded_cluster_workers_and_the_consumer_give_freed_memory_back(corpus
         assert TrimFreedMemory.name in next(iter(p.runner().client.run(_plugins).values()))
     trims = []
     monkeypatch.setattr(memory, "trim_freed_memory", lambda: trims.append(1) or True)
-    trimmer = memory.Trimmer(every=0.2)
+    now = [100.0]
+    trimmer = memory.Trimmer(every=0.2, clock=lambda: now[0])
+    now[0] += 0.19
     trimmer.maybe()
     assert trims == []  # not before its interval
-    time.sleep(0.25)
+    now[0] += 0.01
     trimmer.maybe()
     trimmer.maybe()
     assert trims == [1]  # once per interval
@@ -334,26 +336,29 @@ def test_hiding_the_script_restores_it_when_clusters_start_from_two_threads(monk
     main.__file__, main.__spec__ = "/jobs/train.py", types.SimpleNamespace(name="jobs.train")
     spec = main.__spec__
     monkeypatch.setitem(sys.modules, "__main__", main)
-    inside = threading.Event()
+    first_inside, second_inside, first_left = threading.Event(), threading.Event(), threading.Event()
     seen = []
 
     def first():
         with script_not_reimported():
             seen.append((getattr(main, "__file__", None), main.__spec__))
-            inside.set()
-            time.sleep(0.2)
+            first_inside.set()
+            second_inside.wait(30)  # both inside at once
+        first_left.set()
 
     def second():
-        inside.wait()
+        first_inside.wait(30)
         with script_not_reimported():
             seen.append((getattr(main, "__file__", None), main.__spec__))
-            time.sleep(0.4)  # leaves after the first thread: restores last
+            second_inside.set()
+            first_left.wait(30)  # leaves after the first thread: restores last
 
     threads = [threading.Thread(target=first), threading.Thread(target=second)]
     for t in threads:
         t.start()
     for t in threads:
-        t.join()
+        t.join(60)
+    assert first_left.is_set() and not any(t.is_alive() for t in threads)
     assert seen == [(None, None), (None, None)]
     assert (main.__file__, main.__spec__) == ("/jobs/train.py", spec)
 

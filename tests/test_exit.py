@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -115,20 +116,24 @@ def test_close_returns_while_the_cluster_starts_and_the_start_is_undone(corpus_d
     """``close()`` does not wait for a cluster start in progress; the start, once done, closes
     what it started (no process is left)."""
     real = cluster_mod.local_cluster
+    closed = threading.Event()
 
-    def slow(*args, **kwargs):
-        time.sleep(2)
+    def slow(*args, **kwargs):  # the start ends only after close() has returned
+        closed.wait(60)
         return real(*args, **kwargs)
 
     monkeypatch.setattr(cluster_mod, "local_cluster", slow)
     before = child_pids()
     p = build(corpus_dir, n_workers=1)
-    next(iter(p))  # from the head start
-    runner = p.runner()
-    assert runner.starting
-    assert "starting" in str(p.explain()) and "starting" in repr(p)  # inspection says so, never waits
-    p.close()
-    assert runner.starting  # close() did not wait for it
+    try:
+        next(iter(p))  # from the head start
+        runner = p.runner()
+        assert runner.starting
+        assert "starting" in str(p.explain()) and "starting" in repr(p)  # inspection says so, never waits
+        p.close()
+        assert runner.starting  # close() did not wait for it
+    finally:
+        closed.set()
     wait_until_no_new_processes(before, limit=60)
 
 

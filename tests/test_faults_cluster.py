@@ -74,28 +74,29 @@ def reference(pipeline):
     return ref_group_stream(pipeline.spec, pipeline.owned_lanes(), pipeline.batch_options.microbatch_size)
 
 
-def _consume_after(pipeline, fault) -> tuple[list, BaseException | None, float]:
-    """Batches read; ``fault()`` runs after the first one; ``(rows, error, seconds after the fault)``."""
-    rows, at = [], None
+def _consume_after(pipeline, fault) -> tuple[list, BaseException | None]:
+    """Batches read; ``fault()`` runs after the first one; ``(rows, error)``."""
+    rows: list = []
     try:
         for b in pipeline:
             rows.append(batch_rows(b))
-            if at is None:
+            if len(rows) == 1:
                 fault()
-                at = time.monotonic()
     except ZephonError as exc:
-        return rows, exc, time.monotonic() - at
-    return rows, None, time.monotonic() - at
+        return rows, exc
+    return rows, None
 
 
 def test_closed_port_fails_within_seconds_naming_the_address(corpus_dir):
+    import dask
+
     address = f"tcp://127.0.0.1:{_free_port()}"
     p = build(corpus_dir, address=address)
-    t0 = time.monotonic()
-    with pytest.raises(ClusterError, match=address) as info, p:
+    # distributed alone would retry for an hour: the pipeline's own connect deadline ends it
+    with dask.config.set({"distributed.comm.timeouts.connect": "3600s"}), \
+            pytest.raises(ClusterError, match=address) as info, p:
         next(iter(p))
     assert isinstance(info.value, ConnectionError)
-    assert time.monotonic() - t0 < 20  # distributed alone retries for 30 s
 
 
 def test_timeout_options_are_checked():
@@ -110,10 +111,9 @@ def test_scheduler_killed_mid_stream_raises_instead_of_hanging(corpus_dir, tmp_p
     with dask_cluster(tmp_path, 1) as (address, scheduler, _):
         p = build(corpus_dir, address=address, prefetch_windows=1, cluster_timeout=3)
         with p:
-            rows, err, waited = _consume_after(p, lambda: scheduler.send_signal(signal.SIGKILL))
+            rows, err = _consume_after(p, lambda: scheduler.send_signal(signal.SIGKILL))
     assert isinstance(err, ClusterError) and isinstance(err, ConnectionError), err
     assert address in str(err)
-    assert waited < 60, waited
     assert len(rows) < len(reference(p))
 
 
@@ -169,10 +169,9 @@ def test_all_workers_lost_raises_a_stall_error(corpus_dir, tmp_path):
     with dask_cluster(tmp_path, 1) as (address, _, workers):
         p = build(corpus_dir, address=address, prefetch_windows=1, cluster_timeout=3)
         with p:
-            rows, err, waited = _consume_after(p, lambda: workers[0].send_signal(signal.SIGKILL))
+            rows, err = _consume_after(p, lambda: workers[0].send_signal(signal.SIGKILL))
     assert isinstance(err, ClusterStallError) and isinstance(err, TimeoutError), err
     assert "no worker" in str(err) and address in str(err) and "3 s" in str(err)
-    assert waited < 60, waited
 
 
 def test_a_finished_result_lost_with_every_worker_is_waited_for_without_spinning(tmp_path):
@@ -221,7 +220,6 @@ def test_all_workers_lost_mid_stream_raises_without_spinning(corpus_dir, tmp_pat
                     pass
             waited = time.monotonic() - t
     assert address in str(info.value) and "3 s" in str(info.value)
-    assert waited < 60, waited
     assert (watch.waits - waits) <= 5 * waited + 10, (watch.waits - waits, waited)
     assert (watch.checks - checks) <= 2 * waited + 5, (watch.checks - checks, waited)
 
@@ -235,7 +233,7 @@ def test_frozen_worker_is_reported_and_its_windows_recomputed(corpus_dir, tmp_pa
                   windows_per_task=windows_per_task)
         truth = reference(p)
         with p, caplog.at_level(logging.WARNING, logger="zephon_dask.execution.cluster"):
-            rows, err, _ = _consume_after(p, lambda: workers[0].send_signal(signal.SIGSTOP))
+            rows, err = _consume_after(p, lambda: workers[0].send_signal(signal.SIGSTOP))
     assert err is None
     assert rows == truth
     stalls = [r.getMessage() for r in caplog.records if "has been computing" in r.getMessage()]
@@ -253,7 +251,7 @@ def test_a_frozen_worker_costs_one_stall_timeout_not_one_per_window(corpus_dir, 
         p = build(corpus_dir, address=address, prefetch_windows=8, stall_timeout=4, cluster_timeout=60)
         truth = reference(p)
         with p, caplog.at_level(logging.WARNING, logger="zephon_dask.execution.cluster"):
-            rows, err, _ = _consume_after(p, lambda: workers[0].send_signal(signal.SIGSTOP))
+            rows, err = _consume_after(p, lambda: workers[0].send_signal(signal.SIGSTOP))
     assert err is None
     assert rows == truth
     messages = [r.getMessage() for r in caplog.records]
@@ -271,10 +269,9 @@ def test_user_client_closed_mid_stream_gives_a_typed_error(corpus_dir, tmp_path)
     with dask_cluster(tmp_path, 1) as (address, _, _), Client(address, set_as_default=False) as client:
         p = build(corpus_dir, client=client, prefetch_windows=1, cluster_timeout=3)
         with p:
-            rows, err, waited = _consume_after(p, client.close)
+            rows, err = _consume_after(p, client.close)
     assert isinstance(err, ClusterError), err
     assert "closed" in str(err) and address in str(err)
-    assert waited < 60, waited
 
 
 def test_embedded_cluster_listens_on_loopback_only():

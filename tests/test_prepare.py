@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 import pytest
 import zarr
 from oracles import batch_rows
-from pipelines import child_pids
+from pipelines import child_pids, wait_until_no_new_processes
 
 import zephon_dask as z
 from zephon_dask.cli import main as cli_main
@@ -175,8 +175,7 @@ def test_embedded_cluster_parquet_uint32_and_nothing_left_running(tmp_path):
     before = child_pids()
     report = z.prepare_tokens(ds, Tokenize(big, field="body", eos_id=3), str(tmp_path / "out"),
                               n_workers=2, progress=False)
-    time.sleep(0.5)
-    assert child_pids() <= before  # the embedded cluster is gone
+    wait_until_no_new_processes(before)  # the embedded cluster is gone
     got = store_docs(str(tmp_path / "out"))
     for sid, shard in zip(got, ds.shards):
         assert got[sid] == [[int(w[1:]) for w in t.split()] + [3] for t in texts[shard.shard_id]]
@@ -278,9 +277,19 @@ def test_killed_worker_mid_job_still_gives_a_complete_store(corpus, cluster, tmp
     root, texts = corpus
     ds = z.Dataset.from_jsonl("web", str(root), progress=False)
     out = tmp_path / "store"
+    free, gate = tmp_path / "free-worker", tmp_path / "gate"
 
     def slow(text):
-        time.sleep(0.025)
+        """The first worker process to tokenize runs freely; the other waits at the gate (opened
+        once a worker is killed; at most 60 s), so a shard is running when another is recorded."""
+        try:
+            with open(free, "x") as f:
+                f.write(str(os.getpid()))
+        except FileExistsError:
+            pass
+        deadline = time.monotonic() + 60
+        while free.read_text() != str(os.getpid()) and not gate.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
         return list(text.encode("utf-8"))
 
     pids = cluster.run(os.getpid)
@@ -296,6 +305,7 @@ def test_killed_worker_mid_job_still_gives_a_complete_store(corpus, cluster, tmp
             if done and busy:
                 os.kill(pids[busy[0]], signal.SIGKILL)
                 killed.append(pids[busy[0]])
+                gate.touch()
                 return
             time.sleep(0.02)
 
@@ -306,7 +316,8 @@ def test_killed_worker_mid_job_still_gives_a_complete_store(corpus, cluster, tmp
                                   client=cluster, progress=False)
     finally:
         finished.set()
-        thread.join()
+        gate.touch()
+        thread.join(60)
     assert killed, "no worker was killed while the job ran"
     assert not psutil.pid_exists(killed[0]) or psutil.Process(killed[0]).status() == psutil.STATUS_ZOMBIE
     assert zarr.open_group(str(out), mode="r").attrs["complete"] is True
@@ -327,8 +338,9 @@ def test_rerun_of_a_finished_shard_task_leaves_its_files_untouched(corpus, tmp_p
     url, source = str(tmp_path / "shard"), {"shard_id": ds.shards[0].shard_id}
     first = tokenize_shard(ds, op, "uint32", None, 0, url, source)
     files = sorted(p for p in Path(url).rglob("*") if p.is_file())
+    for p in files:  # stamped in the past: a file written again shows whatever the clock's resolution
+        os.utime(p, ns=(10**18, 10**18))
     stamps = {p: p.stat().st_mtime_ns for p in files}
-    time.sleep(0.01)
     assert tokenize_shard(ds, op, "uint32", None, 0, url, source) == first
     assert {p: p.stat().st_mtime_ns for p in files} == stamps
     # a damaged one is written again

@@ -4,6 +4,7 @@ quickest run keeps batches byte-identical and windows in flight bounded."""
 from __future__ import annotations
 
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -143,36 +144,61 @@ def thread_client():
         cluster.close()
 
 
-def test_a_wait_that_ends_in_time_costs_the_scheduler_no_rpc(thread_client):
+_GATE = threading.Event()
+
+
+def _wait_at_the_gate() -> bool:
+    return _GATE.wait(60)
+
+
+@pytest.fixture
+def held():
+    """A task that runs until the test ends (in-process workers: their thread waits on an event of
+    this process, at most 60 s); empty waits on it end empty however slow the machine is."""
+    _GATE.clear()
+    yield _wait_at_the_gate
+    _GATE.set()
+
+
+@pytest.fixture
+def hourly_checks(monkeypatch):
+    """Liveness RPCs at most once an hour while waits end empty (a watch made with a timeout of
+    2 h), so "not again" never depends on how fast this machine runs the test."""
+    from zephon_dask.execution import watch
+
+    monkeypatch.setattr(watch, "CHECK_EVERY", 3600.0)
+    return 7200.0
+
+
+def test_a_wait_that_ends_in_time_costs_the_scheduler_no_rpc(thread_client, held, hourly_checks):
     """Waiting for a window that finishes within the slice sends no liveness RPC; a slice that ends
     without it does."""
-    import time
-
     from zephon_dask.execution.watch import ClusterWatch
 
     client = thread_client()
-    watch = ClusterWatch(client, timeout=30)
-    fut = client.submit(time.sleep, 0.05, pure=False)
+    watch = ClusterWatch(client, timeout=hourly_checks)
+    fut = client.submit(int, 1, pure=False)
     assert watch.wait([fut], timeout=20) is fut
     assert watch.checks == 0
-    slow = client.submit(time.sleep, 3, pure=False)
+    slow = client.submit(held, pure=False)
     assert watch.wait([slow], timeout=0.05) is None
     assert watch.checks == 1
-    assert watch.wait([slow], timeout=0.05) is None  # checked just now: not again before 5 s
+    assert watch.wait([slow], timeout=0.05) is None  # checked just now: not again within the interval
     assert watch.checks == 1
 
 
-def test_empty_waits_check_liveness_at_most_every_few_seconds_unless_a_fault_is_pending(thread_client):
+def test_empty_waits_check_liveness_at_most_every_few_seconds_unless_a_fault_is_pending(thread_client, held,
+                                                                                         hourly_checks):
     import time
 
     from zephon_dask.execution.watch import ClusterWatch
 
     client = thread_client()
-    watch = ClusterWatch(client, timeout=30)
-    slow = client.submit(time.sleep, 3, pure=False)
+    watch = ClusterWatch(client, timeout=hourly_checks)
+    slow = client.submit(held, pure=False)
     for _ in range(4):
         assert watch.wait([slow], timeout=0.02) is None
-    assert watch.checks == 1  # the first empty slice checks; the next ones, within 5 s, do not
+    assert watch.checks == 1  # the first empty slice checks; the next ones, within the interval, do not
     idle = thread_client(n_workers=0)  # a fault: once seen, checked every second until it raises
     watch = ClusterWatch(idle, timeout=0.3)
     never = idle.submit(time.sleep, 0, pure=False)

@@ -8,7 +8,6 @@ import os
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -89,7 +88,6 @@ def test_import_emits_no_warning():
 
 
 HEAVY = ("dask", "distributed", "torch", "numpy")
-HELP_SECONDS = 0.3
 # ``-X importtime`` misses modules loaded by importlib.import_module (how cli.py loads the
 # command modules), so the child also lists sys.modules at exit, after ``--help`` exited.
 HELP_MODULES = """
@@ -100,9 +98,10 @@ runpy.run_module("zephon_dask.cli", run_name="__main__", alter_sys=True)
 """
 
 
-def test_cli_help_is_fast_and_imports_nothing_heavy():
+def test_cli_help_imports_nothing_heavy():
     """``zephon-dask --help`` (the console script runs ``zephon_dask.cli:main``) imports only the
-    standard library and the light command modules: heavy imports wait for a command's ``run``."""
+    standard library and the light command modules: heavy imports wait for a command's ``run``.
+    (What it adds to startup: ``python benchmarks/bench_exit.py --cases help``.)"""
     root = Path(__file__).resolve().parents[1]
     env = {**os.environ, "PYTHONPATH": str(root)}
     done = subprocess.run([sys.executable, "-X", "importtime", "-c", HELP_MODULES], capture_output=True,
@@ -115,21 +114,6 @@ def test_cli_help_is_fast_and_imports_nothing_heavy():
     assert "zephon_dask.commands.run" in imported  # the parser really loaded the command modules
     heavy = sorted({m.split(".")[0] for m in imported} & set(HEAVY))
     assert not heavy, f"--help imported {heavy}"
-
-    def best_of_7(args: list[str]) -> float:  # the best of 7 tolerates a busy machine
-        times = []
-        for _ in range(7):
-            start = time.perf_counter()
-            done = subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=60,
-                                  cwd=root, env=env)
-            times.append(time.perf_counter() - start)
-            assert done.returncode == 0, done.stderr
-        return min(times)
-
-    # measured against a bare interpreter in the same run: what zephon-dask adds to startup
-    bare = best_of_7(["-c", "pass"])
-    help_s = best_of_7(["-m", "zephon_dask.cli", "--help"])
-    assert help_s - bare < HELP_SECONDS, f"--help took {help_s:.3f} s, a bare interpreter {bare:.3f} s"
 
 
 def test_cli_version(capsys):
