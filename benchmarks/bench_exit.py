@@ -7,6 +7,7 @@ Each case runs real processes (training scripts as subprocesses, ``dask schedule
   and on ``threads``, in the same run: the process's wall time, its exit after the last batch,
   and the difference between the two runners.
 * ``cli``: ``zephon-dask run examples/recipe.toml --steps 40``, both runners: wall time.
+* ``help``: ``zephon-dask --help`` against a bare interpreter: what the CLI adds to startup.
 * ``error``: a wrong ``text_field`` on the default runner, the error left uncaught and the
   pipeline never closed: the exit after the error, and the lines printed.
 * ``scheduler``: the scheduler of a ``dask scheduler`` + ``dask worker`` cluster killed mid-stream
@@ -212,6 +213,20 @@ def case_cli(args, _work) -> None:
     print(f"  default runner - threads: {median(walls['distributed']) - median(walls['threads']):+.2f} s")
 
 
+def case_help(args, _work) -> None:
+    """What ``zephon-dask --help`` adds to a bare interpreter's start: the best of 7 runs each."""
+    def best_of_7(argv: list[str]) -> float:  # the best of 7 tolerates a busy machine
+        times = []
+        for _ in range(7):
+            t0 = time.perf_counter()
+            subprocess.run([sys.executable, *argv], cwd=ROOT, capture_output=True, check=True, timeout=60)
+            times.append(time.perf_counter() - t0)
+        return min(times)
+
+    bare, help_s = best_of_7(["-c", "pass"]), best_of_7(["-m", "zephon_dask.cli", "--help"])
+    print(f"  zephon-dask --help  {help_s:5.3f} s, a bare interpreter {bare:5.3f} s: +{help_s - bare:5.3f} s")
+
+
 def case_error(args, _work) -> None:
     exits, lines, failed = [], [], []
     for _ in range(args.repeat):
@@ -305,7 +320,7 @@ def case_frozen(args, work) -> None:
           f"{sum(r[3] for r in rows)} of {len(rows)} runs")
 
 
-CASES = {"quickstart": case_quickstart, "cli": case_cli, "error": case_error, "scheduler": case_scheduler,
+CASES = {"quickstart": case_quickstart, "cli": case_cli, "help": case_help, "error": case_error, "scheduler": case_scheduler,
          "lost": case_lost, "frozen": case_frozen}
 
 

@@ -2,7 +2,7 @@
 
 Starts a real S3-protocol server on 127.0.0.1 (moto's server, ``moto[server]``,
 reached through ``s3fs``) with a counting, fault-injecting proxy in front of it
-(``tests/s3server.py``), writes the documents of ``bench_read.py`` (fixed seed)
+(``tests/helpers/s3server.py``), writes the documents of ``bench_read.py`` (fixed seed)
 in every format into a bucket, and reports:
 
 * **bytes fetched per byte of records used**, per format: ``--reads`` reads of
@@ -41,12 +41,12 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository: tests.helpers
 
 from bench_read import documents, write_all  # noqa: E402
-from s3server import FaultProxy, S3Server  # noqa: E402
 
 import zephon_dask as z  # noqa: E402
+from tests.helpers.s3server import FaultProxy, S3Server  # noqa: E402
 from zephon_dask.data import Dataset, arrow, compressed, jsonl, mds, tokens, write_token_store  # noqa: E402
 from zephon_dask.data.index import CACHE_ENV  # noqa: E402
 

@@ -1,13 +1,9 @@
 import atexit
 import os
 import shutil
-import sys
 import tempfile
-from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).parent))
 
 # The suite never writes to the real user cache: every process it starts (Dask
 # workers, notebook kernels, torchrun) inherits this index cache directory.
@@ -15,7 +11,7 @@ _CACHE = tempfile.mkdtemp(prefix="zephon-test-cache-")
 os.environ["ZEPHON_DASK_CACHE_DIR"] = _CACHE
 atexit.register(shutil.rmtree, _CACHE, True)
 
-from pipelines import write_corpus  # noqa: E402
+from tests.helpers.pipelines import write_corpus  # noqa: E402
 
 
 @pytest.fixture(scope="session")

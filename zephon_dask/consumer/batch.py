@@ -30,7 +30,6 @@ import numpy as np
 
 from .. import views
 from ..errors import ConfigError
-from ..operators.table import SampleTable, segment_arange
 from ..validate import check_int, did_you_mean
 
 LABEL_CONVENTIONS = (False, True, "shifted", "hf")
@@ -154,70 +153,3 @@ class Batch(Mapping):
 
     def _repr_html_(self) -> str:
         return views.show("batch_html", self)
-
-
-def next_token_labels(tokens: np.ndarray, doc_ids: np.ndarray, ignore_index: int,
-                      mask_document_boundaries: bool,
-                      token_mask: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """``(labels, trained)``: ``labels[:, t] = tokens[:, t + 1]``, ``ignore_index`` (and
-    ``trained`` False) where ``t`` or ``t + 1`` is padding, in the last column, if
-    asked where ``t + 1`` starts another document, and where ``token_mask`` (the
-    samples' ``loss_mask``, per token) is 0 at ``t + 1`` (pure)."""
-    labels = np.full_like(tokens, ignore_index)
-    labels[:, :-1] = tokens[:, 1:]
-    invalid = np.ones_like(tokens, dtype=bool)
-    invalid[:, :-1] = doc_ids[:, 1:] < 0
-    if mask_document_boundaries:
-        invalid[:, :-1] |= doc_ids[:, 1:] != doc_ids[:, :-1]
-    if token_mask is not None:
-        invalid[:, :-1] |= token_mask[:, 1:] == 0
-    invalid |= doc_ids < 0
-    labels[invalid] = ignore_index
-    return labels, ~invalid
-
-
-def make_batch(table: SampleTable, lane: int, index_in_lane: int, opts: BatchOptions,
-               dataset_names: tuple[str, ...] = (), position: tuple[int, int] = (0, 0),
-               last: bool = False) -> Batch:
-    """Assemble a batch from a lane's samples (vectorised; pads to the longest sample)."""
-    lengths = table.lengths
-    b = len(lengths)
-    width = int(lengths.max()) if b else 0
-
-    equal = not b or int(lengths.min()) == width  # packed rows: the flat arrays reshape, no scatter
-    rows, cols = (None, None) if equal else (np.repeat(np.arange(b), lengths), segment_arange(lengths))
-
-    def rectangle(flat: np.ndarray, fill: int, dtype) -> np.ndarray:
-        if equal:
-            return flat.reshape(b, width).astype(dtype)
-        out = np.full((b, width), fill, dtype=dtype)
-        out[rows, cols] = flat
-        return out
-
-    tokens = rectangle(table.tokens, opts.pad_id, np.int64)
-    positions = rectangle(table.positions, 0, np.int64)
-    doc_ids = rectangle(table.document_ids, -1, np.int64)
-    arrays = {"tokens": tokens, "positions": positions, "document_ids": doc_ids,
-              "lengths": lengths.astype(np.int64)}
-    if opts.label_convention is not None:
-        token_mask = None
-        if table.loss_mask is not None:  # tokenize_chat: only the marked tokens are targets
-            token_mask = rectangle(table.loss_mask, 0, np.uint8)
-        labels, trained = next_token_labels(tokens, doc_ids, opts.ignore_index, opts.mask_document_boundaries,
-                                            token_mask)
-        if opts.label_convention == "hf":  # the same targets, one column to the right
-            labels = np.concatenate((np.full_like(labels[:, :1], opts.ignore_index), labels[:, :-1]), axis=1)
-            trained = np.concatenate((np.zeros_like(trained[:, :1]), trained[:, :-1]), axis=1)
-            arrays["attention_mask"] = (doc_ids >= 0).astype(np.int64)
-            arrays["position_ids"] = positions
-        arrays["input_ids"] = tokens
-        arrays["labels"] = labels
-        arrays["loss_mask"] = trained
-    if opts.cu_seqlens:
-        flat = doc_ids.reshape(-1)
-        row_start = np.zeros_like(flat, dtype=bool)
-        row_start[::max(width, 1)] = True
-        starts = np.flatnonzero(row_start | np.concatenate(([True], flat[1:] != flat[:-1])))
-        arrays["cu_seqlens"] = np.concatenate((starts, [flat.size])).astype(np.int32)
-    lineage = [table.sample_lineage(i) for i in range(b)]
-    return Batch(arrays, lane, index_in_lane, lineage, dataset_names, position, last)

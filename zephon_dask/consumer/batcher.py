@@ -9,9 +9,8 @@ The full batches a window has left are cut ahead in one vectorised pass
 (:func:`~zephon_dask.consumer.cut.cut_batches`) at the first
 :meth:`LaneBatcher.pop` that finds none cut; :meth:`pop` then
 hands each out with its int64 arrays (a few numpy calls) and the
-bookkeeping. A batch that straddles two windows, the last partial one and
-rows the cut does not take are built one at a time by
-:func:`~zephon_dask.consumer.batch.make_batch`; both give the same batch.
+bookkeeping. A batch that straddles two windows and the last partial one are
+the one-batch case of the same cut (:func:`~zephon_dask.consumer.cut.make_batch`).
 """
 
 from __future__ import annotations
@@ -20,8 +19,8 @@ from collections import deque
 
 from ..errors import StateError
 from ..operators.table import SampleTable
-from .batch import Batch, BatchOptions, make_batch
-from .cut import CutBatch, cut_batches
+from .batch import Batch, BatchOptions
+from .cut import CutBatch, cut_batches, make_batch
 
 
 class LaneBatcher:
@@ -78,7 +77,7 @@ class LaneBatcher:
             t = self._tables[0][2]
             count = (len(t) - self._head) // self.opts.microbatch_size
             if count:
-                self._cut.extend(cut_batches(t, self._head, count, self.opts, len(self.names)) or ())
+                self._cut.extend(cut_batches(t, self._head, count, self.opts, len(self.names)))
 
     def pop(self) -> Batch:
         """The next full batch (call only when :meth:`ready`)."""

@@ -1,23 +1,21 @@
-"""Cutting a run of full batches from one table in one vectorised pass. Pure.
+"""Building batches: a run of them from one table in one vectorised pass. Pure.
 
-:func:`cut_batches` prepares ``count`` consecutive batches of
-``microbatch_size`` rows, starting at row ``start`` of one table, in one
-pass: the rows laid out flat in the table's dtype, batch after batch, each
-batch padded to its own longest row (as
-:func:`~zephon_dask.consumer.batch.make_batch` pads it; packed rows need no
-copy), which labels are ignored and where sequences start (``cu_seqlens``)
-computed once over all of them, the rows' lineage and the tokens and records
-started per dataset (one ``bincount``) too. :meth:`CutBatch.arrays` then
-converts one batch's slots to its int64 arrays, a few numpy calls, when the
-batch is handed out: no int64 array exists before its batch is asked for, and
-each batch owns its arrays except ``lengths`` and ``cu_seqlens``, slices of
-the run's arrays that no other batch shares, so writing into one batch (or a
-tensor made from it) cannot change another.
+:func:`cut_batches` prepares ``count`` consecutive batches of ``size`` rows
+(``microbatch_size`` unless told), starting at row ``start`` of one table, in
+one pass: the rows laid out flat in the table's dtype (int64 where
+``pad_id`` does not fit it), batch after batch, each batch padded to its own
+longest row (packed rows need no copy), which labels are ignored and where
+sequences start (``cu_seqlens``) computed once over all of them, the rows'
+lineage and the tokens and records started per dataset (one ``bincount``)
+too. :meth:`CutBatch.arrays` then converts one batch's slots to its int64
+arrays, a few numpy calls, when the batch is handed out: no int64 array
+exists before its batch is asked for, and each batch owns its arrays except
+``lengths`` and ``cu_seqlens``, slices of the run's arrays that no other
+batch shares, so writing into one batch (or a tensor made from it) cannot
+change another.
 
-Each batch equals, byte for byte, what ``make_batch`` gives for the same
-rows: the same fields, dtypes, shapes and values, ``input_ids`` the same
-array as ``tokens`` and ``position_ids`` as ``positions``, and per row a view
-of the table's lineage rows.
+:func:`make_batch` is the one-batch case: every row of a table in one batch
+(a batch straddling two windows, a lane's last partial batch).
 """
 
 from __future__ import annotations
@@ -27,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..operators.table import SampleTable
-from .batch import BatchOptions
+from .batch import Batch, BatchOptions
 
 
 @dataclass(frozen=True)
@@ -36,11 +34,12 @@ class Run:
     batch (each padded to its width), and over the same slots which labels are ignored."""
 
     opts: BatchOptions
+    size: int  # rows per batch
     tokens: np.ndarray
     positions: np.ndarray
     doc_ids: np.ndarray
     untrained: np.ndarray | None  # None without labels
-    lengths: np.ndarray  # [count, microbatch] int64
+    lengths: np.ndarray  # [count, size] int64
     cu_seqlens: list[np.ndarray] | None  # per batch, None unless asked
 
 
@@ -59,15 +58,15 @@ class CutBatch:
     counts: np.ndarray | None
 
     def arrays(self) -> dict[str, np.ndarray]:
-        """The batch's arrays, as ``make_batch`` builds them (new int64 arrays; a few numpy calls)."""
+        """The batch's arrays (new int64 arrays; a few numpy calls)."""
         run, lo, hi, opts = self.run, self.lo, self.hi, self.run.opts
-        shape = (opts.microbatch_size, self.width)
+        shape = (run.size, self.width)
         tokens = run.tokens[lo:hi].astype(np.int64).reshape(shape)
         positions = run.positions[lo:hi].astype(np.int64).reshape(shape)
         docs = run.doc_ids[lo:hi]
         batch = {"tokens": tokens, "positions": positions, "document_ids": docs.astype(np.int64).reshape(shape),
-                 "lengths": run.lengths[self.index]}  # make_batch's fields, in its order; rows of
-        # lengths and cu_seqlens are slices of the run's arrays that no other batch shares
+                 "lengths": run.lengths[self.index]}  # rows of lengths and cu_seqlens are slices of
+        # the run's arrays that no other batch shares
         if run.untrained is not None:
             shift = 1 if opts.label_convention == "shifted" else 0  # shifted: a slot's target is the next token
             untrained = run.untrained[lo:hi]
@@ -84,18 +83,14 @@ class CutBatch:
 
 
 def cut_batches(table: SampleTable, start: int, count: int, opts: BatchOptions,
-                n_datasets: int) -> list[CutBatch] | None:
-    """The ``count`` batches of ``opts.microbatch_size`` rows from row ``start`` of ``table``, or
-    ``None`` when a row is empty or ``pad_id`` is not a token of the table's dtype (then
-    ``make_batch`` builds them one at a time)."""
-    m = opts.microbatch_size
+                n_datasets: int, size: int | None = None) -> list[CutBatch]:
+    """The ``count`` batches of ``size`` rows (default ``opts.microbatch_size``) from row ``start``
+    of ``table``."""
+    m = opts.microbatch_size if size is None else size
     rows = count * m
     offsets = table.offsets[start:start + rows + 1]
     lengths = np.diff(offsets)
-    info = np.iinfo(table.tokens.dtype)
-    if not rows or int(lengths.min()) == 0 or not info.min <= opts.pad_id <= info.max:
-        return None
-    widths = lengths.reshape(count, m).max(axis=1)
+    widths = lengths.reshape(count, m).max(axis=1, initial=0)
     slot = np.zeros(rows + 1, dtype=np.int64)  # where each row starts in the flat blocks
     np.cumsum(np.repeat(widths, m), out=slot[1:])
     a, b = int(offsets[0]), int(offsets[-1])
@@ -103,38 +98,52 @@ def cut_batches(table: SampleTable, start: int, count: int, opts: BatchOptions,
     dest = None if equal else np.arange(b - a, dtype=np.int64) + np.repeat(slot[:-1] - (offsets[:-1] - a), lengths)
 
     def block(flat: np.ndarray, fill: int) -> np.ndarray:
-        """The rows' values padded to their batch's width, in the table's dtype."""
+        """The rows' values padded to their batch's width, in the table's dtype (int64 where
+        ``fill`` is not one of its values)."""
         if equal:
             return flat[a:b]
-        out = np.full(int(slot[-1]), fill, dtype=flat.dtype)
+        info = np.iinfo(flat.dtype)
+        out = np.full(int(slot[-1]), fill, dtype=flat.dtype if info.min <= fill <= info.max else np.int64)
         out[dest] = flat[a:b]
         return out
 
     doc_ids = block(table.document_ids, -1)
+    filled = slot[1:] > slot[:-1]  # rows with slots (none in a batch of empty rows)
     first = np.zeros(len(doc_ids), dtype=bool)
-    first[slot[:-1]] = True
+    first[slot[:-1][filled]] = True
     untrained = None
     if opts.label_convention is not None:
-        untrained = _untrained(doc_ids, first, slot, opts,
+        untrained = _untrained(doc_ids, first, slot[1:][filled], opts,
                                None if table.loss_mask is None else block(table.loss_mask, 0))
-    run = Run(opts, block(table.tokens, opts.pad_id), block(table.positions, 0), doc_ids, untrained,
+    bounds = slot[np.arange(count + 1) * m]  # where each batch starts in the flat blocks, and the end
+    run = Run(opts, m, block(table.tokens, opts.pad_id), block(table.positions, 0), doc_ids, untrained,
               lengths.astype(np.int64).reshape(count, m),
-              _cu_seqlens(doc_ids, first, slot[::m]) if opts.cu_seqlens else None)
-    bounds = slot[::m].tolist()  # where each batch starts in the flat blocks, and the end
+              _cu_seqlens(doc_ids, first, bounds) if opts.cu_seqlens else None)
+    edges = bounds.tolist()
     lineage = _lineage(table, start, rows)
     counts = _counts(table, start, rows, m, count, n_datasets)
     return [CutBatch(run, j, lo, hi, width, lineage[j * m:(j + 1) * m], None if counts is None else counts[j])
-            for j, (lo, hi, width) in enumerate(zip(bounds[:-1], bounds[1:], widths.tolist(), strict=True))]
+            for j, (lo, hi, width) in enumerate(zip(edges[:-1], edges[1:], widths.tolist(), strict=True))]
 
 
-def _untrained(doc_ids: np.ndarray, first: np.ndarray, slot: np.ndarray, opts: BatchOptions,
+def make_batch(table: SampleTable, lane: int, index_in_lane: int, opts: BatchOptions,
+               dataset_names: tuple[str, ...] = (), position: tuple[int, int] = (0, 0),
+               last: bool = False) -> Batch:
+    """One batch of all of ``table``'s rows, padded to the longest (the one-batch case of
+    :func:`cut_batches`)."""
+    (cut,) = cut_batches(table, 0, 1, opts, len(dataset_names), size=len(table))
+    return Batch(cut.arrays(), lane, index_in_lane, cut.lineage, dataset_names, position, last, counts=cut.counts)
+
+
+def _untrained(doc_ids: np.ndarray, first: np.ndarray, ends: np.ndarray, opts: BatchOptions,
                token_mask: np.ndarray | None) -> np.ndarray:
-    """Over the flat blocks, where the label is ``ignore_index`` (``~loss_mask``):
-    :func:`~zephon_dask.consumer.batch.next_token_labels` row by row, the last slot of a row
-    standing for its last column; with ``"hf"`` one slot later, the first slot of a row
-    untrained."""
+    """Over the flat blocks, where the label is ``ignore_index`` (``~loss_mask``): the target of a
+    slot is the next slot's token, untrained in a row's last column (``ends``: where the rows
+    end), where this slot or the next is padding, where the next token's ``token_mask`` is 0 and,
+    if asked, where the next token starts another document; with ``"hf"`` one slot later, the
+    first slot of a row untrained."""
     invalid = np.zeros(len(doc_ids), dtype=bool)
-    invalid[slot[1:] - 1] = True  # a row's last column has no next token
+    invalid[ends - 1] = True  # a row's last column has no next token
     invalid[:-1] |= doc_ids[1:] < 0
     if opts.mask_document_boundaries:
         invalid[:-1] |= doc_ids[1:] != doc_ids[:-1]
@@ -151,7 +160,7 @@ def _untrained(doc_ids: np.ndarray, first: np.ndarray, slot: np.ndarray, opts: B
 
 def _cu_seqlens(doc_ids: np.ndarray, first: np.ndarray, bounds: np.ndarray) -> list[np.ndarray]:
     """Per batch, the int32 offsets where a row or a document starts in its flattened tokens,
-    then its size (``make_batch``'s ``cu_seqlens``), all built in one array."""
+    then its size, all built in one array."""
     count = len(bounds) - 1
     starts_at = first.copy()
     starts_at[1:] |= doc_ids[1:] != doc_ids[:-1]

@@ -23,14 +23,14 @@ import pyarrow as pa
 from ..errors import DataFormatError, DatasetNotFoundError
 from .hf import is_saved
 from .integrity import changed
-from .memo import ByteLRU
+from .memo import byte_lru
 from .parquet import column_types, columns_html, columns_identity
 from .paths import FileInfo, filesystem, is_local
 from .reader import Reader
 from .shard import Shard
 
 FILE_MAGIC = b"ARROW1"
-TABLES = ByteLRU(1 << 30)
+TABLES = byte_lru(1 << 30, lambda held: held[1])  # (table, the bytes it holds)
 _MAPPED = 1 << 16
 
 
@@ -136,13 +136,13 @@ def _ranged(shard: Shard, uniq: np.ndarray, storage_options: dict[str, Any] | No
 
 def _table(shard: Shard, storage_options: dict[str, Any] | None) -> pa.Table:
     key = (shard.path, shard.size_bytes, shard.mtime)
-    table = TABLES.get(key)
-    if table is None:
+    held = TABLES.get(key)
+    if held is None:
         fs, name = filesystem(str(shard.path), storage_options)
         table = _open(fs, name, str(shard.path))
         # a memory-mapped table holds no memory of its own: weigh only its batch headers
-        TABLES.put(key, table, _MAPPED if is_local(fs) else table.nbytes)
-    return table
+        held = TABLES[key] = (table, _MAPPED if is_local(fs) else table.nbytes)
+    return held[0]
 
 
 def read(

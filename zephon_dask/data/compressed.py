@@ -30,14 +30,14 @@ from fsspec import AbstractFileSystem
 
 from ..errors import ConfigError, DataFormatError
 from .integrity import changed
-from .memo import ByteLRU
+from .memo import byte_lru
 
 GZIP_MAGIC = b"\x1f\x8b"
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 _UNSUPPORTED = {b"BZh": "bzip2", b"\xfd7zXZ\x00": "xz", b"PK\x03\x04": "zip"}
 CHECKPOINT_EVERY = 1 << 20  # compressed bytes between gzip checkpoints
 _READ = 1 << 20
-SEGMENTS = ByteLRU(1 << 28)
+SEGMENTS = byte_lru(1 << 28, len)
 
 
 def codec(head: bytes, url: str) -> str | None:
@@ -209,7 +209,7 @@ def _segment(fs: AbstractFileSystem, name: str, url: str, cp: Checkpoints, k: in
     if len(out) != want:
         raise changed(None, url, f"decompressing from compressed byte {lo} gave {len(out)} "
                                  f"bytes, not the {want} indexed")
-    SEGMENTS.put(key, out, len(out))
+    SEGMENTS[key] = out
     return out
 
 

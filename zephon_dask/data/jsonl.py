@@ -43,7 +43,7 @@ from ..errors import DataFormatError, DatasetNotFoundError
 from . import compressed, fields
 from .index import cache_dir
 from .integrity import changed
-from .memo import ByteLRU
+from .memo import byte_lru
 from .paths import FileInfo, filesystem, is_local
 from .reader import Reader
 from .shard import Shard
@@ -51,7 +51,7 @@ from .shard import Shard
 BLOCK = 1 << 26  # bytes scanned per step
 GAP = 1 << 16  # byte gap under which two needed lines are fetched in one range
 _WHITESPACE = np.frombuffer(b" \t\r\n", dtype=np.uint8)
-SPANS = ByteLRU(1 << 30)
+SPANS = byte_lru(1 << 30, lambda layout: layout.nbytes)
 
 
 def _spans_in(arr: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
@@ -169,7 +169,7 @@ def inspect(fs: AbstractFileSystem, f: FileInfo) -> dict[str, Any]:
     plain file in an object store, the node's spans file)."""
     layout, size = _scan_any(fs, f.name, f.url)
     if size == f.size:
-        SPANS.put((f.url, f.size, f.mtime), layout, layout.nbytes)
+        SPANS[f.url, f.size, f.mtime] = layout
         if layout.checkpoints is None and f.etag is not None and not is_local(fs):
             _keep_spans(f.url, f.size, f.etag, layout.spans)
     extra: dict[str, Any] = {"num_samples": int(layout.spans.shape[0])}
@@ -214,7 +214,7 @@ def _layout(fs: AbstractFileSystem, name: str, shard: Shard) -> _Layout:
         kept = _kept_spans(shard)
         if kept is not None:
             layout = _Layout(kept, None)
-            SPANS.put(key, layout, layout.nbytes)
+            SPANS[key] = layout
     if layout is None:
         layout, size = _scan_any(fs, name, str(shard.path))
         if size != shard.size_bytes or layout.spans.shape[0] != shard.num_samples:
@@ -222,7 +222,7 @@ def _layout(fs: AbstractFileSystem, name: str, shard: Shard) -> _Layout:
                 None, str(shard.path), f"indexed: {shard.num_samples} records, {shard.size_bytes} "
                 f"bytes; now: {layout.spans.shape[0]} records, {size} bytes"
             )
-        SPANS.put(key, layout, layout.nbytes)
+        SPANS[key] = layout
     return layout
 
 

@@ -37,14 +37,14 @@ import numpy as np
 from ..errors import ConfigError, DataFormatError, DatasetNotFoundError
 from . import integrity
 from .compressed import zstandard
-from .memo import ByteLRU
+from .memo import byte_lru
 from .paths import file_mtime, filesystem, is_local, to_url
 from .reader import Reader
 from .shard import Shard
 
 INDEX = "index.json"
-OFFSETS = ByteLRU(1 << 28)
-DECODED = ByteLRU(1 << 30)
+OFFSETS = byte_lru(1 << 28, lambda table: table.nbytes)
+DECODED = byte_lru(1 << 30, len)
 GAP = 1 << 16
 _SCALARS = {
     name: np.dtype(name)
@@ -287,7 +287,7 @@ def _raw_layout(fs: Any, name: str, shard: Shard) -> np.ndarray:
         table = _offsets(
             np.frombuffer(head, np.uint32, n + 1, 4).astype(np.int64), shard, int(fs.size(name))
         )
-        OFFSETS.put(shard, table, table.nbytes)
+        OFFSETS[shard] = table
     return table
 
 
@@ -302,7 +302,7 @@ def _decoded(fs: Any, name: str, shard: Shard, compression: str) -> bytes:
                 "index.json does; the shard is corrupt: write it again"
             )
         _offsets(np.frombuffer(data, np.uint32, n + 1, 4).astype(np.int64), shard, len(data))
-        DECODED.put(shard, data, len(data))
+        DECODED[shard] = data
     return data
 
 

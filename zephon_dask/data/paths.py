@@ -27,8 +27,15 @@ from typing import Any
 
 import fsspec
 from fsspec import AbstractFileSystem
+from fsspec.utils import glob_translate
 
-from ..errors import DatasetNotFoundError, StorageAccessError, StorageError, ZephonError
+from ..errors import (
+    ConfigError,
+    DatasetNotFoundError,
+    StorageAccessError,
+    StorageError,
+    ZephonError,
+)
 
 INDEX_NAME = "index.json"
 _GLOB_CHARS = frozenset("*?[")
@@ -292,26 +299,15 @@ def _follow(
     return out
 
 
-# A data_files glob: ``**`` crosses directories, ``*`` and ``?`` do not, ``[...]`` is a class.
-_GLOB_TOKEN = re.compile(r"\*\*/?|\*|\?|\[[^\]]*\]|[^*?\[]+")
-
-
 def glob_regex(pattern: str) -> re.Pattern[str]:
-    """A regex matching the relative paths that the ``data_files`` glob ``pattern`` selects. Pure."""
-    parts = []
-    for tok in _GLOB_TOKEN.findall(pattern.lstrip("/")):
-        if tok.startswith("**"):
-            parts.append("(?:.*/)?" if tok.endswith("/") else ".*")
-        elif tok == "*":
-            parts.append("[^/]*")
-        elif tok == "?":
-            parts.append("[^/]")
-        elif tok.startswith("[") and len(tok) > 2:
-            body = tok[1:-1].replace("\\", "\\\\")
-            parts.append("[" + ("^" + body[1:] if body[0] in "!^" else body) + "]")
-        else:
-            parts.append(re.escape(tok))
-    return re.compile("".join(parts))
+    """A regex matching the relative paths that the ``data_files`` glob ``pattern`` selects
+    (fsspec's glob rules: ``**`` as a whole path component crosses directories, ``*`` and ``?``
+    do not, ``[...]`` is a class, ``[!...]`` its complement). Pure."""
+    try:
+        return re.compile(glob_translate(pattern.lstrip("/")))
+    except ValueError as exc:  # "**" inside a component, e.g. "data/**.jsonl"
+        raise ConfigError(f"data_files glob {pattern!r}: {exc}; write '**/*.jsonl' for every "
+                          "matching file in any folder, '*' within one folder") from None
 
 
 def match_data_files(files: Sequence[FileInfo], patterns: Sequence[str]) -> list[FileInfo]:

@@ -66,7 +66,7 @@ from ..errors import (
     TokenizerMismatchError,
 )
 from ..validate import check_int
-from .memo import ByteLRU
+from .memo import byte_lru
 from .paths import filesystem, fs_options, to_url
 from .reader import Reader
 from .shard import Shard
@@ -80,7 +80,7 @@ TOKEN_CHUNK = 1 << 20
 OFFSET_CHUNK = 1 << 16
 _SHARD_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 _TOKEN_DTYPES = (np.dtype(np.uint16), np.dtype(np.uint32))
-OPENED = ByteLRU(1 << 30)
+OPENED = byte_lru(1 << 30, lambda opened: opened[1].nbytes)  # (tokens, offsets): the offsets weigh
 # Every chunk is written, even one equal to the fill value, so a reader can tell a deleted
 # chunk file (an error) from a chunk zarr skipped (which it would read back as zeros).
 EVERY_CHUNK: ArrayConfigParams = {"write_empty_chunks": True}
@@ -325,7 +325,7 @@ def _open(shard: Shard, storage_options: dict[str, Any] | None) -> tuple[Any, np
     ):
         raise _corrupt(shard, "its tokens or offsets do not match the shard's completion record "
                               "(sizes or offsets sha256)")
-    OPENED.put(shard, (tok, off), off.nbytes)
+    OPENED[shard] = (tok, off)
     return tok, off
 
 

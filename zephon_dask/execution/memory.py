@@ -27,6 +27,7 @@ import re
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 
 TRIM_EVERY = 30.0  # seconds between two trims of one process
 
@@ -48,13 +49,15 @@ def trim_freed_memory() -> bool:
 
 
 class Trimmer:
-    """Trims at most once every ``every`` seconds when :meth:`maybe` is called. Holds its last time."""
+    """Trims at most once every ``every`` seconds (of ``clock``) when :meth:`maybe` is called.
+    Holds its last time."""
 
-    def __init__(self, every: float = TRIM_EVERY):
-        self.every, self._last = every, time.monotonic()
+    def __init__(self, every: float = TRIM_EVERY, clock: Callable[[], float] = time.monotonic):
+        self.every, self._clock = every, clock
+        self._last = clock()
 
     def maybe(self) -> None:
-        now = time.monotonic()
+        now = self._clock()
         if now - self._last >= self.every:
             self._last = now
             trim_freed_memory()

@@ -1,0 +1,1 @@
+"""Real Dask clusters (LocalCluster, ``dask scheduler`` + ``dask worker``): execution, faults, exits."""

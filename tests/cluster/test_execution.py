@@ -1,0 +1,660 @@
+"""Execution on real runners and clusters never changes a byte of the data."""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections import Counter
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import zephon_dask as z
+from tests.helpers.oracles import batch_rows, ref_group_stream
+from tests.helpers.pipelines import build, child_pids, wait_until_no_new_processes
+from zephon_dask.curriculum import group_lanes
+from zephon_dask.errors import ElasticityWarning
+
+
+def stream(pipeline):
+    with pipeline:
+        return [batch_rows(b) for b in pipeline]
+
+
+def reference(pipeline):
+    return ref_group_stream(pipeline.spec, pipeline.owned_lanes(), pipeline.batch_options.microbatch_size)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    from distributed import Client, LocalCluster
+
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0") as lc:
+        with Client(lc, set_as_default=False) as client:
+            yield client
+
+
+@pytest.mark.parametrize("runner", ["synchronous", "threads"])
+@pytest.mark.parametrize("prefetch", [1, 8])
+@pytest.mark.parametrize("fuse", [False, True])
+def test_local_runners_match_reference(corpus_dir, runner, prefetch, fuse):
+    p = build(corpus_dir, runner=runner, prefetch_windows=prefetch, fuse=fuse)
+    truth = reference(p)
+    assert len(truth) > 10
+    assert stream(p) == truth
+
+
+def test_choose_runner_and_make_runner_agree(corpus_dir):
+    from zephon_dask.errors import ConfigError
+    from zephon_dask.execution import choose_runner, make_runner
+    from zephon_dask.execution.local import ThreadRunner
+
+    base = {"runner": "threads", "client": None, "address": None}
+    assert choose_runner(base) == "threads"
+    assert choose_runner({**base, "address": "tcp://127.0.0.1:1"}) == "distributed"
+    assert choose_runner({**base, "client": object()}) == "distributed"
+    spec = build(corpus_dir).spec
+    runner = make_runner(spec, {**base, "n_workers": 3})
+    try:
+        assert type(runner) is ThreadRunner and runner.n_workers == 3
+    finally:
+        runner.close()
+    assert make_runner(spec, {**base, "runner": "synchronous"}).name == "synchronous"
+    with pytest.raises(ConfigError, match="'distributed', 'threads', 'synchronous'"):
+        make_runner(spec, {**base, "runner": "gpu"})
+
+
+def test_embedded_local_cluster_one_worker_and_close(corpus_dir):
+    before = child_pids()
+    p = build(corpus_dir, n_workers=1, prefetch_windows=2)
+    truth = reference(p)
+    got = []
+    with p:
+        for b in p:
+            got.append(batch_rows(b))
+        assert "distributed" in p.runner().describe()
+    assert got == truth
+    wait_until_no_new_processes(before)  # no worker process left behind (a start still running ends)
+
+
+def _worker_settings():
+    import dask
+
+    return (os.environ.get("MALLOC_TRIM_THRESHOLD_"), os.environ.get("MALLOC_ARENA_MAX"),
+            dask.config.get("distributed.admin.tick.interval"), dask.config.get("distributed.worker.profile.interval"))
+
+
+def test_embedded_cluster_settings_spare_the_training_cores_unless_the_user_set_them(corpus_dir, monkeypatch):
+    import dask
+
+    # Dask's default MALLOC_TRIM_THRESHOLD_=65536 made tokenize + pack ~20% slower in a worker
+    monkeypatch.delenv("MALLOC_TRIM_THRESHOLD_", raising=False)
+    # one glibc arena per worker, so its periodic trim reaches all of the worker's free memory
+    monkeypatch.delenv("MALLOC_ARENA_MAX", raising=False)
+    with build(corpus_dir, n_workers=1) as p:
+        next(iter(p))
+        got = p.runner().client.run(_worker_settings)
+    assert list(got.values()) == [(None, "1", "1s", "100ms")]
+    # nor is this process's environment changed
+    assert "MALLOC_TRIM_THRESHOLD_" not in os.environ and "MALLOC_ARENA_MAX" not in os.environ
+    monkeypatch.setenv("MALLOC_ARENA_MAX", "4")
+    with dask.config.set({"distributed.worker.profile.interval": "20ms"}), build(corpus_dir, n_workers=1) as p:
+        next(iter(p))
+        got = p.runner().client.run(_worker_settings)
+    assert list(got.values()) == [(None, "4", "1s", "20ms")]
+
+
+def _worker_log_bounds(dask_worker):
+    return (dask_worker.profile_history.maxlen, dask_worker.state.log.maxlen, dask_worker.monitor.maxlen)
+
+
+def _scheduler_log_bounds(dask_scheduler):
+    return dask_scheduler.transition_log.maxlen, dask_scheduler.monitor.maxlen
+
+
+def test_embedded_cluster_bounds_dasks_logs_unless_the_user_set_them():
+    import dask
+
+    from zephon_dask.execution.cluster import connect
+
+    # Dask's 1,000 one-second profile cycles (kept twice) grew a streaming worker by 24-32 MB over 17 minutes
+    with connect(n_workers=1) as client:
+        assert list(client.run(_worker_log_bounds).values()) == [(300, 300, 300)]
+        assert client.run_on_scheduler(_scheduler_log_bounds) == (300, 300)
+    with dask.config.set({"distributed.admin.low-level-log-length": 50}), connect(n_workers=1) as client:
+        assert list(client.run(_worker_log_bounds).values()) == [(50, 50, 300)]
+        assert client.run_on_scheduler(_scheduler_log_bounds) == (50, 300)
+
+
+def _plugins(dask_worker=None):
+    return sorted(dask_worker.plugins)
+
+
+def test_embedded_cluster_workers_and_the_consumer_give_freed_memory_back(corpus_dir, monkeypatch):
+    from zephon_dask.execution import memory
+    from zephon_dask.execution.cluster import TrimFreedMemory
+
+    assert memory.trim_freed_memory()  # glibc on the machines we test on
+    with build(corpus_dir, n_workers=1) as p:
+        next(iter(p))
+        assert TrimFreedMemory.name in next(iter(p.runner().client.run(_plugins).values()))
+    trims = []
+    monkeypatch.setattr(memory, "trim_freed_memory", lambda: trims.append(1) or True)
+    now = [100.0]
+    trimmer = memory.Trimmer(every=0.2, clock=lambda: now[0])
+    now[0] += 0.19
+    trimmer.maybe()
+    assert trims == []  # not before its interval
+    now[0] += 0.01
+    trimmer.maybe()
+    trimmer.maybe()
+    assert trims == [1]  # once per interval
+
+
+def test_workers_trim_between_tasks_at_most_once_a_second(monkeypatch):
+    from zephon_dask.execution import cluster
+
+    trims = []
+    monkeypatch.setattr(cluster, "trim_freed_memory", lambda: trims.append(1) or True)
+    plugin = cluster.TrimFreedMemory()
+    plugin.transition("k", "executing", "memory")
+    plugin.transition("k", "ready", "executing")  # a task starting: no trim
+    plugin.transition("k2", "executing", "memory")  # within the second: no trim
+    assert trims == [1]
+    plugin._trimmed -= cluster.TRIM_AFTER_TASK_EVERY
+    plugin.transition("k2", "executing", "error")
+    assert trims == [1, 1]
+
+
+def test_windows_computed_ahead_wait_in_the_training_process_not_on_the_workers(corpus_dir, cluster):
+    """A window's result is fetched as soon as it is computed and the cluster's copy released, so
+    the workers hold no finished window while the consumer is busy; the batches are unchanged."""
+    p = build(corpus_dir, client=cluster, prefetch_windows=6, windows_per_task=1)
+    truth = reference(p)
+    with p:
+        it = iter(p)
+        got = [batch_rows(next(it))]
+        handles = list(p.session.stream.fetcher.inflight.values())
+        deadline = time.monotonic() + 60
+        while sum(h.fetched for h in handles) < 3:
+            assert time.monotonic() < deadline, "no window fetched ahead"
+            time.sleep(0.05)
+        fetched = set().union(*(h.keys for h in handles if h.fetched))
+        deadline = time.monotonic() + 30
+        while held := {k for k, workers in cluster.who_has(list(fetched)).items() if workers}:
+            assert time.monotonic() < deadline, f"still held on the workers: {held}"
+            time.sleep(0.05)
+        got += [batch_rows(b) for b in it]
+    assert got == truth
+
+
+def _scheduler_records(dask_scheduler, trim=False):
+    from dask.utils import key_split
+
+    from zephon_dask.execution.cluster import SPAN_NAME, TrimSchedulerRecords
+
+    if trim:
+        TrimSchedulerRecords.trim(dask_scheduler, keep=1, quiet=0)
+    spans = dask_scheduler.extensions["spans"].spans.values()
+    ours = [s for s in spans if s.name == SPAN_NAME]
+    dead_groups = sum(dask_scheduler.task_groups.get(tg.name) is not tg for s in ours for tg in s.groups)
+    return (sorted(dask_scheduler.plugins), key_split.cache_info().currsize,
+            sum(len((s.metadata or {}).get("collections", ())) for s in spans), len(spans), len(ours),
+            dead_groups, len(dask_scheduler.computations), dask_scheduler.computations.maxlen)
+
+
+def _span_ids_in_worker_metrics(dask_worker):
+    return sorted({k[1] for k in dask_worker.digests_total if isinstance(k, tuple) and k[0] == "execute"})
+
+
+def test_embedded_cluster_keeps_dasks_per_window_records_bounded(corpus_dir):
+    # Dask keeps every key's name prefix (up to 100,000) and one collection entry per submitted
+    # graph in the scheduler (without end); the client kept its last 1,000 messages; a span, and
+    # a worker's metrics for it, per idle spell (a new default span each time every task was
+    # done), never dropped, each listing its task groups
+    from zephon_dask.execution.cluster import TrimSchedulerRecords
+
+    with build(corpus_dir, n_workers=1, head_start=False) as p:
+        for _ in range(3):  # every task done between two passes
+            assert len(list(p)) > 4
+        client = p.runner().client
+        assert client.scheduler_comm.recent_message_log.maxlen == 300
+        plugins, names, collections, spans, ours, dead, computations, kept = client.run_on_scheduler(_scheduler_records)
+        assert TrimSchedulerRecords.name in plugins  # it trims every 30 s: sizes depend on when it last ran
+        assert ours == 1 and spans <= 2 and kept == 10 and computations <= kept
+        (span_ids,) = client.run(_span_ids_in_worker_metrics).values()
+        assert len(span_ids) == 1 and span_ids[0].startswith("zephon-dask-"), span_ids
+        _, names, collections, spans, ours, dead, _, _ = client.run_on_scheduler(_scheduler_records, trim=True)
+        # one distinct entry per kind of graph: a window's, a several-window task's, the spec's future
+        assert names == 0 and collections <= 3
+        assert ours == 1 and spans <= 2 and dead == 0
+
+
+def test_malloc_in_use_counts_live_allocations_not_freed_memory():
+    from zephon_dask.execution import memory
+
+    before = memory.malloc_in_use()  # glibc on the machines we test on
+    block = bytearray(64 * 2**20)
+    during = memory.malloc_in_use()
+    del block
+    after = memory.malloc_in_use()
+    # other threads (a client's event loop from an earlier test) may free or allocate a little meanwhile
+    assert during - before >= 60 * 2**20 and after - before < 8 * 2**20, (before, during, after)
+
+
+def test_python_small_objects_counts_live_objects_within_the_arenas_held():
+    from zephon_dask.execution import memory
+
+    live0, arenas0 = memory.python_small_objects()  # CPython's pymalloc on the machines we test on
+    objects = [str(i) for i in range(500_000)]  # ~30 MB of small objects
+    live1, arenas1 = memory.python_small_objects()
+    del objects
+    live2, _ = memory.python_small_objects()
+    assert live1 - live0 >= 20 * 2**20 and arenas1 >= live1 and abs(live2 - live0) < 4 * 2**20, (live0, live1, live2)
+    assert memory.allocator_stats()[0] is not None  # malloc in use, asked with them in one call
+
+
+def test_starting_the_embedded_cluster_leaves_this_process_environment_as_it_was(corpus_dir, monkeypatch):
+    # the nanny exports OMP_NUM_THREADS=1, PYTHONHASHSEED, ... into the spawning process; every
+    # process the training script started afterwards inherited them
+    for key in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "PYTHONHASHSEED"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("ZEPHON_TEST_KEPT", "yes")
+    before = dict(os.environ)
+    with build(corpus_dir, n_workers=1) as p:
+        next(iter(p))
+        assert dict(os.environ) == before
+        worker_env = list(p.runner().client.run(lambda: os.environ.get("OMP_NUM_THREADS")).values())
+    assert worker_env == ["1"]  # the workers still get theirs
+    assert dict(os.environ) == before
+
+
+def test_prefetch_defaults_to_two_windows_per_slot_plus_four(corpus_dir):
+    p = build(corpus_dir, runner="threads", n_workers=3)
+    assert "auto: 2 per worker thread + 4" in str(p.explain())
+    it = iter(p)
+    next(it)
+    assert p.session.stream.fetcher.prefetch == 10
+    assert "auto: 10" in str(p.explain())
+    p.close()
+    p = p.options(prefetch_windows=1)
+    next(iter(p))
+    assert p.session.stream.fetcher.prefetch == 1
+    p.close()
+
+
+UNGUARDED_SCRIPT = """
+import hashlib, json, sys
+import torch  # a training script's imports: the embedded cluster's workers must not repeat them
+import zephon_dask as z
+
+class Shout:  # a tokenizer defined in the script itself
+    def __call__(self, text):
+        return list(text.upper().encode())
+
+def exclaim(rec):  # so is this map function
+    return {**rec, "text": rec["text"] + "!"}
+
+def build(**options):
+    ds = z.Dataset.from_jsonl("web", sys.argv[1], progress=False)
+    return (z.Pipeline(z.MixtureWorkSource([ds], chunk_size=12, seed=1)).map(exclaim, version=1)
+            .tokenize(Shout(), eos_id=0, name="shout", version=1).pack(64).batch(2)
+            .options(canonical_replicas=2, flush_every_k_chunks=2, **options))
+
+def digest(pipeline):
+    h = hashlib.sha256()
+    for batch in pipeline:
+        h.update(batch["tokens"].tobytes())
+    return h.hexdigest()
+
+truth = digest(build(runner="synchronous"))
+with build(n_workers=1) as p:  # no `if __name__ == "__main__":` guard anywhere
+    got = digest(p)
+    torch_in_workers = list(p.runner().client.run(lambda: "torch" in sys.modules).values())
+print(json.dumps({"same": got == truth, "torch_in_workers": torch_in_workers, "file": __file__}))
+"""
+
+
+def test_embedded_cluster_workers_do_not_rerun_the_training_script(corpus_dir, tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(UNGUARDED_SCRIPT)
+    before = child_pids()
+    out = subprocess.run([sys.executable, str(script), str(corpus_dir / "web")], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result == {"same": True, "torch_in_workers": [False], "file": str(script)}
+    assert child_pids() <= before
+
+
+def test_hiding_the_script_restores_it_when_clusters_start_from_two_threads(monkeypatch):
+    import threading
+    import types
+
+    from zephon_dask.execution.cluster import script_not_reimported
+
+    main = types.ModuleType("__main__")
+    main.__file__, main.__spec__ = "/jobs/train.py", types.SimpleNamespace(name="jobs.train")
+    spec = main.__spec__
+    monkeypatch.setitem(sys.modules, "__main__", main)
+    first_inside, second_inside, first_left = threading.Event(), threading.Event(), threading.Event()
+    seen = []
+
+    def first():
+        with script_not_reimported():
+            seen.append((getattr(main, "__file__", None), main.__spec__))
+            first_inside.set()
+            second_inside.wait(30)  # both inside at once
+        first_left.set()
+
+    def second():
+        first_inside.wait(30)
+        with script_not_reimported():
+            seen.append((getattr(main, "__file__", None), main.__spec__))
+            second_inside.set()
+            first_left.wait(30)  # leaves after the first thread: restores last
+
+    threads = [threading.Thread(target=first), threading.Thread(target=second)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert first_left.is_set() and not any(t.is_alive() for t in threads)
+    assert seen == [(None, None), (None, None)]
+    assert (main.__file__, main.__spec__) == ("/jobs/train.py", spec)
+
+
+def test_garbage_collection_stops_the_cluster(corpus_dir):
+    before = child_pids()
+    p = build(corpus_dir, n_workers=1)
+    next(iter(p))
+    p.runner().worker_pids()  # the cluster has started (the first windows may come from this process)
+    assert child_pids() - before
+    del p
+    gc.collect()
+    deadline = time.time() + 20
+    while child_pids() - before and time.time() < deadline:
+        time.sleep(0.2)
+    assert not (child_pids() - before)
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(
+    prefetch=st.integers(1, 8), fuse=st.booleans(), seed=st.integers(0, 1000),
+    degree=st.sampled_from([1, 2, 4]), mapping=st.sampled_from(["contiguous", "interleaved"]),
+    microbatch=st.integers(1, 5), algorithm=st.sampled_from(["wrap", "first_fit", "best_fit"]),
+)
+def test_two_worker_cluster_matches_reference(corpus_dir, cluster, prefetch, fuse, seed, degree, mapping,
+                                              microbatch, algorithm):
+    group = seed % degree
+    p = build(corpus_dir, seed=seed, microbatch=microbatch, algorithm=algorithm, client=cluster,
+              prefetch_windows=prefetch, fuse=fuse, dp_degree=degree, dp_group_id=group, mapping_strategy=mapping)
+    assert stream(p) == reference(p)
+
+
+def test_killed_worker_changes_nothing(corpus_dir):
+    from distributed import Client, LocalCluster
+
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0") as lc, \
+            Client(lc, set_as_default=False) as client:
+        p = build(corpus_dir, client=client, prefetch_windows=8, retries=0)
+        truth = reference(p)
+        it = iter(p)
+        got = [batch_rows(next(it))]
+        victim = next(iter(client.run(os.getpid).values()))
+        os.kill(victim, signal.SIGKILL)
+        got += [batch_rows(b) for b in it]
+        p.close()
+        assert got == truth
+
+
+def _scheduler_tasks(fp: str, dask_scheduler=None) -> dict:
+    """The scheduler's tasks whose key holds ``fp``: ``{key: (dependencies, group, user priority,
+    worker restrictions)}``."""
+    return {str(k): (sorted(str(d.key) for d in ts.dependencies), ts.prefix.name, -ts.priority[0],
+                     tuple(sorted(ts.worker_restrictions or ())))
+            for k, ts in dask_scheduler.tasks.items() if fp in str(k)}
+
+
+@pytest.mark.parametrize("fuse", [False, True])
+def test_distributed_runner_submits_exactly_the_window_graph(corpus_dir, cluster, fuse):
+    import dask
+
+    from zephon_dask.execution.cluster import DistributedRunner
+    from zephon_dask.graph import window_graph
+
+    spec = build(corpus_dir, seed=77).spec  # a fingerprint no other test submits
+    fp = spec.fingerprint[:16]
+    graph = window_graph(spec, 1, 0, fuse)
+    whole = graph.to_dict(spec)
+    runner = DistributedRunner(spec, client=cluster)
+    handle = runner.submit(graph, priority=7)
+    assert handle.result().digest() == dask.get(whole, graph.key).digest()
+    seen = cluster.run_on_scheduler(_scheduler_tasks, fp)
+    assert {k: deps for k, (deps, *_) in seen.items()} == {k: sorted(n.dependencies) for k, n in whole.items()}
+    groups = {"zephon-spec", "zephon-fused-window"} if fuse else {"zephon-spec", "zephon-chunk", "zephon-window"}
+    assert {group for _, group, _, _ in seen.values()} == groups  # what the dashboard shows
+    assert {seen[k][2:] for k in graph.task_keys} == {(7, ())}
+    handle.release()
+
+    # a silent worker: the spec by value, every task kept off the other workers; a stalled window's copy
+    worker = sorted(cluster.scheduler_info()["workers"])[0]
+    copy = graph.fused_copy(1)
+    runner._live_only = ([worker], time.monotonic() + 60)  # (the responsive workers, until)
+    handles = [runner.submit(graph, priority=3)]
+    handles.append(runner.submit_tasks(copy, spec, 3, None, workers=[worker], allow_other_workers=False)[0])
+    for h in handles:
+        h.result()
+    seen = cluster.run_on_scheduler(_scheduler_tasks, fp)
+    expected = {k: (sorted(d for d in n.dependencies if d != graph.spec_key), 3, (worker,))
+                for k, n in {**graph.tasks_for(spec), **copy.tasks_for(spec)}.items()}
+    assert {k: (deps, *rest) for k, (deps, _, *rest) in seen.items() if k != graph.spec_key} == expected
+    assert seen[copy.key][1] == "zephon-again-" + ("fused-window" if fuse else "window")
+    for h in handles:
+        h.release()
+    runner.close()
+    deadline = time.time() + 20
+    while cluster.run_on_scheduler(_scheduler_tasks, fp) and time.time() < deadline:
+        time.sleep(0.1)
+    assert cluster.run_on_scheduler(_scheduler_tasks, fp) == {}  # every future released
+
+
+def test_only_as_many_first_windows_as_workers_are_split(corpus_dir, cluster):
+    """With ``fuse``, the first windows of an iteration, one per lane, are split into chunk tasks for
+    the first 2 lanes (the cluster's 2 worker threads compute each together) and fused for the
+    others; again on the next iteration. The bytes are the reference's."""
+    from distributed import get_task_stream
+
+    p = build(corpus_dir, seed=78, R=4, client=cluster)  # a fingerprint no other test submits
+    fp = p.spec.fingerprint[:16]
+    with p:
+        for _ in range(2):
+            with get_task_stream(client=cluster) as ts:
+                got = [batch_rows(b) for b in p]
+            assert got == reference(p)
+            keys = [t["key"] for t in ts.data if fp in str(t["key"])]
+            split = {tuple(map(int, k.split("-")[-3:-1])) for k in keys if k.startswith("zephon-chunk-")}
+            fused = {tuple(map(int, k.split("-")[-2:])) for k in keys if k.startswith("zephon-fused-window-")}
+            fused |= {tuple(map(int, m.split("."))) for k in keys if k.startswith("zephon-windows-")
+                      for m in k.split("-")[3:]}  # tasks of several fused windows
+            assert split == {(0, 0), (1, 0)}
+            assert {(2, 0), (3, 0)} <= fused and not split & fused
+
+
+def _queued_in_priority_order(fp: str, dask_scheduler=None) -> dict:
+    """``{key: whether the scheduler treats the task as root-ish}`` for the tasks whose key holds
+    ``fp`` (root-ish tasks wait in one queue and go to the workers in priority order)."""
+    return {str(k): dask_scheduler.is_rootish(ts) for k, ts in dask_scheduler.tasks.items() if fp in str(k)}
+
+
+def test_window_tasks_are_queued_in_priority_order_however_few(corpus_dir, cluster):
+    """The tasks that read data (a fused window, a split window's chunks) are queued by Dask's
+    scheduler and handed to workers in priority order even when there are few of them: Dask
+    queues only groups much larger than the cluster otherwise, so at an iteration's start a
+    few fused windows went straight to the workers while the first window's chunks waited
+    behind them. A split window's last task (it has dependencies) is not queued."""
+    from zephon_dask.execution.cluster import DistributedRunner
+    from zephon_dask.graph import window_graph
+
+    spec = build(corpus_dir, seed=79, k=4).spec  # a fingerprint no other test submits
+    runner = DistributedRunner(spec, client=cluster)
+    split, fused = window_graph(spec, 0, 0, fused=False), window_graph(spec, 1, 0, fused=True)
+    runner.fetch_ahead = False  # its results stay held, not released: the scheduler still has every task
+    handles = [runner.submit(split, priority=0), runner.submit(fused, priority=-1)]
+    for h in handles:
+        h.result()
+    seen = cluster.run_on_scheduler(_queued_in_priority_order, spec.fingerprint[:16])
+    for h in handles:
+        h.release()
+    runner.close()
+    assert {k: seen[k] for k in [*split.task_keys, fused.key]} == {**dict.fromkeys(split.chunk_keys, True),
+                                                                 split.key: False, fused.key: True}
+
+
+def test_two_pipelines_share_keys_on_one_cluster(corpus_dir, cluster):
+    a = build(corpus_dir, client=cluster, prefetch_windows=64, dp_degree=2, dp_group_id=1)
+    b = build(corpus_dir, client=cluster, prefetch_windows=64, dp_degree=2, dp_group_id=1)
+    from distributed import get_task_stream
+
+    with get_task_stream(client=cluster) as ts:
+        ia, ib = iter(a), iter(b)  # both submit every window before either gathers
+        got_a = [batch_rows(x) for x in ia]
+        got_b = [batch_rows(x) for x in ib]
+    a.close(), b.close()
+    assert got_a == got_b == reference(a)
+    window_runs = Counter(t["key"] for t in ts.data if "window" in str(t["key"]))
+    assert window_runs and set(window_runs.values()) == {1}  # each shared key computed once
+
+
+@pytest.mark.parametrize("mapping", ["contiguous", "interleaved"])
+def test_union_over_dp_groups_is_topology_independent(corpus_dir, mapping):
+    def collect(degree):
+        items, orders = [], []
+        for group in range(degree):
+            p = build(corpus_dir, R=8, runner="synchronous", dp_degree=degree, dp_group_id=group,
+                      mapping_strategy=mapping)
+            got = stream(p)
+            items += [(lane, idx, json.dumps(rows)) for lane, idx, rows in got]
+            orders.append((group_lanes(8, degree, mapping)[group], [lane for lane, _, _ in got]))
+        return Counter(items), orders
+
+    truth, _ = collect(1)
+    for degree in (2, 4, 8):
+        got, orders = collect(degree)
+        assert got == truth
+        for lanes, emitted in orders:  # strict round-robin while every lane is active
+            n = min(Counter(emitted).values()) * len(lanes)
+            assert emitted[:n] == lanes * (n // len(lanes))
+
+
+def test_non_deterministic_mode_delivers_the_same_batches(corpus_dir):
+    p = build(corpus_dir, runner="threads", deterministic=False, prefetch_windows=4)
+    assert Counter(json.dumps(x) for x in stream(p)) == Counter(json.dumps(x) for x in reference(p))
+
+
+def test_errors_reach_the_loop_with_their_pointer(corpus_dir, cluster):
+    def explode(rec):
+        if "web 1/7 " in rec["text"]:
+            raise RuntimeError("bad record")
+        return rec
+
+    for opts in ({"runner": "threads"}, {"client": cluster}):
+        web = z.Dataset.from_jsonl("web", str(corpus_dir / "web"), progress=False)
+        ws = z.MixtureWorkSource([web], chunk_size=12, seed=1)
+        p = z.Pipeline(ws).map(explode).tokenize().pack(64).batch(2).options(canonical_replicas=2, **opts)
+        with pytest.raises(RuntimeError, match="bad record") as info, p:
+            list(p)
+        notes = "\n".join(getattr(info.value, "__notes__", []))
+        assert "dataset 'web', shard 1, offset 7" in notes
+        assert "lane " in notes and "window " in notes
+
+
+def test_to_torch_matches_batches(corpus_dir):
+    import torch
+
+    p = build(corpus_dir, runner="synchronous")
+    truth = [b for b in p]
+    got = list(build(corpus_dir, runner="synchronous").to_torch(device="cpu", prefetch=3))
+    assert len(got) == len(truth)
+    for t, b in zip(got, truth):
+        assert t["tokens"].dtype == torch.int64
+        assert torch.equal(t["tokens"], torch.from_numpy(b["tokens"]))
+        assert torch.equal(t["document_ids"], torch.from_numpy(b["document_ids"]))
+
+
+@pytest.mark.parametrize("num_workers", [0, 2, 3])
+def test_dataloader_workers_replay_round_robin(corpus_dir, num_workers):
+    import torch
+    from torch.utils.data import DataLoader
+
+    p = build(corpus_dir, runner="threads")
+    truth = reference(p)
+    loader = DataLoader(p.to_torch_dataset(), batch_size=None, num_workers=num_workers)
+    got = []
+    for t in loader:
+        rows = [row[:n].tolist() for row, n in zip(t["tokens"], t["lengths"])]
+        got.append((int(t["lane"]), int(t["index_in_lane"]), rows))
+    p.close()
+    assert Counter(json.dumps(x) for x in got) == Counter(json.dumps(x) for x in truth)
+    lanes = [lane for lane, _, _ in truth]
+    first_end = min(len(lanes) - lanes[::-1].index(lane) - 1 for lane in set(lanes))
+    assert got[: first_end + 1] == truth[: first_end + 1]  # identical while every lane is active
+    assert isinstance(t["tokens"], torch.Tensor)
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def address_cluster():
+    """A real ``dask scheduler`` and two ``dask worker`` processes on 127.0.0.1."""
+    dask_bin = shutil.which("dask", path=os.path.dirname(sys.executable)) or shutil.which("dask")
+    port = _free_port()
+    address = f"tcp://127.0.0.1:{port}"
+    procs = [subprocess.Popen([dask_bin, "scheduler", "--host", "127.0.0.1", "--port", str(port),
+                               "--dashboard-address", ":0", "--no-show"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
+    try:
+        from distributed import Client
+
+        for _ in range(2):
+            procs.append(subprocess.Popen([dask_bin, "worker", address, "--nthreads", "1", "--nworkers", "1",
+                                           "--no-dashboard", "--host", "127.0.0.1"],
+                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        with Client(address, timeout=30, set_as_default=False) as c:
+            c.wait_for_workers(2, timeout=60)
+        yield address
+    finally:
+        for proc in reversed(procs):
+            proc.terminate()
+        for proc in procs:
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def test_cluster_by_address_matches_reference(corpus_dir, address_cluster):
+    p = build(corpus_dir, address=address_cluster, prefetch_windows=3)
+    assert stream(p) == reference(p)
+
+
+def test_degree_warning_and_identity_errors(corpus_dir):
+    with pytest.warns(ElasticityWarning):
+        build(corpus_dir, dp_degree=3, dp_group_id=0).owned_lanes()
+    with pytest.raises(z.ConfigError, match="dp_group_id=2 must be < dp_degree=2"):
+        build(corpus_dir, dp_degree=2, dp_group_id=2).owned_lanes()
+    with pytest.raises(z.ConfigError, match="runner='spark'"):
+        build(corpus_dir, runner="spark")

@@ -1,0 +1,262 @@
+"""The head start: the first windows computed in the training process while the embedded
+cluster starts, the rest on the cluster, the same bytes either way."""
+
+from __future__ import annotations
+
+import pickle
+import threading
+import time
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import zephon_dask as z
+from tests.helpers.oracles import batch_rows, ref_group_stream
+from tests.helpers.pipelines import build, child_pids, wait_until_no_new_processes
+from zephon_dask import compute_window
+from zephon_dask.errors import ClosedError, ClusterError
+from zephon_dask.execution import cluster as cluster_mod
+from zephon_dask.execution.head_start import HeadStart
+from zephon_dask.execution.local import SynchronousRunner
+from zephon_dask.graph import window_graph
+
+
+def reference(pipeline):
+    return ref_group_stream(pipeline.spec, pipeline.owned_lanes(), pipeline.batch_options.microbatch_size)
+
+
+def same_window(a, b) -> bool:
+    return pickle.dumps(a.table) == pickle.dumps(b.table) and a.window == b.window
+
+
+@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(prefetch=st.sampled_from([None, 1, 3]), fuse=st.booleans(), n_workers=st.integers(1, 2),
+       head_start=st.booleans(), microbatch=st.integers(1, 4), per_task=st.sampled_from([None, 1, 3]))
+def test_embedded_cluster_with_and_without_head_start_matches_reference(corpus_dir, prefetch, fuse, n_workers,
+                                                                        head_start, microbatch, per_task):
+    """Windows offered to the head start stay one per task; later ones are grouped (``per_task``)."""
+    p = build(corpus_dir, microbatch=microbatch, n_workers=n_workers, prefetch_windows=prefetch, fuse=fuse,
+              head_start=head_start, windows_per_task=per_task)
+    with p:
+        got = [batch_rows(b) for b in p]
+        here = p.runner().computed_here
+    assert got == reference(p)
+    if head_start:
+        assert here and here[0] == (0, 0)  # the first window the stream needs came from this process
+    else:
+        assert here == []
+
+
+def _windows(spec, n):
+    order = [(lane, w) for w in range(3) for lane in range(spec.canonical_replicas)]
+    return [pair for pair in order if w_exists(spec, *pair)][:n]
+
+
+def w_exists(spec, lane, w) -> bool:
+    total = spec.num_windows(lane)
+    return total is None or w < total
+
+
+def test_windows_are_computed_here_in_priority_order_then_handed_to_the_cluster(corpus_dir):
+    spec = build(corpus_dir).spec
+    computed: list[tuple[int, int]] = []
+    head = HeadStart(spec, 2, False, computed)
+    pairs = _windows(spec, 6)
+    handles = {pair: head.offer(window_graph(spec, *pair), priority=-i) for i, pair in enumerate(pairs)}
+    assert head.first_window.wait(30)
+    sent: list[tuple[int, int]] = []
+    sync = SynchronousRunner(spec)
+
+    def send(graph, priority):
+        sent.append((graph.lane, graph.window))
+        return sync.submit(graph, priority)
+
+    head.hand_over(send)
+    assert head.offer(window_graph(spec, *pairs[0]), 0) is None  # from now on: the cluster
+    for pair, handle in handles.items():
+        assert same_window(handle.result(), compute_window(spec, *pair))
+    # the first ones here, in priority order, the rest to the cluster in priority order
+    assert 1 <= len(computed) < len(pairs)
+    assert computed == pairs[:len(computed)] and sent == pairs[len(computed):]
+
+
+@pytest.mark.parametrize("retry_remotely", [False, True])
+def test_a_window_that_fails_here_fails_with_its_pointer_or_goes_to_the_cluster(corpus_dir, retry_remotely):
+    def explode(rec):
+        if "web 1/7 " in rec["text"]:
+            raise RuntimeError("bad record")
+        return rec
+
+    web = z.Dataset.from_jsonl("web", str(corpus_dir / "web"), progress=False)
+    p = z.Pipeline(z.MixtureWorkSource([web], chunk_size=12, seed=1)).map(explode).tokenize().pack(64).batch(2)
+    spec = p.options(canonical_replicas=2).spec
+    bad = next((lane, w) for lane in range(2) for w in range(spec.num_windows(lane))
+               if _fails(spec, lane, w))
+    head = HeadStart(spec, 1, retry_remotely, [])
+    handle = head.offer(window_graph(spec, *bad), 0)
+    assert head.first_window.wait(30)
+    sent = []
+
+    def send(graph, priority):
+        sent.append((graph.lane, graph.window))
+        return SynchronousRunner(spec).submit(graph, priority)
+
+    head.hand_over(send)
+    with pytest.raises(RuntimeError, match="bad record") as info:
+        handle.result()
+    notes = "\n".join(info.value.__notes__)
+    assert f"lane {bad[0]}, window {bad[1]}" in notes and "offset 7" in notes
+    assert sent == ([bad] if retry_remotely else [])
+
+
+def _fails(spec, lane, w) -> bool:
+    try:
+        compute_window(spec, lane, w)
+    except RuntimeError:
+        return True
+    return False
+
+
+_COMPUTING = threading.Event()
+_RELEASE = threading.Event()
+
+
+def _held(rec):
+    """Says a window is computing, then waits until the test releases it (a deadline: 60 s)."""
+    _COMPUTING.set()
+    _RELEASE.wait(60)
+    return rec
+
+
+def test_closing_fails_the_queued_windows_and_lets_the_one_computing_finish(corpus_dir):
+    web = z.Dataset.from_jsonl("web", str(corpus_dir / "web"), progress=False)
+    spec = (z.Pipeline(z.MixtureWorkSource([web], chunk_size=12, seed=1)).map(_held, version=1).tokenize()
+            .pack(64).batch(2).options(canonical_replicas=2).spec)
+    _COMPUTING.clear()
+    _RELEASE.clear()
+    head = HeadStart(spec, 1, True, [])
+    pairs = _windows(spec, 3)
+    try:
+        handles = [head.offer(window_graph(spec, *pair), -i) for i, pair in enumerate(pairs)]
+        assert _COMPUTING.wait(60)  # the first window is computing, held until the close
+        head.close()
+    finally:
+        _RELEASE.set()
+    assert head.offer(window_graph(spec, *pairs[0]), 0) is None
+    assert same_window(handles[0].result(), compute_window(spec, *pairs[0]))
+    for h in handles[1:]:
+        with pytest.raises(ClosedError, match="closed while the window waited"):
+            h.result()
+
+
+def test_a_cluster_that_fails_to_start_fails_the_waiting_windows_promptly(corpus_dir, monkeypatch):
+    def broken(*args, **kwargs):
+        raise OSError("no free port")
+
+    monkeypatch.setattr(cluster_mod, "local_cluster", broken)
+    # promptly: the start's own error, not the end of a wait as long as the test's timeout
+    p = build(corpus_dir, n_workers=2, prefetch_windows=2, cluster_timeout=3600.0)
+    with pytest.raises(OSError, match="no free port"), p:
+        list(p)
+
+
+def test_a_cluster_that_does_not_start_in_time_is_a_cluster_error(corpus_dir, monkeypatch):
+    started, released = threading.Event(), threading.Event()
+
+    def slow(*args, **kwargs):  # never starts before the test has seen the timeout
+        started.set()
+        released.wait(60)
+        raise OSError("too late")
+
+    monkeypatch.setattr(cluster_mod, "local_cluster", slow)
+    p = build(corpus_dir, n_workers=2, prefetch_windows=1, cluster_timeout=1.5)
+    try:
+        with pytest.raises(ClusterError, match="did not start within 1.5 s"):
+            p.runner().worker_pids()
+        assert started.is_set()
+    finally:
+        released.set()
+        p.close()
+
+
+def test_closing_while_the_cluster_starts_leaves_no_process(corpus_dir):
+    before = child_pids()
+    p = build(corpus_dir, n_workers=1)
+    next(iter(p))  # the first window came from this process; the cluster may still be starting
+    p.close()  # returns at once; the start going on ends in the background
+    wait_until_no_new_processes(before)
+
+
+def test_a_cluster_that_starts_after_close_gave_up_on_it_is_closed(corpus_dir, monkeypatch):
+    real = cluster_mod.local_cluster
+    gave_up = threading.Event()
+
+    def late(*args, **kwargs):  # starts only once the pipeline has given up on it and closed
+        gave_up.wait(60)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(cluster_mod, "local_cluster", late)
+    before = child_pids()
+    p = build(corpus_dir, n_workers=1, cluster_timeout=1.0)
+    next(iter(p))  # the first window, computed here, lets the start begin (a runner closed before starts nothing)
+    with pytest.raises(ClusterError, match="did not start within 1 s"):
+        p.runner().worker_pids()
+    p.close()  # does not wait for the start
+    gave_up.set()
+    deadline = time.monotonic() + 30
+    seen = False
+    while time.monotonic() < deadline:
+        now = child_pids() - before
+        seen = seen or bool(now)
+        if seen and not now:
+            break
+        time.sleep(0.2)
+    assert seen and not (child_pids() - before)  # started late, then closed: nothing left
+
+
+def test_the_embedded_cluster_starts_within_the_pipelines_cluster_timeout(corpus_dir, monkeypatch):
+    asked = []
+
+    def record(*args, **kwargs):
+        asked.append(kwargs.get("timeout"))
+        raise OSError("recorded")
+
+    monkeypatch.setattr(cluster_mod, "local_cluster", record)
+    p = build(corpus_dir, n_workers=1, cluster_timeout=120.0)
+    with pytest.raises(OSError, match="recorded"), p:
+        p.runner().worker_pids()
+    assert asked == [120.0]  # the scheduler process gets as long to start as the pipeline waits
+
+
+_GATE = threading.Event()
+_CALLS = [0]
+
+
+def _held_after_one_chunk(record):
+    """Lets the first chunk's 12 records through, then waits at the gate (a deadline: 60 s)."""
+    _CALLS[0] += 1
+    if _CALLS[0] > 12:
+        _GATE.wait(60)
+    return record
+
+
+def test_a_window_computed_here_reports_its_chunks_as_they_finish(corpus_dir):
+    """What the first batch's bar reads: chunk by chunk, not 0 until the whole window is done."""
+    web = z.Dataset.from_jsonl("web", str(corpus_dir / "web"), progress=False)
+    spec = (z.Pipeline(z.MixtureWorkSource([web], chunk_size=12, seed=1)).map(_held_after_one_chunk, version=1)
+            .tokenize().pack(64).batch(2).options(canonical_replicas=2, flush_every_k_chunks=3).spec)
+    _GATE.clear()
+    _CALLS[0] = 0
+    head = HeadStart(spec, 1, False, [])  # one thread: the window's chunks one after the other
+    try:
+        handle = head.offer(window_graph(spec, 0, 0, fused=True), 0)
+        deadline = time.monotonic() + 60
+        while handle.chunks_done() < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert handle.chunks_done() == 1 and not handle.done()  # one chunk of three, held in the second
+    finally:
+        _GATE.set()
+    assert same_window(handle.result(), compute_window(spec, 0, 0))
+    assert handle.chunks_done() == 3
+    head.close()

@@ -1,0 +1,121 @@
+"""The embedded cluster's scheduler runs in a process of its own (execution/spawned.py): it gets
+the embedded settings and the user's Dask config, writes to this process's stderr, and neither
+it, its workers nor its scheduler file outlive the training process, closed or killed (that it
+listens on 127.0.0.1 only: test_faults_cluster.py); the nannies here skip their own housekeeping."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import psutil
+import pytest
+
+import zephon_dask as z
+from tests.helpers.pipelines import build, child_pids, wait_until_no_new_processes
+
+pytestmark = pytest.mark.timeout(120)
+
+KILLED_SCRIPT = """
+import json, sys
+sys.path.insert(0, {root!r})
+from pathlib import Path
+from tests.helpers.pipelines import build
+
+p = build(Path({corpus!r}), runner="distributed", n_workers=1)
+next(iter(p))
+runner = p.runner()
+pid, scheduler_file = runner.client.run_on_scheduler(lambda dask_scheduler: (__import__("os").getpid(),
+                                                                            dask_scheduler.scheduler_file))
+print(json.dumps({{"pids": [pid, *runner.worker_pids().values()], "scheduler_file": scheduler_file}}), flush=True)
+sys.stdin.read()  # until killed
+"""
+
+
+# a lambda travels by value: the scheduler's process cannot import this test module
+_scheduler_settings = lambda dask_scheduler: (  # noqa: E731
+    os.getpid(), dask_scheduler.scheduler_file, __import__("dask").config.get("distributed.admin.tick.interval"),
+    __import__("dask").config.get("distributed.scheduler.worker-saturation"))
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE  # exited; not reaped by its new parent
+    except psutil.NoSuchProcess:
+        return True
+
+
+def test_scheduler_runs_apart_with_the_embedded_settings_and_the_users_config(corpus_dir):
+    import dask
+    import distributed  # noqa: F401  (its config must exist before dask.config.set records what to restore)
+
+    before = child_pids()
+    with dask.config.set({"distributed.scheduler.worker-saturation": 2.5}), build(corpus_dir, n_workers=1) as p:
+        next(iter(p))
+        pid, scheduler_file, tick, saturation = p.runner().client.run_on_scheduler(_scheduler_settings)
+        assert Path(scheduler_file).exists()
+    assert pid != os.getpid() and pid in before | {pid}
+    assert (tick, saturation) == ("1s", 2.5)
+    assert not Path(scheduler_file).exists()
+    wait_until_no_new_processes(before)  # scheduler and worker processes all ended
+
+
+def test_killed_training_process_leaves_no_process_nor_scheduler_file(corpus_dir, tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(KILLED_SCRIPT.format(root=str(Path(__file__).resolve().parents[2]), corpus=str(corpus_dir)))
+    proc = subprocess.Popen([sys.executable, str(script)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        started = json.loads(proc.stdout.readline())
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    pids, scheduler_file = started["pids"], Path(started["scheduler_file"])
+    assert len(pids) == 2 and os.getpid() not in pids
+    deadline = time.monotonic() + 30
+    while not all(map(_gone, pids)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert all(map(_gone, pids)), [p for p in pids if not _gone(p)]
+    assert not scheduler_file.exists()
+
+
+# by value, as above; 3,000 lines of ~160 bytes: far more than a pipe holds, were stderr one
+_shout = lambda: [__import__("logging").getLogger("distributed.scheduler").error("zephon-test %s %d", "x" * 100, i)  # noqa: E731
+                  for i in range(3000)] and "said"
+
+
+def test_the_schedulers_log_reaches_this_process_and_never_blocks_it(capfd):
+    from distributed import Client
+
+    from zephon_dask.execution.cluster import local_cluster
+
+    pool = ThreadPoolExecutor(1)  # a blocked scheduler would block run_on_scheduler for good
+    try:
+        with local_cluster(1, dashboard_address=None) as cluster, Client(cluster, set_as_default=False) as client:
+            assert pool.submit(client.run_on_scheduler, _shout).result(timeout=30) == "said"
+            assert client.submit(sum, [1, 2], pure=False).result(timeout=30) == 3
+            # the nanny here keeps only what guards its worker (the memory limit), not its own housekeeping
+            nanny, = cluster.workers.values()
+            assert "memory_monitor" in nanny.periodic_callbacks
+            assert not {"monitor", "tick", "ticks", "shift_counters"} & set(nanny.periodic_callbacks)
+    finally:
+        pool.shutdown(wait=False)
+    assert capfd.readouterr().err.count("zephon-test") == 3000
+
+
+def test_a_module_only_this_process_can_import_reaches_the_scheduler(corpus_dir, tmp_path, monkeypatch):
+    # the scheduler unpickles the graph: a function from a module beside the training script
+    # (on sys.path here, not in the scheduler's working directory) must import there too
+    (tmp_path / "beside_the_script.py").write_text("def keep(rows):\n    return rows\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    beside = __import__("beside_the_script")
+    web = z.Dataset.from_jsonl("web", str(corpus_dir / "web"), progress=False)
+    p = (z.Pipeline(z.MixtureWorkSource([web], chunk_size=12, seed=1)).map(beside.keep).tokenize().pack(96).batch(3)
+         .options(canonical_replicas=2, flush_every_k_chunks=2, n_workers=1, head_start=False))
+    with p:
+        assert len(next(iter(p))["tokens"]) == 3

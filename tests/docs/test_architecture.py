@@ -1,0 +1,135 @@
+"""The architecture's rules, checked: layers import one way, no module touches another's private
+names, options are defined once, the package imports lazily."""
+
+from __future__ import annotations
+
+import ast
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import zephon_dask as z
+from zephon_dask.errors import ConfigError
+from zephon_dask.options import BY_NAME, OPTIONS, RUNNER_NAMES, markdown_table
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_layers_import_one_way():
+    """The import-linter contracts in pyproject.toml (also run by `make lint`)."""
+    lint = shutil.which("lint-imports", path=str(Path(sys.executable).parent))
+    assert lint is not None, "import-linter is a dev dependency: pip install -e '.[dev]'"
+    out = subprocess.run([lint, "--no-cache"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
+    assert "Contracts: 2 kept, 0 broken" in out.stdout
+
+
+def _private(name: str) -> bool:
+    # _repr_html_ and the like are IPython's public protocol, not private names
+    return name.startswith("_") and not name.startswith("__") and not name.endswith("_")
+
+
+def _defined_private_names(tree: ast.AST) -> set[str]:
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+            names.add(node.attr)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+        elif isinstance(node, ast.arg):
+            names.add(node.arg)
+    return {n for n in names if _private(n)}
+
+
+def test_no_module_touches_another_modules_private_names():
+    """``x._name`` (x not self/cls) and ``from ... import _name`` are allowed only for names the
+    same module defines; the package and the tests are both checked."""
+    files = sorted((ROOT / "zephon_dask").rglob("*.py")) + sorted((ROOT / "tests").rglob("*.py"))
+    trees = {f: ast.parse(f.read_text(), str(f)) for f in files}
+    own = {f: _defined_private_names(t) for f, t in trees.items()}
+    ours = set().union(*(names for f, names in own.items() if "zephon_dask" in f.parts))
+    found = []
+    for f, tree in trees.items():
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Attribute) and _private(node.attr) and node.attr in ours
+                    and node.attr not in own[f]
+                    and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"))):
+                found.append(f"{f.relative_to(ROOT)}:{node.lineno} .{node.attr}")
+            if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith("zephon_dask")):
+                found += [f"{f.relative_to(ROOT)}:{node.lineno} import {a.name}"
+                          for a in node.names if _private(a.name)]
+    assert not found, "private names used outside their module:\n" + "\n".join(found)
+
+
+def test_the_docs_options_table_is_the_definition():
+    text = (ROOT / "docs" / "execution.md").read_text()
+    assert markdown_table() in text, "regenerate the table: python -c 'import zephon_dask.options as o; " \
+                                     "print(o.markdown_table())'"
+
+
+def test_every_runner_offered_is_registered():
+    from zephon_dask.commands import run
+    from zephon_dask.execution import RUNNERS, Runner
+
+    assert tuple(RUNNERS) == RUNNER_NAMES == BY_NAME["runner"].choices
+    assert all(issubclass(cls, Runner) and cls.name == name for name, cls in RUNNERS.items())
+    parser = __import__("argparse").ArgumentParser()
+    run.add_arguments(parser)
+    runner = next(a for a in parser._actions if a.dest == "runner")
+    assert tuple(runner.choices) == RUNNER_NAMES
+
+
+def test_options_signature_lists_every_option():
+    import inspect
+
+    params = inspect.signature(z.Pipeline.options).parameters
+    assert [p for p in params if p != "self"] == [o.name for o in OPTIONS]
+
+
+@pytest.mark.parametrize("name,bad", [("fuse", 1), ("deterministic", "yes"), ("ledger", 5), ("ledger", ""),
+                                      ("address", 8786), ("client", "tcp://x:1"), ("dashboard_address", 0),
+                                      ("retries", -1), ("runner", "ray"), ("stall_timeout", 0)])
+def test_every_option_is_validated(name, bad):
+    ws = z.MixtureWorkSource([z.Dataset.from_records("d", ["a"])], chunk_size=1)
+    with pytest.raises(ConfigError, match=name):
+        z.Pipeline(ws).options(**{name: bad})
+
+
+def test_builder_methods_return_new_pipelines():
+    ws = z.MixtureWorkSource([z.Dataset.from_records("d", ["a b c", "d e"])], chunk_size=1)
+    base = z.Pipeline(ws).tokenize("bytes")
+    a, b = base.pack(8), base.pack(16)  # side by side: neither "already packs"
+    assert a is not base and b is not base and base.accumulators == ()
+    assert a.fingerprint() != b.fingerprint() != base.fingerprint()
+    fast = a.options(runner="synchronous")
+    assert a.settings["runner"] == "distributed" and fast.settings["runner"] == "synchronous"
+    assert fast.fingerprint() == a.fingerprint()
+
+
+def test_a_derived_pipeline_keeps_the_loaded_state():
+    ws = z.MixtureWorkSource([z.Dataset.from_records("d", [f"doc {i}" for i in range(40)])], chunk_size=2)
+    p = z.Pipeline(ws).tokenize("bytes").pack(4).batch(2).options(runner="synchronous", canonical_replicas=2)
+    with p:
+        it = iter(p)
+        first = [next(it)["tokens"].tobytes() for _ in range(3)]
+        state = p.state_dict()
+        rest = [next(it)["tokens"].tobytes() for _ in range(3)]
+    q = p.options(runner="synchronous").load_state_dict(state)
+    threads = q.options(runner="threads", n_workers=2)  # execution changed: the resume point stays
+    with threads:
+        assert [b["tokens"].tobytes() for b, _ in zip(threads, range(3))] == rest
+    assert first
+    with pytest.raises(z.StateError, match="different data configuration"):
+        q.options(flush_every_k_chunks=3)  # data changed: the state no longer describes it
+
+
+def test_importing_the_package_loads_nothing_heavy():
+    code = ("import sys, zephon_dask, zephon_dask.errors, zephon_dask.options, zephon_dask.cli; "
+            "print(sorted(m for m in ('numpy', 'dask', 'distributed', 'torch', 'pyarrow') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.strip() == "[]"

@@ -1,0 +1,1 @@
+"""Training frameworks and torchrun (gloo): HF Trainer, Lightning, accelerate, TRL, TorchTitan, signals."""

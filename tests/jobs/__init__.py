@@ -1,0 +1,1 @@
+"""Scripts the tests run as subprocesses (torchrun, preempted trainers): run by path, not imported."""

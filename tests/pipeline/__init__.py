@@ -1,0 +1,1 @@
+"""Whole pipelines in one process: checkpoints and resume, whole runs, inspection, in-process faults."""

@@ -1,0 +1,1 @@
+"""Pure functions against slow oracles and properties (hypothesis); no cluster, no subprocess."""
