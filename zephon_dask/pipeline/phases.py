@@ -37,7 +37,7 @@ from ..operators.chat import TokenizeChat
 from ..operators.records import DecodeText, Map
 from ..operators.shuffle import Shuffle
 from ..operators.tokenize import Tokenize
-from ..state.schema import describe_diff
+from ..state.schema import State, describe_diff
 
 
 @dataclass(frozen=True)
@@ -160,10 +160,10 @@ def _requests(source_config: dict) -> list[dict]:
              "chunk": ph["chunk"], "weights": ph["weights"]} for i, ph in enumerate(phases)]
 
 
-def frontier(state: dict, k: int) -> int:
+def frontier(state: State, k: int) -> int:
     """The chunk blocks a state's delivered samples come from: every block below this (a lane's
     ``j``-th chunk lies in block ``j``; a window begun counts whole, it is recomputed whole)."""
-    return max((p["window"] * k + (k if p["offset"] else 0) for p in state["lanes"].values()), default=0)
+    return max((p.window * k + (k if p.offset else 0) for p in state.lanes.values()), default=0)
 
 
 def _phase_diff(i: int, old: dict | None, new: dict | None) -> list[tuple[str, object, object]]:
@@ -180,7 +180,7 @@ def _phase_diff(i: int, old: dict | None, new: dict | None) -> list[tuple[str, o
     return diff
 
 
-def reconcile(saved_source: dict, state: dict, base: MixtureWorkSource, record_ops, accumulators,
+def reconcile(saved_source: dict, state: State, base: MixtureWorkSource, record_ops, accumulators,
               replicas: int, k: int, global_batches: int, microbatch: int) -> MixtureWorkSource:
     """``base`` resolved for a resume from ``state`` (whose source config is ``saved_source``).
 
