@@ -71,6 +71,8 @@ class StepProgress:
         return asdict(self)
 
 
+PARTS = ("fingerprint", "config", "lanes", "pointers", "step")  # a state dict's keys after its header
+STATE_KEYS = ("format", "version", *PARTS)
 LANE_FIELDS = tuple(f.name for f in fields(LaneProgress))
 STEP_FIELDS = tuple(f.name for f in fields(StepProgress))
 STEP_FIELDS_V1 = STEP_FIELDS[:4]  # version 1 recorded neither G nor the microbatch size
@@ -170,7 +172,7 @@ def check_state(state: Any, where: str = "state") -> dict:
 def _check_header(state: Any, where: str) -> int:
     """The format, the version (returned) and the presence of every part."""
     version = _check_version(state, where)
-    missing = [k for k in ("fingerprint", "config", "lanes", "pointers", "step") if k not in state]
+    missing = [k for k in PARTS if k not in state]
     if missing:
         raise StateError(f"{where} lacks {missing}: it is truncated or not a zephon_dask state")
     if not isinstance(state["fingerprint"], str) or not isinstance(state["config"], dict):
