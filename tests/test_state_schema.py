@@ -86,12 +86,13 @@ def test_every_state_a_run_writes_round_trips(corpus_dir, tmp_path):
         assert same_bytes(state.to_dict(), d) and State.from_dict(state.to_dict()) == state
 
 
-def test_a_loaded_state_may_be_typed(corpus_dir):
+def test_a_loaded_or_saved_state_may_be_typed(corpus_dir, tmp_path):
     with build(corpus_dir, runner="synchronous") as pipe:
         it = iter(pipe)
         for _ in range(5):
             next(it)
         saved = pipe.state_dict()
+    assert z.load_state(z.save_state(tmp_path / "s.json", State.from_dict(saved))) == saved
     runs = []
     for state in (saved, State.from_dict(saved)):
         with build(corpus_dir, runner="synchronous") as pipe:
