@@ -44,8 +44,9 @@ from ..state.progress import StepShape
 from ..state.schema import State
 from ..validate import check_bool, check_int
 from ..views import show
-from . import counting, phases, resume, steps
+from . import counting, phases, steps
 from .guard import refuse_fetching_ahead
+from .resume import check as check_resume
 from .session import Session
 
 
@@ -1001,7 +1002,7 @@ class Pipeline:
         Example:
             >>> pipeline.load_state_dict(zephon_dask.load_state("ckpt/data.json"))  # doctest: +SKIP
         """
-        resumed = resume.check(self, state, stacklevel=2)
+        resumed = check_resume(self, state, stacklevel=2)
         self._session.load(resumed.state, resumed.source)
         return self
 

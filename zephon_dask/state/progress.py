@@ -113,7 +113,7 @@ class Progress:
         """The lane has no batch after its ``batches``-th; finished once those are delivered."""
         self._ends[lane] = batches
         if self._ended(lane, self.lane[lane].batches_delivered):
-            self.lane[lane] = replace(self.lane[lane], finished=True)
+            self.lane[lane] = self.lane[lane]._replace(finished=True)
 
     def _ended(self, lane: int, delivered: int) -> bool:
         """Whether the lane has no batch after its first ``delivered``."""
