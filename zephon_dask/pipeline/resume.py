@@ -9,8 +9,8 @@ changed all call it). In order it:
 2. refuses another ``canonical_replicas``;
 3. builds the work source to resume with: the checkpoint's seed, its tokens
    per sample (``weight_by="tokens"``: the measurement is reused, never
-   redone), its schedule's phase starts (reconciled by
-   :func:`.phases.reconcile`);
+   redone), its schedule's phase starts (:func:`reconcile`: what a resume may
+   change in a mixture schedule);
 4. refuses another data config (the difference is listed) or a fingerprint
    that does not match the checkpoint's own config;
 5. refuses a state missing one of the lanes to serve, or lane positions the
@@ -89,7 +89,7 @@ def _check_replicas(state: State, replicas: int) -> None:
 
 def _work_source(pipeline, state: State, degree: int) -> tuple[MixtureWorkSource, bool]:
     """The work source to resume with (see the module docstring, step 3), and whether either
-    side has a schedule (its phases are then compared by :func:`.phases.reconcile`)."""
+    side has a schedule (its phases are then compared by :func:`reconcile`)."""
     saved = state.config.get("source", {})
     source = pipeline.session.built_source
     seed = saved.get("seed")
@@ -99,10 +99,9 @@ def _work_source(pipeline, state: State, degree: int) -> tuple[MixtureWorkSource
     scheduled = source.phases is not None or "schedule" in saved
     if scheduled and not source.unmeasured:  # the phases by the schedule's rules, the rest as below
         shape = pipeline.shape_for(state, degree)
-        source = phases.reconcile(saved, state, source, pipeline.record_ops, pipeline.accumulators,
-                                  pipeline.settings["canonical_replicas"],
-                                  pipeline.settings["flush_every_k_chunks"], shape.global_batches,
-                                  pipeline.batch_options.microbatch_size)
+        source = reconcile(saved, state, source, pipeline.record_ops, pipeline.accumulators,
+                           pipeline.settings["canonical_replicas"], pipeline.settings["flush_every_k_chunks"],
+                           shape.global_batches, pipeline.batch_options.microbatch_size)
     return source, scheduled
 
 
@@ -121,7 +120,7 @@ def _checkpoint_measurement(source: MixtureWorkSource, saved: dict) -> MixtureWo
 
 def _check_config(state: State, current: dict, scheduled: bool) -> None:
     """Refuse a state of another data config (weights and schedule aside when ``scheduled``:
-    :func:`.phases.reconcile` compared them), or whose fingerprint is not its config's."""
+    :func:`reconcile` compared them), or whose fingerprint is not its config's."""
     saved = state.config
     diff = config_diff(_unscheduled(saved) if scheduled else saved,
                        _unscheduled(current) if scheduled else current)
@@ -134,7 +133,7 @@ def _check_config(state: State, current: dict, scheduled: bool) -> None:
 
 
 def _unscheduled(config: dict) -> dict:
-    """A data config without its mixture weights and schedule (compared by :func:`phases.reconcile`)."""
+    """A data config without its mixture weights and schedule (compared by :func:`reconcile`)."""
     source = {k: v for k, v in config.get("source", {}).items() if k not in ("weights", "schedule")}
     return {**config, "source": source}
 
@@ -181,3 +180,72 @@ def _announce(pipeline, state: State, source: MixtureWorkSource, lanes: list[int
                       "work source was given", ZephonWarning, stacklevel=stacklevel)
     logger.info("resuming at global step %d: lane frontiers (window, offset) %s", state.step.global_step,
                 {lane: (state.lanes[lane].window, state.lanes[lane].offset) for lane in lanes})
+
+
+# -- a schedule: what a resume may change -----------------------------------------------
+
+def _requests(source_config: dict) -> list[dict]:
+    """A source config's phases as ``{"start", "chunk", "weights"}`` (a plain mixture: one phase)."""
+    schedule = source_config.get("schedule")
+    if schedule is None:
+        return [{"start": None, "chunk": 0, "weights": source_config.get("weights")}]
+    return [{"start": None if i == 0 else (("step", ph["step"]) if "step" in ph else ("chunk", ph["chunk"])),
+             "chunk": ph["chunk"], "weights": ph["weights"]} for i, ph in enumerate(schedule)]
+
+
+def frontier(state: State, k: int) -> int:
+    """The chunk blocks a state's delivered samples come from: every block below this (a lane's
+    ``j``-th chunk lies in block ``j``; a window begun counts whole, it is recomputed whole)."""
+    return max((p.window * k + (k if p.offset else 0) for p in state.lanes.values()), default=0)
+
+
+def _phase_diff(i: int, old: dict | None, new: dict | None) -> list[tuple[str, object, object]]:
+    where = f"source.schedule[{i}]"
+    if old is None or new is None:
+        return [(where, "<absent>" if old is None else old, "<absent>" if new is None else new)]
+    diff: list[tuple[str, object, object]] = []
+    if old["start"] != new["start"]:
+        diff.append((f"{where}.start", old["start"], new["start"]))
+    for name in sorted(set(old["weights"]) | set(new["weights"])):
+        a, b = old["weights"].get(name, "0/1"), new["weights"].get(name, "0/1")
+        if a != b:
+            diff.append((f"{where}.weights[{name}]", a, b))
+    return diff
+
+
+def reconcile(saved_source: dict, state: State, base: MixtureWorkSource, record_ops, accumulators,
+              replicas: int, k: int, global_batches: int, microbatch: int) -> MixtureWorkSource:
+    """``base`` resolved for a resume from ``state`` (whose source config is ``saved_source``).
+
+    Phases the checkpoint has started (their first block lies below :func:`frontier`) must be
+    unchanged, and keep the checkpoint's chunk starts; a phase the checkpoint knows, unchanged
+    and with every earlier phase unchanged, keeps its chunk start too. New or edited phases
+    must start at or after the frontier. Raises :class:`StateError` with the diff otherwise.
+    """
+    old = _requests(saved_source)
+    new = _requests({"weights": base.config()["weights"], **({"schedule": base.schedule_config()}
+                                                             if base.phases is not None else {})})
+    reached = frontier(state, k)
+    started = [i for i, ph in enumerate(old) if i == 0 or ph["chunk"] // replicas < reached]
+    diff = [d for i in started for d in _phase_diff(i, old[i], new[i] if i < len(new) else None)]
+    if diff:
+        raise StateError(
+            "the schedule changes a phase this checkpoint has already started (its samples were "
+            "delivered):\n" + describe_diff(diff) + f"\nKeep the started phases as they are; a phase "
+            f"that starts after the checkpoint (chunk block {reached} or later) may be added or edited")
+    known: dict[int, int] = {}
+    for i in range(min(len(old), len(new))):
+        if _phase_diff(i, old[i], new[i]):
+            break
+        known[i] = old[i]["chunk"]
+    if base.phases is None:
+        return base
+    resolved = phases.resolve(base, record_ops, accumulators, replicas, k, global_batches, microbatch, known)
+    assert resolved.phase_chunks is not None
+    for i, chunk in enumerate(resolved.phase_chunks):
+        if i not in known and chunk // replicas < reached:
+            raise StateError(
+                f"schedule phase {i} would start at chunk block {chunk // replicas}, but this checkpoint "
+                f"already delivered samples up to block {reached}: the delivered data would change. "
+                "Start the phase later")
+    return resolved
