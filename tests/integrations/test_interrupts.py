@@ -207,7 +207,7 @@ def test_a_delivery_is_recorded_with_no_call_an_interrupt_could_land_in():
 
     source, first = inspect.getsourcelines(Progress.observe)
     lines = {text.strip(): first + i for i, text in enumerate(source)}
-    begin = next(n for text, n in lines.items() if text.startswith("p.window, p.offset, p.batches_delivered"))
+    begin = lines["self.lane[lane] = now"]
     end = lines["self._undo.append(undo)"]
     calls = [(ins.positions.lineno, ins.opname) for ins in dis.get_instructions(Progress.observe)
              if ins.positions and ins.positions.lineno is not None and begin <= ins.positions.lineno <= end

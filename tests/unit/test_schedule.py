@@ -17,7 +17,8 @@ from tests.helpers.pipelines import write_corpus
 from zephon_dask.curriculum import MixtureWorkSource
 from zephon_dask.curriculum.schedule import min_chunk_size
 from zephon_dask.errors import ConfigError, StateError
-from zephon_dask.pipeline import phases
+from zephon_dask.pipeline import resume
+from zephon_dask.state import State
 from zephon_dask.state.ledger import verify_ledgers
 
 
@@ -222,7 +223,7 @@ def test_elastic_resume_across_the_boundary_verifies_against_an_uninterrupted_ru
             p = pipeline(corpus, pack=pack, ledger=str(b), dp_degree=2, dp_group_id=group).load_state_dict(state)
             parts.append(run_steps(p, 6)[0])
         merged = z.merge_states(parts)
-        assert phases.frontier(merged, K) > whole.work_source.phase_chunks[1] // R  # crossed
+        assert resume.frontier(State.from_dict(merged), K) > whole.work_source.phase_chunks[1] // R  # crossed
         for group in range(4):
             p = pipeline(corpus, pack=pack, ledger=str(b), dp_degree=4, dp_group_id=group).load_state_dict(merged)
             run_steps(p, 6)
@@ -366,7 +367,7 @@ def test_cli_chain_dp1_dp2_dp4_across_a_phase_boundary_verifies(tmp_path, capsys
     z.save_state(tmp_path / "dp2.json", merged)
     assert merged["config"]["source"]["schedule"][1] == {"step": 14, "chunk": phase.chunk,
                                                          "weights": {"prose": "1/10", "code": "9/10"}}
-    assert phases.frontier(merged, 2) > phase.block  # the dp 2 leg crossed into the new phase
+    assert resume.frontier(State.from_dict(merged), 2) > phase.block  # the dp 2 leg crossed into the new phase
     for group in range(4):
         assert run("--ledger", str(b), "--resume", str(tmp_path / "dp2.json"), "--dp-degree", "4",
                    "--dp-group-id", str(group)) == 0

@@ -95,7 +95,7 @@ def run(args) -> int:
     from ..errors import ZephonError
     from ..preemption import Preempted, Preemption
     from ..recipe import load_recipe
-    from ..state import load_state
+    from ..state import State, load_state
 
     if args.checkpoint_every and not args.checkpoint:
         return fail("run", ValueError("--checkpoint-every needs --checkpoint PATH (where to write)"))
@@ -133,7 +133,7 @@ def run(args) -> int:
                 if args.checkpoint:
                     state = pipeline.state_dict()
                     job.save(state)
-                    print(f"checkpoint at global step {state['step']['global_step']} -> {args.checkpoint}")
+                    print(f"checkpoint at global step {State.from_dict(state).step.global_step} -> {args.checkpoint}")
         except Preempted as exc:  # before the stream began: nothing to save
             print(f"zephon-dask run: {exc}", flush=True)
             return exc.exit_code
@@ -146,8 +146,10 @@ def _interrupted(job: _Run, exc) -> int:
     """Write the checkpoint of the last completed step (with ``--checkpoint``); one line; the status."""
     where = ""
     if job.args.checkpoint:
+        from ..state import State
+
         state = job.last_step_state()
         job.save(state)
-        where = f": checkpoint at global step {state['step']['global_step']} -> {job.args.checkpoint}"
+        where = f": checkpoint at global step {State.from_dict(state).step.global_step} -> {job.args.checkpoint}"
     print(f"\nzephon-dask run: {exc} after {job.done} of {job.args.steps} steps{where}", flush=True)
     return exc.exit_code

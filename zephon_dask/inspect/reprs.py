@@ -11,6 +11,7 @@ from __future__ import annotations
 from .. import views
 from ..errors import ConfigError, ZephonError
 from ..execution import choose_runner
+from ..state.schema import LANE_FIELDS, STATE_KEYS, State
 from .explain import Section, steps_in_a_pass
 from .render import html_block, html_pairs, html_table, html_title, span
 
@@ -215,8 +216,6 @@ def batch_html(batch) -> str:
     )
 
 
-LANE_FIELDS = ("window", "offset", "batches_delivered", "finished")
-KNOWN_STATE_KEYS = ("format", "version", "fingerprint", "config", "lanes", "pointers", "step")
 
 
 def _lookup(config: dict, key: str):
@@ -234,9 +233,12 @@ def _lane_order(key: str) -> tuple:
 def state_html(state) -> str:
     """A checkpoint state dict: summary, per-lane progress and round-robin pointers (tolerant).
 
-    Also takes the content of a file written by :func:`~zephon_dask.save_state`
-    (``{"sha256": ..., "state": ...}``), e.g. ``state_html(json.load(open(path)))``.
+    Also takes a :class:`~zephon_dask.state.State`, or the content of a file written by
+    :func:`~zephon_dask.save_state` (``{"sha256": ..., "state": ...}``), e.g.
+    ``state_html(json.load(open(path)))``. A dict is shown as it is, malformed or not.
     """
+    if isinstance(state, State):
+        state = state.to_dict()
     if isinstance(state, dict) and set(state) == {"sha256", "state"}:
         state = state["state"]
     if not isinstance(state, dict):
@@ -250,7 +252,7 @@ def state_html(state) -> str:
         pairs += [(f"step.{k}", str(step[k])) for k in sorted(step)]
     elif step is not None:
         pairs.append(("step", str(step)))
-    extra = sorted(k for k in state if k not in KNOWN_STATE_KEYS)
+    extra = sorted(k for k in state if k not in STATE_KEYS)
     if extra:
         pairs.append(("other keys", ", ".join(extra)))
     lanes = state["lanes"] if isinstance(state.get("lanes"), dict) else {}

@@ -242,7 +242,7 @@ def stats(pipeline) -> PipelineStats:
         row["held"] = int(held[c])
     packs = [a for a in pipeline.accumulators if a.name == "pack"]
     return PipelineStats(
-        lanes=[{"lane": lane, **progress.lane[lane].as_dict()} for lane in progress.lanes],
+        lanes=[{"lane": lane, **progress.lane[lane].to_dict()} for lane in progress.lanes],
         global_step=progress.global_step,
         batches=progress.batches,
         tokens=progress.tokens,

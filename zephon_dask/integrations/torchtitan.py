@@ -38,6 +38,7 @@ from torchtitan.components.loss import IGNORE_INDEX
 from ..errors import ConfigError, StateError
 from ..pipeline import Pipeline
 from ..pipeline.torch_data import PipelineLoader
+from ..state import State
 from .ranks import collective_state
 
 STATE_KEY = "zephon_dask_state"  # the one key of the loader's state: the same on every rank
@@ -170,12 +171,12 @@ class ZephonDataLoader(BaseDataLoader):
                 optimizer step is not whole global steps (see :func:`configure`).
         """
         state = collective_state(self.pipeline)
-        step = state["step"]
-        if step["batches_in_step"]:
-            samples = step["global_batches"] * step["microbatch_size"]
+        step = State.from_dict(state).step
+        if step.batches_in_step:
+            samples = step.global_batches * step.microbatch_size
             raise ConfigError(
-                f"the data state is taken {step['batches_in_step']} batches into global step "
-                f"{step['global_step'] + 1}: TorchTitan's optimizer step is not whole global steps of the "
+                f"the data state is taken {step.batches_in_step} batches into global step "
+                f"{step.global_step + 1}: TorchTitan's optimizer step is not whole global steps of the "
                 f"pipeline. Set training.global_batch_size to a multiple of {samples} (the samples of "
                 "one global step), e.g. with zephon_dask.integrations.torchtitan.configure(config, pipeline)"
             )

@@ -31,10 +31,8 @@ from ..curriculum import MixtureWorkSource
 from ..curriculum.routing import group_lanes
 from ..data import fields as record_fields
 from ..errors import ConfigError, StateError, UnsizedPipelineError, ZephonWarning
-from ..log import logger
 from ..operators.base import Accumulator, RecordOp
 from ..operators.chat import ROLES, TokenizeChat
-from ..operators.identity import sha256_json
 from ..operators.pack import Pack
 from ..operators.records import DecodeText, Filter, Map
 from ..operators.shuffle import Shuffle
@@ -43,12 +41,13 @@ from ..operators.tokenize import Tokenize
 from ..options import DEFAULTS, OPTIONS
 from ..options import check as check_options
 from ..state.progress import StepShape
-from ..state.schema import check_state, config_diff, describe_diff
+from ..state.schema import State
 from ..validate import check_bool, check_int
 from ..views import show
 from . import counting, phases, steps
 from .guard import refuse_fetching_ahead
-from .session import Session, check_covers
+from .resume import check as check_resume
+from .session import Session
 
 
 class Pipeline:
@@ -90,7 +89,7 @@ class Pipeline:
         new._batch = changes.get("batch", self._batch)
         new._batched = changes.get("batched", self._batched)
         new._settings = MappingProxyType(dict(changes.get("settings", self._settings)))
-        new._session = Session(new, self._session.base_source)  # measured again if its operators need it
+        new._session = Session(new, self._session.base_source, self._source)  # measured again if its operators need it
         new._resolved = None
         resume = self._session.resume
         if resume is not None:
@@ -667,19 +666,20 @@ class Pipeline:
         """
         return self._session.runner()
 
-    def open_stream(self, lanes: list[int], resume: dict | None, first_lane: int | None = None) -> BatchStream:
+    def open_stream(self, lanes: list[int], resume: dict | State | None,
+                    first_lane: int | None = None) -> BatchStream:
         """A new stream over ``lanes`` starting at ``resume`` (a state; ``None``: the beginning).
 
         Args:
             lanes: the lanes to serve, in round-robin order.
-            resume: a checked state dict, or ``None`` for the start.
+            resume: a state (dict or :class:`~zephon_dask.state.State`), or ``None`` for the start.
             first_lane: the lane the round-robin starts at (default: the state's next lane).
 
         Returns:
             A :class:`~zephon_dask.consumer.stream.BatchStream`, untracked: its batches
             do not move :meth:`state_dict` (iterate the pipeline for that).
         """
-        return self._session.open_stream(lanes, resume, first_lane)
+        return self._session.open_stream(lanes, None if resume is None else State.from_dict(resume), first_lane)
 
     def __iter__(self):
         """Batches of this group's lanes, in strict round-robin.
@@ -910,11 +910,11 @@ class Pipeline:
         degree, _ = self.identity()
         return self.shape_for(self._session.resume, degree)
 
-    def shape_for(self, state: dict | None, degree: int) -> StepShape:
+    def shape_for(self, state: State | None, degree: int) -> StepShape:
         """The global step at ``degree`` for a resume from ``state`` (``None``: a fresh start).
 
         Args:
-            state: a checked state dict, or ``None``.
+            state: a checked :class:`~zephon_dask.state.State`, or ``None``.
             degree: the data-parallel degree.
 
         Returns:
@@ -924,13 +924,14 @@ class Pipeline:
             ConfigError: the step settings make steps depend on the topology.
             StateError: they would change the state's global step.
         """
-        saved: dict[str, Any] = state["step"] if state is not None else {"global_batches": None, "microbatch_size": 0}
+        saved = state.step if state is not None else None
         with warnings.catch_warnings():  # uneven groups are warned where the lanes are served, after a bad step
             warnings.simplefilter("ignore", ZephonWarning)
             owned = len(self.owned_lanes())
         return steps.step_shape(self._settings["canonical_replicas"], degree, owned,
                                 self._settings["batches_per_step"], self._settings["global_batches_per_step"],
-                                saved["global_batches"], self._batch.microbatch_size, saved["microbatch_size"])
+                                saved.global_batches if saved is not None else None, self._batch.microbatch_size,
+                                saved.microbatch_size if saved is not None else 0)
 
     def state_dict(self, *, ahead: int | None = None, at_step: int | None = None) -> dict:
         """Progress of what this group's iteration delivered to the caller: a plain ``dict``.
@@ -975,7 +976,7 @@ class Pipeline:
         """
         self._session.mark_consumed(upto)
 
-    def load_state_dict(self, state: dict) -> Pipeline:
+    def load_state_dict(self, state: dict | State) -> Pipeline:
         """Resume from ``state`` at the next iteration; refuses a state of other data.
 
         The state applies once: the iteration after the next starts a new
@@ -987,7 +988,8 @@ class Pipeline:
 
         Args:
             state: a dict from :meth:`state_dict` or :func:`zephon_dask.load_state`
-                (an older version is migrated).
+                (an older version is migrated), or a :class:`~zephon_dask.state.State`;
+                checked by :func:`zephon_dask.pipeline.resume.check`.
 
         Returns:
             This pipeline (its session now resumes there).
@@ -1000,105 +1002,9 @@ class Pipeline:
         Example:
             >>> pipeline.load_state_dict(zephon_dask.load_state("ckpt/data.json"))  # doctest: +SKIP
         """
-        state, source = self.check_resumable(state, self.owned_lanes())
-        self.shape_for(state, self.identity()[0])  # refuses a step the checkpoint's would not match
-        if source.seed != self._session.base_source.seed:
-            warnings.warn(f"resuming with the checkpoint's seed {source.seed}, not this pipeline's seed "
-                          f"{self._session.base_source.seed}", ZephonWarning, stacklevel=2)
-        given = self._session.base_source.tokens_per_sample
-        if given is not None and given != source.tokens_per_sample:
-            warnings.warn("resuming with the checkpoint's tokens_per_sample, not the ones this pipeline's "
-                          "work source was given", ZephonWarning, stacklevel=2)
-        self._session.load(state, source)
-        lanes = {int(k): v for k, v in state["lanes"].items()}
-        logger.info("resuming at global step %d: lane frontiers (window, offset) %s",
-                    state["step"]["global_step"],
-                    {lane: (lanes[lane]["window"], lanes[lane]["offset"]) for lane in self.owned_lanes()})
+        resumed = check_resume(self, state, stacklevel=2)
+        self._session.load(resumed.state, resumed.source)
         return self
-
-    def check_resumable(self, state: dict, lanes: list[int]):
-        """``(state, work source)``: ``state`` validated (and migrated) for ``lanes`` of this data,
-        with the work source carrying the state's seed, its tokens per sample (with
-        ``weight_by="tokens"``: the checkpoint's measurement is reused, never redone) and its
-        schedule's phase starts (reconciled by :func:`.phases.reconcile`, with those tokens per
-        sample). Changes nothing.
-
-        Args:
-            state: a state dict.
-            lanes: the lanes the state must cover.
-
-        Returns:
-            The checked plain-dict state and the work source to resume with.
-
-        Raises:
-            StateError: the state does not belong to this data or lacks a lane.
-        """
-        state = check_state(state)
-        saved = state["config"]
-        replicas = saved.get("canonical_replicas")
-        if replicas != self._settings["canonical_replicas"]:
-            raise StateError(
-                f"the checkpoint was written with canonical_replicas={replicas} but this pipeline has "
-                f"canonical_replicas={self._settings['canonical_replicas']}; lanes are fixed for a run's "
-                f"lifetime: set .options(canonical_replicas={replicas})"
-            )
-        source = self._source
-        seed = saved.get("source", {}).get("seed")
-        if isinstance(seed, int) and seed != source.seed:
-            source = source.with_seed(seed)
-        replicas, k = self._settings["canonical_replicas"], self._settings["flush_every_k_chunks"]
-        saved_source = saved.get("source", {})
-        source = self._checkpoint_measurement(source, saved_source)  # before the phases: they may measure
-        scheduled = source.phases is not None or "schedule" in saved_source
-        if scheduled and not source.unmeasured:  # the phases by the schedule's rules, the rest as below
-            shape = self.shape_for(state, self.identity()[0])
-            source = phases.reconcile(saved_source, state, source, self._record_ops, self._accumulators,
-                                      replicas, k, shape.global_batches, self._batch.microbatch_size)
-        spec = PipelineSpec(source, self._record_ops, self._accumulators, replicas, k)
-        current = spec.config()
-        diff = config_diff(_unscheduled(saved) if scheduled else saved,
-                           _unscheduled(current) if scheduled else current)
-        if diff:
-            raise StateError("the checkpoint was written by a different data configuration:\n"
-                             + describe_diff(diff))
-        if sha256_json(saved) != state["fingerprint"]:
-            raise StateError(f"the checkpoint's fingerprint {state['fingerprint'][:16]} does not match its "
-                             f"own config ({sha256_json(saved)[:16]}): the file was edited or corrupted")
-        check_covers(state, lanes)
-        self._check_positions(spec, state)
-        return state, source
-
-    def _checkpoint_measurement(self, source: MixtureWorkSource, saved: dict) -> MixtureWorkSource:
-        """``source`` with the tokens per sample ``saved`` (a checkpoint's source config) holds, if
-        both weigh by tokens; else ``source`` (a different ``weight_by`` shows in the config diff)."""
-        numbers = saved.get("tokens_per_sample")
-        if source.weight_by != "tokens" or saved.get("weight_by") != "tokens" or not isinstance(numbers, dict):
-            return source
-        try:
-            return source.with_tokens_per_sample(numbers)
-        except ConfigError as exc:
-            raise StateError(f"the checkpoint's tokens_per_sample {numbers!r} do not fit this pipeline's "
-                             f"datasets: {exc}") from None
-
-    @staticmethod
-    def _check_positions(spec: PipelineSpec, state: dict) -> None:
-        """Refuse lane progress the stream cannot have produced (beyond its end, or inconsistent)."""
-        for key, p in sorted(state["lanes"].items(), key=lambda kv: int(kv[0])):
-            lane = int(key)
-            where = f"the state's lane {lane} ({p})"
-            if lane >= spec.canonical_replicas:
-                raise StateError(f"{where} is beyond canonical_replicas={spec.canonical_replicas}: "
-                                 "the state is corrupted or from another run")
-            n = spec.num_windows(lane)
-            if n is None and p["finished"]:
-                raise StateError(f"{where} says the lane finished, but this stream never ends "
-                                 "(exhausted_policy='repeat'): the state is corrupted")
-            if n is not None and (p["window"] > n or (p["window"] == n and p["offset"])):
-                raise StateError(f"{where} lies beyond the lane's last window ({n - 1}): the state is "
-                                 "corrupted or from longer data")
-            if (p["batches_delivered"] == 0) != (p["window"] == 0 and p["offset"] == 0) and not p["finished"]:
-                raise StateError(f"{where}: a lane's position moves exactly when it has delivered a "
-                                 "batch; the state is corrupted")
 
     def close(self) -> None:
         """Stop the iteration, and the cluster or threads this pipeline started.
@@ -1256,9 +1162,3 @@ Pipeline.options.__signature__ = inspect.Signature(  # type: ignore[attr-defined
        for o in OPTIONS],
     return_annotation="Pipeline",
 )
-
-
-def _unscheduled(config: dict) -> dict:
-    """A data config without its mixture weights and schedule (compared by :func:`phases.reconcile`)."""
-    source = {k: v for k, v in config.get("source", {}).items() if k not in ("weights", "schedule")}
-    return {**config, "source": source}

@@ -1,4 +1,4 @@
-"""Mixture schedules in a pipeline: global steps -> chunk blocks, and what a resume may change.
+"""Mixture schedules in a pipeline: global steps -> chunk blocks.
 
 Pure functions of the data config; measuring rows per sample (below) reads one
 window of data per phase, and its results are cached by fingerprint.
@@ -21,7 +21,8 @@ its own stream. A start given in global steps is converted here:
 
 The resolved chunk starts enter the data config (and so every checkpoint), and a
 resume takes them from the checkpoint: they are never recomputed for a phase the
-checkpoint knows. :func:`reconcile` decides what a resume may change.
+checkpoint knows. What a resume may change is decided with the other resume checks
+(:func:`zephon_dask.pipeline.resume.reconcile`).
 """
 
 from __future__ import annotations
@@ -32,12 +33,11 @@ from fractions import Fraction
 from ..core.spec import PipelineSpec
 from ..core.window import compute_window
 from ..curriculum import MixtureWorkSource
-from ..errors import ConfigError, StateError
+from ..errors import ConfigError
 from ..operators.chat import TokenizeChat
 from ..operators.records import DecodeText, Map
 from ..operators.shuffle import Shuffle
 from ..operators.tokenize import Tokenize
-from ..state.schema import describe_diff
 
 
 @dataclass(frozen=True)
@@ -149,70 +149,3 @@ def resolve(source: MixtureWorkSource, record_ops, accumulators, replicas: int, 
     if source.schedule_unit == "chunk":
         return source
     return source.with_phase_chunks([pl.chunk for pl in plans])
-
-
-def _requests(source_config: dict) -> list[dict]:
-    """A source config's phases as ``{"start", "chunk", "weights"}`` (a plain mixture: one phase)."""
-    phases = source_config.get("schedule")
-    if phases is None:
-        return [{"start": None, "chunk": 0, "weights": source_config.get("weights")}]
-    return [{"start": None if i == 0 else (("step", ph["step"]) if "step" in ph else ("chunk", ph["chunk"])),
-             "chunk": ph["chunk"], "weights": ph["weights"]} for i, ph in enumerate(phases)]
-
-
-def frontier(state: dict, k: int) -> int:
-    """The chunk blocks a state's delivered samples come from: every block below this (a lane's
-    ``j``-th chunk lies in block ``j``; a window begun counts whole, it is recomputed whole)."""
-    return max((p["window"] * k + (k if p["offset"] else 0) for p in state["lanes"].values()), default=0)
-
-
-def _phase_diff(i: int, old: dict | None, new: dict | None) -> list[tuple[str, object, object]]:
-    where = f"source.schedule[{i}]"
-    if old is None or new is None:
-        return [(where, "<absent>" if old is None else old, "<absent>" if new is None else new)]
-    diff: list[tuple[str, object, object]] = []
-    if old["start"] != new["start"]:
-        diff.append((f"{where}.start", old["start"], new["start"]))
-    for name in sorted(set(old["weights"]) | set(new["weights"])):
-        a, b = old["weights"].get(name, "0/1"), new["weights"].get(name, "0/1")
-        if a != b:
-            diff.append((f"{where}.weights[{name}]", a, b))
-    return diff
-
-
-def reconcile(saved_source: dict, state: dict, base: MixtureWorkSource, record_ops, accumulators,
-              replicas: int, k: int, global_batches: int, microbatch: int) -> MixtureWorkSource:
-    """``base`` resolved for a resume from ``state`` (whose source config is ``saved_source``).
-
-    Phases the checkpoint has started (their first block lies below :func:`frontier`) must be
-    unchanged, and keep the checkpoint's chunk starts; a phase the checkpoint knows, unchanged
-    and with every earlier phase unchanged, keeps its chunk start too. New or edited phases
-    must start at or after the frontier. Raises :class:`StateError` with the diff otherwise.
-    """
-    old = _requests(saved_source)
-    new = _requests({"weights": base.config()["weights"], **({"schedule": base.schedule_config()}
-                                                             if base.phases is not None else {})})
-    reached = frontier(state, k)
-    started = [i for i, ph in enumerate(old) if i == 0 or ph["chunk"] // replicas < reached]
-    diff = [d for i in started for d in _phase_diff(i, old[i], new[i] if i < len(new) else None)]
-    if diff:
-        raise StateError(
-            "the schedule changes a phase this checkpoint has already started (its samples were "
-            "delivered):\n" + describe_diff(diff) + f"\nKeep the started phases as they are; a phase "
-            f"that starts after the checkpoint (chunk block {reached} or later) may be added or edited")
-    known: dict[int, int] = {}
-    for i in range(min(len(old), len(new))):
-        if _phase_diff(i, old[i], new[i]):
-            break
-        known[i] = old[i]["chunk"]
-    if base.phases is None:
-        return base
-    resolved = resolve(base, record_ops, accumulators, replicas, k, global_batches, microbatch, known)
-    assert resolved.phase_chunks is not None
-    for i, chunk in enumerate(resolved.phase_chunks):
-        if i not in known and chunk // replicas < reached:
-            raise StateError(
-                f"schedule phase {i} would start at chunk block {chunk // replicas}, but this checkpoint "
-                f"already delivered samples up to block {reached}: the delivered data would change. "
-                "Start the phase later")
-    return resolved

@@ -4,10 +4,11 @@ A :class:`~zephon_dask.pipeline.Pipeline` is an immutable description; the
 session it owns is everything that happens when it runs:
 
 * the **runner** (started on first use, closed by :meth:`Session.close`);
-* the **work source**: the pipeline's, or one carrying a loaded state's seed
-  and tokens per sample; a token-weighted source without them is measured
+* the **work source**: the pipeline's (:attr:`built_source`), or one carrying
+  a loaded state's seed and tokens per sample (:attr:`base_source`); a token-weighted source without them is measured
   once, on first use, with the pipeline's record operators (:mod:`.measure`);
-* the **loaded state**: the state given to ``load_state_dict`` (validated);
+* the **loaded state**: the :class:`~zephon_dask.state.State` given to
+  ``load_state_dict``, checked by :func:`.resume.check`;
   its G and seed hold for the session, and the next iteration starts at it,
   once (:attr:`pending`);
 * the **iteration**: where it started (:attr:`start`), its
@@ -26,15 +27,17 @@ inspectors and the CLI read; nothing outside this module touches the rest.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 
 from ..consumer.stream import BatchStream
 from ..errors import ClosedError, ConfigError, StateError
 from ..execution import make_runner
 from ..state.ledger import LedgerWriter
 from ..state.progress import Progress, StepShape, resume_point
+from ..state.schema import State, StepProgress
 from .measure import measured
+from .resume import check_covers
 
 _END = object()  # the end of an iterator (next()'s default)
 
@@ -50,13 +53,14 @@ HANDED_OUT = ("this pipeline was handed to a DataLoader by to_torch_dataset(), s
 class Session:
     """The runtime of one :class:`Pipeline` (see the module docstring). Holds state."""
 
-    def __init__(self, pipeline, source):
+    def __init__(self, pipeline, source, built=None):
         self.pipeline = pipeline  # the description (immutable) this session runs
+        self.built_source = source if built is None else built  # the pipeline's source as built
         self.base_source = source  # the pipeline's source, or one with a checkpoint's seed and measurement
         self._measured = None  # base_source with its tokens per sample measured, once needed
-        self.resume: dict | None = None  # the validated state given to load_state_dict (its G, its seed)
+        self.resume: State | None = None  # the checked state given to load_state_dict (its G, its seed)
         self.pending = False  # the next iteration starts at `resume` (a loaded state applies once)
-        self.start: dict | None = None  # where the current iteration started (None: the stream's beginning)
+        self.start: State | None = None  # where the current iteration started (None: the stream's beginning)
         self.from_loaded = False  # the current iteration started at the loaded state
         self.progress: Progress | None = None  # what the current (or last) iteration delivered
         self.stream: BatchStream | None = None  # the current (or last, closed) iteration's stream
@@ -108,7 +112,7 @@ class Session:
 
     # -- iterations -----------------------------------------------------------------------
 
-    def open_stream(self, lanes: list[int], resume: dict | None, first_lane: int | None = None) -> BatchStream:
+    def open_stream(self, lanes: list[int], resume: State | None, first_lane: int | None = None) -> BatchStream:
         """A new stream over ``lanes`` starting at ``resume`` (a state; ``None``: the beginning)."""
         start, _ = resume_point(resume, lanes)
         runner = self.runner()
@@ -123,7 +127,7 @@ class Session:
             alone_at_end=slots,  # an iteration's last windows, one per worker thread, one per task
         )
 
-    def next_start(self, lanes: list[int]) -> dict | None:
+    def next_start(self, lanes: list[int]) -> State | None:
         """Where the next iteration over ``lanes`` starts (``None``: the stream's beginning).
 
         A loaded state applies once, to the next iteration. Every other
@@ -224,12 +228,12 @@ class Session:
             raise StateError("mark_consumed() needs an iteration in progress; iterate the pipeline first")
         self.progress.mark_consumed(upto)
 
-    def load(self, state: dict, source) -> None:
-        """Make ``state`` (validated) where the next iteration starts, with ``source`` (the
+    def load(self, state: State, source) -> None:
+        """Make ``state`` (checked) where the next iteration starts, with ``source`` (the
         state's seed); its G holds for the session."""
         self.end_iteration()
         self.source = source
-        self.resume = copy.deepcopy(state)
+        self.resume = state
         self.pending = True
         self.progress = None
         self.handed_out = False
@@ -261,17 +265,6 @@ class Session:
         return state
 
 
-def check_covers(state: dict, lanes: list[int]) -> None:
-    """Refuse a state without progress for every lane in ``lanes`` (a single rank's state)."""
-    missing = [lane for lane in lanes if str(lane) not in state["lanes"]]
-    if missing:
-        raise StateError(
-            f"the state has no progress for lanes {missing}, which this group owns: a rank's "
-            "state holds only its own lanes. Resume from the merged state of all ranks "
-            "(zephon_dask.gather_state(pipeline), or zephon_dask.merge_states(states))"
-        )
-
-
 def loader_shape(shape: StepShape, lanes: list[int], owned: int) -> StepShape:
     """The step of a DataLoader worker serving ``lanes`` of a group that owns ``owned`` lanes and
     steps by ``shape``: the group's G, degree and microbatch size (what a checkpoint records and a
@@ -282,12 +275,12 @@ def loader_shape(shape: StepShape, lanes: list[int], owned: int) -> StepShape:
                      shape.microbatch)
 
 
-def share_step(step: dict, share: StepShape) -> dict:
+def share_step(step: StepProgress, share: StepShape) -> StepProgress:
     """A worker state's ``step`` that counted the worker's own lanes as a step (G = those lanes,
     degree 1: loader states before dataset-state version 3) recounted in ``share``, the worker's
     share of the group's step (see :func:`loader_shape`). Its microbatch size becomes 0 (unknown,
     as for version 1 states): it was not always recorded. Pure."""
-    delivered = step["global_step"] * step["batches_per_step"] + step["batches_in_step"]
-    return {"global_step": delivered // share.per_rank, "batches_in_step": delivered % share.per_rank,
-            "batches_per_step": share.per_rank, "dp_degree": share.dp_degree,
-            "global_batches": share.global_batches, "microbatch_size": 0}
+    delivered = step.global_step * step.batches_per_step + step.batches_in_step
+    return replace(step, global_step=delivered // share.per_rank, batches_in_step=delivered % share.per_rank,
+                   batches_per_step=share.per_rank, dp_degree=share.dp_degree,
+                   global_batches=share.global_batches, microbatch_size=0)

@@ -12,6 +12,7 @@ iterator takes its workers' base seed from the loader's own generator
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 
 import numpy as np
 import torch
@@ -22,7 +23,8 @@ from ..curriculum.routing import worker_lanes
 from ..curriculum.seeding import stream_keys
 from ..errors import ConfigError, StateError
 from ..state.progress import Progress, resume_point
-from ..state.schema import check_state, config_diff, describe_diff
+from ..state.schema import State, config_diff, describe_diff
+from . import resume
 from .guard import refuse_fetching_ahead, refuse_resharding
 from .session import loader_shape, share_step
 
@@ -60,7 +62,7 @@ class PipelineDataset(IterableDataset):
 
     follows_training_step = False  # True: inside a loader whose state is the trained batches' (see guard)
 
-    def __init__(self, pipeline, start: dict | None = None):
+    def __init__(self, pipeline, start: State | None = None):
         pipeline.step_shape()  # its state records the step: bad step settings are refused here, not in a worker
         self.pipeline = pipeline
         runner = pipeline.runner()
@@ -69,10 +71,11 @@ class PipelineDataset(IterableDataset):
         self._identity = pipeline.identity()
         self._worker_pipe = None  # in a worker: a copy of the pipeline without the parent's runner
         self._first = start  # where the first iteration in a process starts (None: the stream's beginning)
-        self._loaded: dict | None = None  # the state given to load_state_dict, for the next iteration only
+        self._loaded: tuple[list[int], State | None] | None = None  # lanes and state given to load_state_dict,
+        # for the next iteration only
         self._progress: Progress | None = None  # this process's current (or last) iteration
 
-    def begin_at(self, start: dict | None) -> None:
+    def begin_at(self, start: State | None) -> None:
         """The next iteration here, and in every DataLoader worker started after this call,
         starts at ``start`` (a checked state of the group's lanes; ``None``: the stream's beginning)."""
         self._first, self._loaded, self._progress = start, None, None
@@ -93,10 +96,10 @@ class PipelineDataset(IterableDataset):
         info = get_worker_info()
         return (0, 0) if info is None else (info.id, info.num_workers)
 
-    def _serving(self) -> tuple[list[int], dict | None, int | None]:
+    def _serving(self) -> tuple[list[int], State | None, int | None]:
         """The lanes served here in round-robin order, the state they start at, the first lane."""
         if self._loaded is not None:
-            return list(self._loaded["lanes"]), self._loaded["state"], None
+            return list(self._loaded[0]), self._loaded[1], None
         pipe = self._pipe()
         owned = pipe.owned_lanes()
         start = self._progress.next_pass() if self._progress is not None else self._first
@@ -107,7 +110,7 @@ class PipelineDataset(IterableDataset):
             lanes = worker_lanes(lanes, workers)[worker]
         return lanes, start, lanes[0] if lanes else None
 
-    def _begin(self) -> tuple[Progress | None, dict | None]:
+    def _begin(self) -> tuple[Progress | None, State | None]:
         """This process's progress (``None`` for a worker serving no lane) and its start state."""
         lanes, resume, first = self._serving()
         if not lanes:
@@ -133,10 +136,10 @@ class PipelineDataset(IterableDataset):
         refuse_resharding()
 
     @staticmethod
-    def _generate(pipe, progress: Progress | None, resume: dict | None):
+    def _generate(pipe, progress: Progress | None, start: State | None):
         if progress is None:
             return
-        stream = pipe.open_stream(progress.lanes, resume, progress.first_lane)
+        stream = pipe.open_stream(progress.lanes, start, progress.first_lane)
         stream.on_finish = progress.lane_finished
         try:
             for batch in stream:
@@ -194,39 +197,45 @@ class PipelineDataset(IterableDataset):
             raise StateError(worker_count_error(state.get("num_workers"), workers))
         lanes = state.get("lanes")
         if lanes == [] and state.get("state") is None:  # a worker that serves no lane
-            self._loaded, self._progress = {"lanes": [], "state": None}, None
+            self._loaded, self._progress = ([], None), None
             return
-        inner = check_state(state.get("state"), where="the dataset state")
+        inner = State.from_dict(state.get("state"), where="the dataset state")
         pipe = self._pipe()
         owned = set(pipe.owned_lanes())
-        if (not isinstance(lanes, list) or not set(lanes) <= owned
-                or sorted(str(lane) for lane in lanes) != sorted(inner["lanes"])):
-            raise StateError(f"the dataset state serves lanes {lanes!r}, not lanes of this DP group "
-                             f"({sorted(owned)}) matching its progress: it is from another topology")
+        lanes = _served(lanes, inner, owned)
         if version < DATASET_VERSION:  # it recorded no G: the pipeline's, the worker's count recounted
-            inner = dict(inner, step=share_step(inner["step"], loader_shape(pipe.step_shape(), lanes, len(owned))))
-        inner, source = pipe.check_resumable(inner, lanes)  # other data, positions past the end
-        pipe.shape_for(inner, pipe.identity()[0])  # refuses a setting that would change the state's G
+            inner = replace(inner, step=share_step(inner.step, loader_shape(pipe.step_shape(), lanes, len(owned))))
+        resumed = resume.check(pipe, inner, lanes)  # other data, positions past the end, a changed G
         if workers:
-            self._check_later_passes(inner)
-        pipe.session.source = source  # the state's seed wins, as in Pipeline.load_state_dict
-        self._loaded = {"lanes": lanes, "state": inner}
+            self._check_later_passes(resumed.state)
+        pipe.session.source = resumed.source  # the state's seed wins, as in Pipeline.load_state_dict
+        self._loaded = (lanes, resumed.state)
         self._progress = None
 
-    def _check_later_passes(self, state: dict) -> None:
+    def _check_later_passes(self, state: State) -> None:
         """In a DataLoader worker, refuse a state of a finite stream written with other data settings
         than the pipeline's own (another seed, a changed schedule): the loader's later iterations, the
         next passes, start in fresh workers from the pipeline as built, which never see the state."""
         spec = self.pipeline.spec
         if any(spec.num_windows(lane) is None for lane in self.pipeline.owned_lanes()):
             return  # a stream that never ends has no next pass
-        if spec.fingerprint != state["fingerprint"]:
+        if spec.fingerprint != state.fingerprint:
             raise StateError(
                 "the loader state was written with other data settings than this pipeline's:\n"
-                + describe_diff(config_diff(state["config"], spec.config()))
+                + describe_diff(config_diff(state.config, spec.config()))
                 + "\nthey apply to this iteration of the loader, but its workers start every later "
                 "pass over the stream from the pipeline as built. Build the pipeline with the state's "
                 "settings, or resume through pipeline.to_torch_loader(), whose state is the pipeline's")
+
+
+def _served(lanes, state: State, owned: set[int]) -> list[int]:
+    """``lanes``, the lanes a dataset state serves; refused unless they are lanes of the group
+    (``owned``) that its progress covers exactly."""
+    if (not isinstance(lanes, list) or not set(lanes) <= owned
+            or sorted(str(lane) for lane in lanes) != sorted(str(lane) for lane in state.lanes)):
+        raise StateError(f"the dataset state serves lanes {lanes!r}, not lanes of this DP group "
+                         f"({sorted(owned)}) matching its progress: it is from another topology")
+    return lanes
 
 
 def worker_count_error(taken, workers: int) -> str:

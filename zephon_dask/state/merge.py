@@ -7,10 +7,10 @@ them; DP peers (ranks that own the same lanes) must agree exactly.
 
 from __future__ import annotations
 
-import copy
+from dataclasses import replace
 
 from ..errors import StateError
-from .schema import check_state
+from .schema import LaneProgress, State
 
 
 def merge_states(states) -> dict:
@@ -29,36 +29,39 @@ def merge_states(states) -> dict:
     Example:
         >>> merged = zephon_dask.merge_states([state_rank0, state_rank1])  # doctest: +SKIP
     """
-    states = [check_state(s, where=f"state {i}") for i, s in enumerate(states)]
+    states = [State.from_dict(s, where=f"state {i}") for i, s in enumerate(states)]
     if not states:
         raise StateError("merge_states needs at least one state")
     first = states[0]
     for i, s in enumerate(states[1:], 1):
-        for field in ("fingerprint", "version", "step"):
-            if s[field] != first[field]:
-                raise StateError(
-                    f"state {i} has {field} {s[field]!r} but state 0 has {first[field]!r}: the states "
-                    "come from different runs or were taken at different steps; take them together"
-                )
-    lanes: dict[str, dict] = {}
+        _check_same_run(i, s, first)
+    lanes: dict[int, LaneProgress] = {}
     pointers: dict[str, int] = {}
     diverged = []
     for i, s in enumerate(states):
-        for lane, progress in s["lanes"].items():
+        for lane, progress in s.lanes.items():
             if lanes.setdefault(lane, progress) != progress:
-                diverged.append((int(lane), lanes[lane], progress, i))
-        for key, value in s["pointers"].items():
+                diverged.append((lane, lanes[lane].to_dict(), progress.to_dict(), i))
+        for key, value in s.pointers.items():
             if pointers.setdefault(key, value) != value:
                 raise StateError(f"state {i} has round-robin pointer {key!r} -> {value}, another state "
                                  f"-> {pointers[key]}: DP peers diverged")
     if diverged:
-        detail = "; ".join(f"lane {lane}: {a} vs {b} (state {i})" for lane, a, b, i in sorted(diverged)[:8])
+        detail = "; ".join(f"lane {lane}: {a} vs {b} (state {i})" for lane, a, b, i in sorted(diverged, key=lambda d: (d[0], d[3]))[:8])
         raise StateError(f"DP peers disagree on lanes {sorted({d[0] for d in diverged})}: {detail}. "
                          "Peers of one DP group must consume the same batches")
-    merged = copy.deepcopy(first)
-    merged["lanes"] = {lane: dict(lanes[lane]) for lane in sorted(lanes, key=int)}
-    merged["pointers"] = dict(sorted(pointers.items()))
-    return merged
+    return replace(first, lanes=dict(sorted(lanes.items())), pointers=dict(sorted(pointers.items()))).to_dict()
+
+
+def _check_same_run(i: int, state: State, first: State) -> None:
+    """Refuse state ``i`` unless it has state 0's data and step."""
+    for field, mine, theirs in (("fingerprint", state.fingerprint, first.fingerprint),
+                                ("step", state.step.to_dict(), first.step.to_dict())):
+        if mine != theirs:
+            raise StateError(
+                f"state {i} has {field} {mine!r} but state 0 has {theirs!r}: the states "
+                "come from different runs or were taken at different steps; take them together"
+            )
 
 
 def gather_state(pipeline, group=None) -> dict:

@@ -13,44 +13,26 @@ and appends the run ledger.
 
 from __future__ import annotations
 
-import copy
 import time
 import warnings
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from ..errors import StateError, ZephonWarning
 from .history import StepHistory
 from .ledger import LedgerWriter
-from .schema import FORMAT, VERSION, lanes_of, pointer_key
+from .schema import LaneProgress, State, StepProgress, pointer_key
 
 CONSUMED_RING = 64  # deliveries a state can be rewound by (batches fetched ahead of the step)
 
 
-@dataclass
-class LaneProgress:
-    """One lane's frontier: next undelivered sample ``(window, offset)``; batches so far."""
-
-    window: int = 0
-    offset: int = 0
-    batches_delivered: int = 0
-    finished: bool = False
-
-    def as_tuple(self) -> tuple[int, int, int, bool]:
-        return self.window, self.offset, self.batches_delivered, self.finished
-
-    def as_dict(self) -> dict:
-        return {"window": self.window, "offset": self.offset,
-                "batches_delivered": self.batches_delivered, "finished": self.finished}
-
-
-def resume_point(resume: dict | None, lanes: list[int]) -> tuple[dict[int, LaneProgress], int]:
+def resume_point(resume: State | None, lanes: list[int]) -> tuple[dict[int, LaneProgress], int]:
     """Each lane's saved progress (fresh when absent) and the lane the round-robin starts at."""
-    saved = lanes_of(resume) if resume else {}
-    progress = {lane: LaneProgress(**saved[lane]) if lane in saved else LaneProgress() for lane in lanes}
-    return progress, start_lane(lanes, progress, resume["pointers"] if resume else {})
+    saved = resume.lanes if resume is not None else {}
+    progress = {lane: saved.get(lane, LaneProgress()) for lane in lanes}
+    return progress, start_lane(lanes, progress, resume.pointers if resume is not None else {})
 
 
 def start_lane(lanes: list[int], progress: dict[int, LaneProgress], pointers: dict[str, int]) -> int:
@@ -66,18 +48,15 @@ def start_lane(lanes: list[int], progress: dict[int, LaneProgress], pointers: di
     return min(live, key=lambda lane: (progress[lane].batches_delivered, lane))
 
 
-def pass_start(state: dict) -> dict:
+def pass_start(state: State) -> State:
     """The state a new pass over the stream starts at after ``state``: every lane of ``state``
     at its beginning, the round-robin at its first lane, and the count at the global step after
     ``state``'s (a step left unfinished ends with its pass, as frameworks step the optimizer on
     an epoch's last batch). The data config and G are ``state``'s. Pure."""
-    out = copy.deepcopy(state)
-    out["lanes"] = {lane: LaneProgress().as_dict() for lane in state["lanes"]}
-    out["pointers"] = {}
-    step = out["step"]
-    step["global_step"] += 1 if step["batches_in_step"] else 0
-    step["batches_in_step"] = 0
-    return out
+    step = state.step
+    return replace(state, lanes={lane: LaneProgress() for lane in state.lanes}, pointers={},
+                   step=replace(step, global_step=step.global_step + (1 if step.batches_in_step else 0),
+                                batches_in_step=0))
 
 
 @dataclass(frozen=True)
@@ -98,7 +77,7 @@ class StepShape:
 class Progress:
     """Per-lane progress, the group pointer, the step count and the ledger of one iteration."""
 
-    def __init__(self, spec, lanes: list[int], resume: dict | None, shape: StepShape,
+    def __init__(self, spec, lanes: list[int], resume: State | None, shape: StepShape,
                  ledger: LedgerWriter | None = None, first_lane: int | None = None):
         self.fingerprint, self.config = spec.fingerprint, spec.config()
         self.lanes = list(lanes)
@@ -108,13 +87,13 @@ class Progress:
             self.first_lane = first_lane
         self.next_lane = self.first_lane
         self.shape = shape
-        step = resume["step"] if resume else None
-        self.start_step = step["global_step"] if step else 0
+        step = resume.step if resume is not None else None
+        self.start_step = step.global_step if step is not None else 0
         self.delivered = 0  # since the start_step boundary
-        if step and step["batches_per_step"] == shape.per_rank and step["dp_degree"] == shape.dp_degree:
-            self.delivered = step["batches_in_step"]
+        if step is not None and step.batches_per_step == shape.per_rank and step.dp_degree == shape.dp_degree:
+            self.delivered = step.batches_in_step
         self.count = 0  # batches delivered by this iteration
-        self._undo: deque[tuple] = deque(maxlen=CONSUMED_RING)  # per delivery: lane, id, what it changed
+        self._undo: deque[tuple] = deque(maxlen=CONSUMED_RING)  # per delivery: lane, id, its progress before, pointer
         self.consumed: int | None = None  # the watermark: deliveries the training step has consumed
         self.ledger = ledger
         self._ends: dict[int, int] = {}  # lane -> batch count at which it is known to end
@@ -134,7 +113,7 @@ class Progress:
         """The lane has no batch after its ``batches``-th; finished once those are delivered."""
         self._ends[lane] = batches
         if self._ended(lane, self.lane[lane].batches_delivered):
-            self.lane[lane].finished = True
+            self.lane[lane] = self.lane[lane]._replace(finished=True)
 
     def _ended(self, lane: int, delivered: int) -> bool:
         """Whether the lane has no batch after its first ``delivered``."""
@@ -156,13 +135,14 @@ class Progress:
         self._counts += counts
         self.history.add(step, real, slots, counts)
         p = self.lane[lane]
-        undo = (lane, index_in_lane, p.as_tuple(), self.next_lane)
+        undo = (lane, index_in_lane, p, self.next_lane)
         after = self.lanes[(self.lanes.index(lane) + 1) % len(self.lanes)]
-        finished = p.finished or last or self._ended(lane, index_in_lane + 1)
+        now = LaneProgress(window, offset, index_in_lane + 1,
+                           p.finished or last or self._ended(lane, index_in_lane + 1))
         # The record itself makes no call before its last statement: CPython runs a signal handler
         # (Ctrl-C's KeyboardInterrupt) only after a call or a backward jump, so an interrupt lands
         # before or after a delivery is recorded, never halfway.
-        p.window, p.offset, p.batches_delivered, p.finished = window, offset, index_in_lane + 1, finished
+        self.lane[lane] = now
         self.next_lane = after
         self.delivered += 1
         self.count += 1
@@ -225,7 +205,7 @@ class Progress:
         """The state after the consumed deliveries: all of them, or all but the last ``ahead``,
         or those up to the end of global step ``at_step``, or up to the watermark."""
         state = self._state(self._resolve_ahead(ahead, at_step))
-        in_step = state["step"]["batches_in_step"]
+        in_step = state.step.batches_in_step
         if in_step and self.shape.explicit:
             warnings.warn(
                 f"state_dict() taken {in_step} batches into a step of {self.shape.per_rank}: a resume "
@@ -236,32 +216,29 @@ class Progress:
                 "step boundaries",
                 ZephonWarning, stacklevel=3,
             )
-        return state
+        return state.to_dict()
 
-    def next_pass(self) -> dict:
+    def next_pass(self) -> State:
         """The state the next pass over the stream starts at, after this iteration's deliveries
         (see :func:`pass_start`)."""
         return pass_start(self._state(0))
 
-    def _state(self, back: int) -> dict:
+    def _state(self, back: int) -> State:
         """The state after all deliveries but the last ``back`` (within the undo ring)."""
-        lanes = {lane: self.lane[lane].as_tuple() for lane in self.lanes}
+        lanes = dict(self.lane)
         next_lane, delivered = self.next_lane, self.delivered - back
         for lane, _, before, pointer in list(self._undo)[len(self._undo) - back:][::-1]:
             lanes[lane], next_lane = before, pointer
-        in_step = delivered % self.shape.per_rank
-        return {
-            "format": FORMAT,
-            "version": VERSION,
-            "fingerprint": self.fingerprint,
-            "config": copy.deepcopy(self.config),
-            "lanes": {str(lane): LaneProgress(*lanes[lane]).as_dict() for lane in self.lanes},
-            "pointers": {pointer_key(0, 1, self.lanes): next_lane},
-            "step": {"global_step": self.start_step + delivered // self.shape.per_rank,
-                     "batches_in_step": in_step, "batches_per_step": self.shape.per_rank,
-                     "dp_degree": self.shape.dp_degree, "global_batches": self.shape.global_batches,
-                     "microbatch_size": self.shape.microbatch},
-        }
+        shape = self.shape
+        return State(
+            fingerprint=self.fingerprint, config=self.config,
+            lanes={lane: lanes[lane] for lane in self.lanes},
+            pointers={pointer_key(0, 1, self.lanes): next_lane},
+            step=StepProgress(global_step=self.start_step + delivered // shape.per_rank,
+                              batches_in_step=delivered % shape.per_rank, batches_per_step=shape.per_rank,
+                              dp_degree=shape.dp_degree, global_batches=shape.global_batches,
+                              microbatch_size=shape.microbatch),
+        )
 
     @property
     def elapsed_s(self) -> float:

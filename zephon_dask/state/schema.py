@@ -1,8 +1,8 @@
-"""The checkpoint schema: building, validating, migrating and comparing state dicts. Pure.
+"""The checkpoint schema: the typed :class:`State`, its validation, migrations and diffs. Pure.
 
-A state is a plain ``dict`` of builtins (dict, list, str, int, bool), so JSON,
-``torch.load(weights_only=True)`` and ``torch.distributed.checkpoint`` all
-take it::
+A saved state is a plain ``dict`` of builtins (dict, list, str, int, bool), so
+JSON, ``torch.load(weights_only=True)`` and ``torch.distributed.checkpoint``
+all take it::
 
     {"format": "zephon_dask.state", "version": 2,
      "fingerprint": "<sha256 of the data config>",
@@ -11,6 +11,11 @@ take it::
      "pointers": {"<worker>/<active_workers>:<owned lanes>": <next lane>},
      "step": {"global_step": s, "batches_in_step": i, "batches_per_step": n, "dp_degree": d,
               "global_batches": G, "microbatch_size": m}}
+
+Inside the package a state is a :class:`State` (with :class:`LaneProgress`
+per lane and a :class:`StepProgress`): :meth:`State.from_dict` is the one
+place a dict is validated (and an older version migrated), :meth:`State.to_dict`
+the one place the dict is written, and every reader uses the fields.
 
 ``window``/``offset`` is where the lane's next undelivered sample sits: the
 lane's ``offset``-th sample of its window ``window``. ``global_batches`` (G)
@@ -26,16 +31,90 @@ Version 1 (no ``global_batches``, ``microbatch_size``) is migrated on load by
 from __future__ import annotations
 
 import copy
-from typing import Any, TypeGuard
+from dataclasses import dataclass, fields
+from typing import Any, NamedTuple, TypeGuard
 
 from ..errors import StateError
 
 FORMAT = "zephon_dask.state"
 VERSION = 2
-LANE_FIELDS = ("window", "offset", "batches_delivered", "finished")
-STEP_FIELDS = ("global_step", "batches_in_step", "batches_per_step", "dp_degree", "global_batches",
-               "microbatch_size")
 MAX_COUNT = 2**62  # any count above this is corrupt (and would not fit an int64)
+
+
+class LaneProgress(NamedTuple):
+    """One lane's frontier: its next undelivered sample ``(window, offset)``; batches so far.
+
+    Immutable like the other parts of a :class:`State`; a named tuple, not a dataclass, as
+    one is made per delivered batch (a frozen dataclass takes several times longer to make).
+    """
+
+    window: int = 0
+    offset: int = 0
+    batches_delivered: int = 0
+    finished: bool = False
+
+    def to_dict(self) -> dict:
+        return self._asdict()
+
+
+@dataclass(frozen=True)
+class StepProgress:
+    """Where the global-step count stands: ``batches_in_step`` of ``batches_per_step`` (this
+    rank's share at ``dp_degree``) into ``global_step``; G = ``global_batches`` batches of
+    ``microbatch_size`` samples per global step (0: unknown, a migrated version 1)."""
+
+    global_step: int
+    batches_in_step: int
+    batches_per_step: int
+    dp_degree: int
+    global_batches: int
+    microbatch_size: int
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)  # the fields, in order
+
+
+PARTS = ("fingerprint", "config", "lanes", "pointers", "step")  # a state dict's keys after its header
+STATE_KEYS = ("format", "version", *PARTS)
+LANE_FIELDS = LaneProgress._fields
+STEP_FIELDS = tuple(f.name for f in fields(StepProgress))
+STEP_FIELDS_V1 = STEP_FIELDS[:4]  # version 1 recorded neither G nor the microbatch size
+
+
+@dataclass(frozen=True)
+class State:
+    """A checkpoint: the data config and its fingerprint, each lane's progress (by lane id, in
+    the order saved), the round-robin pointers and the step count. Immutable: derive one with
+    :func:`dataclasses.replace`; its dicts are never changed in place."""
+
+    fingerprint: str
+    config: dict
+    lanes: dict[int, LaneProgress]
+    pointers: dict[str, int]
+    step: StepProgress
+
+    @classmethod
+    def from_dict(cls, state: Any, where: str = "state") -> State:
+        """``state`` (a dict from :meth:`to_dict`, any version; a :class:`State` passes through)
+        validated and migrated. Raises :class:`StateError` naming the fault and ``where``."""
+        if isinstance(state, State):
+            return state
+        version = _check_header(state, where)
+        _check_lanes(state["lanes"], where)
+        _check_pointers(state["pointers"], where)
+        _check_step(state["step"], version, where)
+        if version < VERSION:
+            state = migrate(state, where)
+        return cls(fingerprint=state["fingerprint"], config=_plain(state["config"]),
+                   lanes={int(lane): LaneProgress(**p) for lane, p in state["lanes"].items()},
+                   pointers=dict(state["pointers"]), step=StepProgress(**state["step"]))
+
+    def to_dict(self) -> dict:
+        """The state as plain builtins (a new dict sharing nothing with this state)."""
+        return {"format": FORMAT, "version": VERSION, "fingerprint": self.fingerprint,
+                "config": copy.deepcopy(self.config),
+                "lanes": {str(lane): p.to_dict() for lane, p in self.lanes.items()},
+                "pointers": dict(self.pointers), "step": self.step.to_dict()}
 
 
 def pointer_key(worker: int, active_workers: int, lanes: list[int]) -> str:
@@ -68,7 +147,7 @@ def _migrate_v1(state: dict) -> dict:
     return out
 
 
-MIGRATIONS = {1: _migrate_v1}  # version v -> a function returning the state at v + 1
+MIGRATIONS = {1: _migrate_v1}  # version v -> a function returning the state dict at v + 1
 
 
 def migrate(state: dict, where: str = "state") -> dict:
@@ -85,9 +164,26 @@ def migrate(state: dict, where: str = "state") -> dict:
 def check_state(state: Any, where: str = "state") -> dict:
     """Validate a state's structure, migrate an older version; return a plain ``dict``.
 
-    Raises :class:`StateError` naming the fault. The result shares nothing
-    with ``state`` when it was migrated, and is ``state`` (as a plain dict) otherwise.
+    Raises :class:`StateError` naming the fault (see :meth:`State.from_dict`).
+    The result shares nothing with ``state``.
     """
+    return State.from_dict(state, where).to_dict()
+
+
+# -- validation of a state dict, one part at a time (State.from_dict runs them in order) --------
+
+def _check_header(state: Any, where: str) -> int:
+    """The format, the version (returned) and the presence of every part."""
+    version = _check_version(state, where)
+    missing = [k for k in PARTS if k not in state]
+    if missing:
+        raise StateError(f"{where} lacks {missing}: it is truncated or not a zephon_dask state")
+    if not isinstance(state["fingerprint"], str) or not isinstance(state["config"], dict):
+        raise StateError(f"{where} has a malformed fingerprint or config")
+    return version
+
+
+def _check_version(state: Any, where: str) -> int:
     if not isinstance(state, dict):
         raise StateError(f"{where} must be a dict from Pipeline.state_dict(), got {type(state).__name__}")
     if state.get("format") != FORMAT:
@@ -99,34 +195,37 @@ def check_state(state: Any, where: str = "state") -> dict:
     if version > VERSION:
         raise StateError(f"{where} has version {version}, newer than this zephon_dask understands "
                          f"({VERSION}); upgrade zephon_dask to resume from it")
-    missing = [k for k in ("fingerprint", "config", "lanes", "pointers", "step") if k not in state]
-    if missing:
-        raise StateError(f"{where} lacks {missing}: it is truncated or not a zephon_dask state")
-    if not isinstance(state["fingerprint"], str) or not isinstance(state["config"], dict):
-        raise StateError(f"{where} has a malformed fingerprint or config")
-    lanes = state["lanes"]
+    return version
+
+
+def _is_lane(progress: Any) -> bool:
+    return (isinstance(progress, dict) and set(progress) == set(LANE_FIELDS)
+            and all(_is_count(progress[k]) for k in LANE_FIELDS[:3])
+            and isinstance(progress["finished"], bool))
+
+
+def _check_lanes(lanes: Any, where: str) -> None:
     if not isinstance(lanes, dict):
         raise StateError(f"{where}['lanes'] must be a dict of lane id -> progress")
     for lane, progress in lanes.items():
-        ok = (is_lane_key(lane) and isinstance(progress, dict)
-              and sorted(progress) == sorted(LANE_FIELDS)
-              and all(_is_count(progress[k]) for k in LANE_FIELDS[:3])
-              and isinstance(progress["finished"], bool))
-        if not ok:
+        if not (is_lane_key(lane) and _is_lane(progress)):
             raise StateError(f"{where}['lanes'][{lane!r}] = {progress!r} is malformed; expected a lane "
                              f"id of ASCII digits -> {{{', '.join(LANE_FIELDS)}}} with non-negative "
                              "ints and a bool")
-    pointers = state["pointers"]
+
+
+def _check_pointers(pointers: Any, where: str) -> None:
     if not isinstance(pointers, dict) or not all(isinstance(k, str) and _is_count(v) for k, v in pointers.items()):
         raise StateError(f"{where}['pointers'] = {pointers!r} must map keys to lane ids")
-    fields = STEP_FIELDS if version >= 2 else STEP_FIELDS[:4]
-    step = state["step"]
-    if not isinstance(step, dict) or sorted(step) != sorted(fields) or not all(_is_count(v) for v in step.values()):
-        raise StateError(f"{where}['step'] = {step!r} is malformed; expected {{{', '.join(fields)}}}")
+
+
+def _check_step(step: Any, version: int, where: str) -> None:
+    names = STEP_FIELDS if version >= 2 else STEP_FIELDS_V1
+    if not isinstance(step, dict) or set(step) != set(names) or not all(_is_count(v) for v in step.values()):
+        raise StateError(f"{where}['step'] = {step!r} is malformed; expected {{{', '.join(names)}}}")
     if step["batches_per_step"] < 1 or step["dp_degree"] < 1 or (version >= 2 and step["global_batches"] < 1):
         raise StateError(f"{where}['step'] = {step!r}: batches_per_step, dp_degree and global_batches "
                          "must be positive")
-    return migrate(state, where) if version < VERSION else _plain(state)
 
 
 def _plain(obj: Any) -> Any:
@@ -136,11 +235,6 @@ def _plain(obj: Any) -> Any:
     if isinstance(obj, list):
         return [_plain(v) for v in obj]
     return obj
-
-
-def lanes_of(state: dict) -> dict[int, dict]:
-    """The state's lane progress keyed by int lane id, in lane order."""
-    return {int(lane): dict(p) for lane, p in sorted(state["lanes"].items(), key=lambda kv: int(kv[0]))}
 
 
 def _flatten(obj: Any, path: str, out: dict[str, Any]) -> None:
