@@ -10,14 +10,14 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from oracles import batch_rows
-from pipelines import build
+from tests.helpers.oracles import batch_rows
+from tests.helpers.pipelines import build
 
 import zephon_dask as z
 from zephon_dask.errors import StateError
 from zephon_dask.state import LaneProgress, State, StepProgress, check_state
 
-V1 = Path(__file__).parent / "data" / "state-v1.json"
+V1 = Path(__file__).resolve().parents[1] / "data" / "state-v1.json"
 
 counts = st.integers(0, 2**62)
 positive = st.integers(1, 2**62)
