@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from .. import views
 from ..curriculum import routing
 from ..errors import ClusterError, ConfigError, ElasticityWarning, NotFoundError, ZephonError
-from ..execution import choose_runner
+from ..execution import RUNNERS, choose_runner
 from ..graph.keys import FP_CHARS
 from ..pipeline import steps
 from .plans import PHASE_HEADERS, phase_rows
@@ -291,7 +291,7 @@ def _execution(pipeline, options: dict, fingerprint: str) -> Section:
     if runner is None:
         name = choose_runner(options)
         state = f"{name} (not started; it starts on the first iteration)"
-        dashboard = ("shown here once the runner has started" if name == "distributed"
+        dashboard = ("shown here once the runner has started" if name in RUNNERS and RUNNERS[name].has_dashboard
                      else f"none (the {name} runner has no Dask dashboard)")
     elif runner.starting:  # never waits for the start
         state = runner.describe()

@@ -32,7 +32,7 @@ from ..curriculum.routing import group_lanes
 from ..data import fields as record_fields
 from ..errors import ConfigError, StateError, UnsizedPipelineError, ZephonWarning
 from ..log import logger
-from ..operators.base import Accumulator, RecordOp
+from ..operators.base import Accumulator, RecordOp, one_to_one
 from ..operators.chat import ROLES, TokenizeChat
 from ..operators.identity import sha256_json
 from ..operators.pack import Pack
@@ -502,9 +502,7 @@ class Pipeline:
         shape = self.step_shape()
         key = (shape.global_batches, self._batch.microbatch_size)
         if self._resolved is None or self._resolved[0] is not source or self._resolved[1] != key:
-            resolved = phases.resolve(source, self._record_ops, self._accumulators,
-                                      self._settings["canonical_replicas"], self._settings["flush_every_k_chunks"],
-                                      *key, known=dict(enumerate(source.phase_chunks or ())))
+            resolved = phases.resolve(self._spec_of(source), *key, known=dict(enumerate(source.phase_chunks or ())))
             self._resolved = (source, key, resolved)
         return self._resolved[2]
 
@@ -526,9 +524,8 @@ class Pipeline:
         if source.phases is None:
             return []
         shape = self.step_shape()
-        return phases.plan(source, self._record_ops, self._accumulators, self._settings["canonical_replicas"],
-                           self._settings["flush_every_k_chunks"], shape.global_batches,
-                           self._batch.microbatch_size, dict(enumerate(source.phase_chunks or ())), estimate)
+        return phases.plan(self._spec_of(source), shape.global_batches, self._batch.microbatch_size,
+                           dict(enumerate(source.phase_chunks or ())), estimate)
 
     @property
     def record_ops(self) -> tuple[RecordOp, ...]:
@@ -566,8 +563,10 @@ class Pipeline:
         Returns:
             A :class:`~zephon_dask.core.PipelineSpec`; its ``fingerprint`` is :meth:`fingerprint`.
         """
-        return PipelineSpec(self.work_source, self._record_ops, self._accumulators,
-                            self._settings["canonical_replicas"], self._settings["flush_every_k_chunks"])
+        return self._spec_of(self.work_source)
+
+    def _spec_of(self, source: MixtureWorkSource) -> PipelineSpec:
+        return PipelineSpec.of(source, self._record_ops, self._accumulators, self._settings)
 
     def fingerprint(self) -> str:
         """SHA-256 of every data-defining setting (execution options never change it).
@@ -781,7 +780,7 @@ class Pipeline:
             groups = group_lanes(replicas, degree, self._settings["mapping_strategy"])
         per_rank = [len(lanes) if replicas % degree else shape.per_rank for lanes in groups]
         return counting.count_steps(rows, self._batch.microbatch_size, self._batch.drop_last, groups, per_rank,
-                                    counted=not phases.one_to_one(spec.record_ops, spec.accumulators))
+                                    counted=not one_to_one(spec.record_ops, spec.accumulators))
 
     def __bool__(self) -> bool:
         """Always true (``__len__`` would raise)."""

@@ -2,7 +2,7 @@
 
 A lane's batches are its rows (the samples of its windows, in window order)
 cut into micro-batches, the last partial one kept unless ``drop_last``. When
-every row is one sample of the mixture (:func:`~.phases.one_to_one`: no
+every row is one sample of the mixture (:func:`~zephon_dask.operators.base.one_to_one`: no
 ``filter``, ``pack``, ``stateful`` or ``split_long``), a lane's rows are its
 chunks times ``chunk_size``, known without reading data. Otherwise every
 window of every lane is computed here, once (the whole stream is read,
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from ..core.spec import PipelineSpec
 from ..core.window import compute_window
 from ..errors import EndlessStreamError
-from .phases import one_to_one
+from ..operators.base import one_to_one
 
 _ROWS: dict[str, tuple[int, ...]] = {}  # spec fingerprint -> rows per lane (a cache of pure values)
 
