@@ -16,7 +16,7 @@ from pipelines import build
 import zephon_dask as z
 from zephon_dask.cli import main as cli
 from zephon_dask.errors import ConfigError, StateError
-from zephon_dask.pipeline import steps
+from zephon_dask.state import steps
 
 EXAMPLE = Path(__file__).parent.parent / "examples" / "recipe.toml"
 

@@ -72,3 +72,10 @@ class PipelineSpec:
 
     def num_windows(self, lane: int) -> int | None:
         return self.source.num_windows(lane, self.canonical_replicas, self.flush_every_k_chunks)
+
+
+def has_tokens(source: MixtureWorkSource, record_ops) -> bool:
+    """Whether records carry token ids after ``record_ops``: an operator makes them
+    (``Operator.makes_tokens``), or every dataset of ``source`` is a token store."""
+    return (all(getattr(d, "format", None) == "tokens" for d in source.datasets)
+            or any(op.makes_tokens for op in record_ops))

@@ -76,12 +76,15 @@ class Operator:
       sample of the mixture per row (``map``, ``decode_text``, ``tokenize`` without
       ``split_long``, ``shuffle``); schedules in global steps and step counts are then exact,
       else measured (see :func:`one_to_one`). False by default: a new operator is measured
-      until it says otherwise.
+      until it says otherwise;
+    * ``makes_tokens``: its output records carry token ids (``tokenize``, ``tokenize_chat``), so
+      ``pack``, ``shuffle``, ``stateful``, ``batch`` and a token-weighted mixture may follow.
     """
 
     kind: ClassVar[str]
     name: ClassVar[str]
     one_to_one: bool = False
+    makes_tokens: ClassVar[bool] = False
 
     def spec(self) -> dict[str, Any]:  # pragma: no cover - every operator overrides it
         raise NotImplementedError

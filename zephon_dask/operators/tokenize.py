@@ -191,6 +191,7 @@ class Tokenize(RecordOp):
 
     name = "tokenize"
     one_to_one = True  # unless split_long (set per instance)
+    makes_tokens = True
 
     def __init__(self, tokenizer="bytes", field="text", bos=False, eos=True, max_length=None,
                  split_long=False, bos_id=None, eos_id=None, name=None, version=None):
