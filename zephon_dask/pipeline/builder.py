@@ -12,6 +12,11 @@ Running is the :class:`~zephon_dask.pipeline.session.Session`'s job: each
 pipeline owns one, and ``iter()``, ``state_dict()``, ``load_state_dict()``
 and ``close()`` act on it. A pipeline derived from one with a loaded state
 carries that state on (checked again when the data changed).
+
+The class keeps building and identity; the rest are one-line calls into
+their homes: :mod:`.ranks` (DP identity, lanes), :mod:`.counting` (step
+counts), :mod:`.torch_data` (torch adapters), :mod:`zephon_dask.inspect`
+(views) and :mod:`zephon_dask.recipe` (``from_config``).
 """
 
 from __future__ import annotations
