@@ -820,7 +820,7 @@ class Pipeline:
 
     def step_shape(self) -> StepShape:
         """The global step at this group's degree (``per_rank`` batches here, ``global_batches``
-        over all ranks), from the options and a loaded state (see :mod:`.steps`).
+        over all ranks), from the options and a loaded state (see :mod:`zephon_dask.state.steps`).
 
         Returns:
             A :class:`~zephon_dask.state.progress.StepShape`.
