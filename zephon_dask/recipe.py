@@ -2,8 +2,10 @@
 
 :func:`load_recipe` reads a recipe and checks its tables, keys, TOML types and
 that the local paths it names exist, then returns an immutable
-:class:`Recipe`; it opens no dataset. :meth:`Recipe.pipeline` builds the
-datasets (indexing their files) and the :class:`~zephon_dask.pipeline.Pipeline`.
+:class:`Recipe`; it opens no dataset. ``Pipeline.from_config(recipe)`` builds
+the datasets (indexing their files, :meth:`Recipe.work_source`) and the
+pipeline (:meth:`Recipe.apply`). This module lies below the pipeline package:
+it never imports it, and applies its tables to the pipeline it is given.
 Values are checked by the same constructors as in Python, so a recipe and the
 equivalent hand-built pipeline have the same fingerprint; their errors are
 reworded in recipe terms (:func:`in_recipe_terms`: the table, the dataset and
@@ -47,9 +49,7 @@ from .errors import (
 )
 from .operators.pack import ALGORITHMS as PACK_ALGORITHMS
 from .options import BY_NAME as OPTIONS
-from .pipeline import Pipeline
 from .validate import did_you_mean
-from .views import register
 
 
 def dataset_formats() -> tuple[str, ...]:
@@ -300,8 +300,8 @@ class Recipe:
         weights = {d.name: d.weight for d in self.datasets if d.weight is not None}
         return weights or None  # load_recipe checked: every dataset sets one, or none does
 
-    def pipeline(self):
-        """Open the datasets and build the pipeline: tokenize, then shuffle, then pack, then batch."""
+    def work_source(self) -> MixtureWorkSource:
+        """Open the datasets and build the work source (``Pipeline.from_config`` starts here)."""
         datasets = []
         for entry in self.datasets:
             with _context(self.path, f"[[datasets]] {entry.name!r}", DATASETS, entry.name):
@@ -311,8 +311,12 @@ class Recipe:
             where += " with the " + ("[[mixture.schedule]]" if self.schedule else "[[datasets]] weights")
         with _context(self.path, where, SOURCE):
             schedule = None if self.schedule is None else list(self.schedule)
-            pipeline = Pipeline(MixtureWorkSource(datasets, self.weights, **self.source, schedule=schedule,
-                                                  schedule_unit=self.schedule_unit))
+            return MixtureWorkSource(datasets, self.weights, **self.source, schedule=schedule,
+                                     schedule_unit=self.schedule_unit)
+
+    def apply(self, pipeline):
+        """``pipeline`` (over :meth:`work_source`) with the recipe's tables applied: tokenize, then
+        shuffle, then pack, then batch, then the options; an error names the table."""
         for table in (TOKENIZE, SHUFFLE, PACK, BATCH):
             kwargs = getattr(self, table.header.strip("[]"))
             if kwargs is not None:
@@ -561,9 +565,3 @@ def _options(file: str, table: dict) -> dict[str, Any]:
         if key in OPTION_TYPES:
             _check_type(file, "[options]", key, table[key], OPTION_TYPES[key])
     return table
-
-
-@register("pipeline_from_config")
-def pipeline_from_config(path: str | os.PathLike) -> Pipeline:
-    """``Pipeline.from_config(path)``: the pipeline the recipe at ``path`` describes."""
-    return load_recipe(path).pipeline()

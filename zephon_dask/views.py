@@ -1,4 +1,4 @@
-"""A registry of views: text, HTML and tables that upper layers draw for lower layers' objects.
+"""A registry of views: the HTML that an upper layer draws for lower layers' objects' ``_repr_html_``.
 
 The package imports one way: lower layers (data, curriculum, consumer, state,
 pipeline) never import higher ones, not even inside a function. Yet a
@@ -28,12 +28,12 @@ from .errors import NotFoundError
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-# The modules that provide views: each registers its own when it is imported
-# (inspect: reprs, plans, stats; recipe: ``Pipeline.from_config``). They are
-# named here as strings, and imported on the first ``show`` of a name not
-# registered yet, because a static import would point upward (this module lies
-# at the bottom of the layers).
-PROVIDERS = ("zephon_dask.inspect", "zephon_dask.recipe")
+# The package that provides the views (zephon_dask.inspect.reprs registers them when it is
+# imported). It is named here as a string, and imported on the first ``show`` of a name not
+# registered yet, because a static import would point upward (this module lies at the bottom
+# of the layers). The registry serves only the reprs of lower layers' objects (their
+# ``_repr_html_``); everything else imports the inspect package downward.
+PROVIDERS = ("zephon_dask.inspect",)
 
 _views: dict[str, Callable[..., Any]] = {}
 _lock = threading.Lock()

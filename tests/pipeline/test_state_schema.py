@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from tests.helpers.oracles import batch_rows
-from tests.helpers.pipelines import build
 
 import zephon_dask as z
+from tests.helpers.oracles import batch_rows
+from tests.helpers.pipelines import build
 from zephon_dask.errors import StateError
 from zephon_dask.state import LaneProgress, State, StepProgress, check_state
 

@@ -84,9 +84,9 @@ def test_plots_draw_the_history(corpus_dir):
     it = iter(pipe)
     for _ in range(40):
         next(it)
-    ax = pipe.plot_mixture()
+    ax = pipe.stats().plot_mixture()
     assert len(ax.collections) == 2 and ax.get_xlabel() == "global step"  # one band per dataset
-    line = pipe.plot_packing().lines[0]
+    line = pipe.stats().plot_packing().lines[0]
     assert np.allclose(line.get_ydata(), [h["tokens"] / h["slots"] for h in pipe.stats().history])
 
 

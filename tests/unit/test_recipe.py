@@ -110,7 +110,7 @@ def test_paths_are_relative_to_the_recipe_folder_not_the_cwd(corpus, tmp_path, m
     assert r.datasets[0].path == str(corpus / "data" / "prose.jsonl")
     assert r.datasets[1] == DatasetEntry("code", str(corpus / "data" / "code"), "jsonl", "text", 1)
     assert r.weights == {"prose": 2, "code": 1}
-    assert r.pipeline().work_source.names == ("prose", "code")
+    assert z.Pipeline.from_config(r).work_source.names == ("prose", "code")
 
 
 def test_urls_are_used_as_written(tmp_path):
@@ -129,7 +129,7 @@ def test_urls_are_used_as_written(tmp_path):
     r = load_recipe(path)
     assert r.datasets[0].path == "memory://zephon-recipe-test/web.jsonl"
     assert r.weights is None
-    assert len(r.pipeline().work_source) == 5
+    assert len(z.Pipeline.from_config(r).work_source) == 5
 
 
 def test_hf_tokenizer_path_is_resolved_against_the_recipe(corpus):
@@ -142,7 +142,7 @@ def test_hf_tokenizer_path_is_resolved_against_the_recipe(corpus):
     text = BASE.replace('tokenizer = "bytes"\nbos = true', 'tokenizer = "tok/tokenizer.json"')
     r = load_recipe(recipe(corpus, text))
     assert r.tokenize["tokenizer"] == str(corpus / "tok" / "tokenizer.json")
-    p = r.pipeline()
+    p = z.Pipeline.from_config(r)
     assert p.spec.record_ops[0].spec()["tokenizer"]["kind"] == "huggingface"
     pv = p.preview(n=3)
     assert "huggingface" in pv.decoder
@@ -282,7 +282,7 @@ BUILD_ERRORS = [
 def test_bad_values_fail_at_build_naming_the_recipe_table_and_key(corpus, edit, error, fragment):
     r = load_recipe(recipe(corpus, BASE.replace(*edit, 1)))
     with pytest.raises(error) as info:
-        r.pipeline()
+        z.Pipeline.from_config(r)
     message = str(info.value)
     assert message.startswith(str(r.path)) and fragment in message
     assert "(" not in message.split(":", 3)[-1].split(" ")[1], "no Python call syntax: " + message
@@ -296,7 +296,7 @@ def test_a_missing_text_field_names_the_dataset_table_and_key(corpus):
     text = BASE.replace('name = "prose"\npath = "data/prose.jsonl"', 'name = "prose"\npath = "data/notes.parquet"')
     r = load_recipe(recipe(corpus, text))
     with pytest.raises(z.errors.MissingFieldError) as info:
-        r.pipeline()
+        z.Pipeline.from_config(r)
     message = str(info.value)
     assert message.startswith(f"{r.path}: [[datasets]] 'prose': ") and "['body']" in message
     assert "Set text_field = " in message

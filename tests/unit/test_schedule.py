@@ -317,7 +317,7 @@ def test_a_recipe_schedule_builds_the_same_pipeline(corpus, tmp_path):
 
     recipe = load_recipe(_recipe(tmp_path, corpus, SCHEDULE_TOML))
     assert recipe.schedule == tuple(SCHEDULE) and recipe.schedule_unit == "step"
-    assert recipe.pipeline().fingerprint() == pipeline(corpus).options(runner="distributed").fingerprint()
+    assert z.Pipeline.from_config(recipe).fingerprint() == pipeline(corpus).options(runner="distributed").fingerprint()
 
 
 @pytest.mark.parametrize("toml, weights, error, match", [

@@ -16,7 +16,7 @@ import zephon_dask as z
 from tests.helpers.pipelines import build
 from zephon_dask.cli import main as cli
 from zephon_dask.errors import ConfigError, StateError
-from zephon_dask.pipeline import steps
+from zephon_dask.state import steps
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "recipe.toml"
 

@@ -18,10 +18,10 @@ def add_arguments(parser) -> None:
 
 def run(args) -> int:
     from ..errors import ConfigError, ZephonError
-    from ..recipe import load_recipe
+    from ..pipeline import Pipeline
 
     try:
-        pipeline = load_recipe(args.recipe).pipeline()
+        pipeline = Pipeline.from_config(args.recipe)
         identity = {"dp_degree": args.dp_degree, "dp_group_id": args.dp_group_id}
         pipeline = pipeline.options(**{k: v for k, v in identity.items() if v is not None})
         if args.count_steps and pipeline.spec.source.num_chunks is not None:

@@ -93,8 +93,8 @@ def tokens_per_s(tokens: int, seconds: float) -> str:
 
 def run(args) -> int:
     from ..errors import ZephonError
+    from ..pipeline import Pipeline
     from ..preemption import Preempted, Preemption
-    from ..recipe import load_recipe
     from ..state import State, load_state
 
     if args.checkpoint_every and not args.checkpoint:
@@ -108,7 +108,7 @@ def run(args) -> int:
         return fail("run", exc)
     with Preemption(at_once=True) as stop:
         try:
-            pipeline = load_recipe(args.recipe).pipeline()
+            pipeline = Pipeline.from_config(args.recipe)
             overrides = {"dp_degree": args.dp_degree, "dp_group_id": args.dp_group_id, "runner": args.runner,
                          "address": args.address, "ledger": args.ledger}
             pipeline = pipeline.options(**{k: v for k, v in overrides.items() if v is not None})

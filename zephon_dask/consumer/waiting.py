@@ -42,8 +42,8 @@ class FirstBatchWait:
         _, total = self.progress()
         logger.info("%d window(s) submitted for the first batch (lanes %s): %s documents to read",
                     len(self._handles), self.fetcher.lanes, f"{total:,}")
-        # the synchronous runner computes in this thread when asked: nothing runs meanwhile to show
-        if getattr(self.fetcher.runner, "name", "") != "synchronous":
+        # a runner that computes in this thread when asked runs nothing meanwhile to show
+        if not getattr(self.fetcher.runner, "computes_in_caller", False):
             self._thread = threading.Thread(target=self._watch, name="zephon-first-batch", daemon=True)
             self._thread.start()
         return self

@@ -7,12 +7,15 @@ can never change a byte of the data or the fingerprint.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
+from typing import Any
 
 from ..curriculum import MixtureWorkSource
 from ..operators.base import Accumulator, RecordOp
 from ..operators.identity import sha256_json
+from ..options import DATA_OPTIONS
 
 FORMAT = "zephon_dask.pipeline"
 FORMAT_VERSION = 1
@@ -20,11 +23,26 @@ FORMAT_VERSION = 1
 
 @dataclass(frozen=True, eq=False)
 class PipelineSpec:
+    """The work source, the operators, and one field per data option
+    (:data:`~zephon_dask.options.DATA_OPTIONS`, same name): :meth:`of` fills them from a
+    pipeline's settings and :meth:`config` records them, so a new data option is an ``Option``,
+    a field here and the code that reads it."""
+
     source: MixtureWorkSource
     record_ops: tuple[RecordOp, ...]  # in chain order (tokenize among them)
     accumulators: tuple[Accumulator, ...]
     canonical_replicas: int
     flush_every_k_chunks: int
+
+    @classmethod
+    def of(cls, source: MixtureWorkSource, record_ops, accumulators, settings: Mapping[str, Any]) -> PipelineSpec:
+        """The spec of ``source`` and the operators, with the data options ``settings`` holds (a
+        pipeline's settings, or another spec's :meth:`data_options`)."""
+        return cls(source, tuple(record_ops), tuple(accumulators), **{n: settings[n] for n in DATA_OPTIONS})
+
+    def data_options(self) -> dict[str, Any]:
+        """The data options' values, by name."""
+        return {name: getattr(self, name) for name in DATA_OPTIONS}
 
     @property
     def datasets(self) -> tuple:
@@ -41,8 +59,7 @@ class PipelineSpec:
             "version": FORMAT_VERSION,
             "source": self.source.config(),
             "operators": [op.spec() for op in (*self.record_ops, *self.accumulators)],
-            "canonical_replicas": self.canonical_replicas,
-            "flush_every_k_chunks": self.flush_every_k_chunks,
+            **self.data_options(),
         }
 
     @cached_property
@@ -55,3 +72,10 @@ class PipelineSpec:
 
     def num_windows(self, lane: int) -> int | None:
         return self.source.num_windows(lane, self.canonical_replicas, self.flush_every_k_chunks)
+
+
+def has_tokens(source: MixtureWorkSource, record_ops) -> bool:
+    """Whether records carry token ids after ``record_ops``: an operator makes them
+    (``Operator.makes_tokens``), or every dataset of ``source`` is a token store."""
+    return (all(getattr(d, "format", None) == "tokens" for d in source.datasets)
+            or any(op.makes_tokens for op in record_ops))

@@ -13,6 +13,7 @@ until ``release()``. This module holds no state of its own.
 from __future__ import annotations
 
 import math
+from typing import ClassVar
 
 import dask
 
@@ -115,10 +116,17 @@ class Runner:
     """Base runner: runs window graphs; ``close()`` frees every resource it started.
 
     A subclass sets ``name`` (its key in :data:`~zephon_dask.execution.registry.RUNNERS`),
-    implements :meth:`submit`, and overrides :meth:`from_options` when it reads options.
+    implements :meth:`submit`, and overrides :meth:`from_options` when it reads options. What
+    it can do are class attributes, read by the layers above instead of its name:
+
+    * ``computes_in_caller``: a window is computed in the consumer's thread when its result
+      is asked for, so nothing runs meanwhile (no progress to show while waiting);
+    * ``has_dashboard``: once started, it may serve a Dask dashboard (:attr:`dashboard_link`).
     """
 
     name = "base"
+    computes_in_caller: ClassVar[bool] = False
+    has_dashboard: ClassVar[bool] = False
 
     def __init__(self, spec: PipelineSpec):
         self.spec = spec

@@ -558,6 +558,7 @@ class DistributedHandle(WindowHandle):
 
 class DistributedRunner(Runner):
     name = "distributed"
+    has_dashboard = True
 
     def __init__(self, spec: PipelineSpec, n_workers=None, threads_per_worker=1, client=None,
                  address=None, retries=0, timeout: float = DEFAULT_TIMEOUT, stall: float = DEFAULT_STALL,

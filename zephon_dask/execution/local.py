@@ -19,6 +19,7 @@ from .base import Runner, WindowHandle
 
 class SynchronousRunner(Runner):
     name = "synchronous"
+    computes_in_caller = True
 
     def submit(self, graph: WindowGraph, priority: int) -> WindowHandle:
         return WindowHandle(graph, compute=lambda: self._run_local(graph))

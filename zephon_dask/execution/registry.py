@@ -2,27 +2,56 @@
 
 :data:`RUNNERS` names every runner; :func:`choose_runner` is the one place that
 decides which of them a pipeline's options select, and :func:`make_runner`
-starts it through the class's ``from_options``. Importing this module imports
-``distributed`` (through :mod:`.cluster`). Adding a runner means writing
-its :class:`~zephon_dask.execution.base.Runner` subclass and one line here.
+starts it through the class's ``from_options``. A runner's module is imported
+when its class is first looked up, so importing this module imports neither
+``distributed`` nor the cluster code. Adding a runner means writing its
+:class:`~zephon_dask.execution.base.Runner` subclass (its capabilities are class
+attributes there) and one line here.
 """
 
 from __future__ import annotations
 
-from distributed import default_client
+import importlib
+from collections.abc import Iterator, MutableMapping
 
 from ..core.spec import PipelineSpec
 from ..errors import ConfigError
 from ..log import logger
 from .base import Runner
-from .cluster import DistributedRunner
-from .local import SynchronousRunner, ThreadRunner
 
-RUNNERS: dict[str, type[Runner]] = {
-    "distributed": DistributedRunner,
-    "threads": ThreadRunner,
-    "synchronous": SynchronousRunner,
-}
+
+class RunnerRegistry(MutableMapping[str, type[Runner]]):
+    """``{name: Runner subclass}``, each given as a class or as ``"module:Class"`` (relative to
+    this package), imported on first lookup."""
+
+    def __init__(self, entries: dict[str, str | type[Runner]]):
+        self._entries = dict(entries)
+
+    def __getitem__(self, name: str) -> type[Runner]:
+        entry = self._entries[name]
+        if isinstance(entry, str):
+            module, attr = entry.split(":")
+            entry = self._entries[name] = getattr(importlib.import_module(module, __package__), attr)
+        return entry
+
+    def __setitem__(self, name: str, runner: str | type[Runner]) -> None:
+        self._entries[name] = runner
+
+    def __delitem__(self, name: str) -> None:
+        del self._entries[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._entries)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+RUNNERS = RunnerRegistry({
+    "distributed": ".cluster:DistributedRunner",
+    "threads": ".local:ThreadRunner",
+    "synchronous": ".local:SynchronousRunner",
+})
 RUNNER_NAMES: tuple[str, ...] = tuple(RUNNERS)
 
 
@@ -37,6 +66,8 @@ def choose_runner(options: dict) -> str:
 def session_client():
     """The Dask client this process made current (``Client(...)`` does, unless told
     ``set_as_default=False``), or ``None``."""
+    from distributed import default_client  # only the distributed runner needs it
+
     try:
         client = default_client()
     except ValueError:  # no default client

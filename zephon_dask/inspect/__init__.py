@@ -4,6 +4,13 @@ Every function here is pure: it reads a pipeline (or a dataset, work source,
 batch or state dict) and returns text, HTML or a small value object. Nothing
 here starts a runner or a cluster; :func:`preview` computes windows in this
 process with ``pipeline.compute_window``.
+
+This package lies below :mod:`zephon_dask.pipeline`: ``Pipeline.explain()``,
+``preview()``, ``plan()``, ``window_graph()``, ``stats()`` and its ``repr``
+call these functions, which read the pipeline by its public attributes and
+never import it. The lower layers' objects (datasets, work sources, batches,
+states) reach their HTML through :mod:`zephon_dask.views`, where :mod:`.reprs`
+registers it.
 """
 
 from .explain import Explanation, Section, explain

@@ -19,12 +19,11 @@ import json
 import warnings
 from dataclasses import dataclass
 
-from .. import views
 from ..curriculum import routing
 from ..errors import ClusterError, ConfigError, ElasticityWarning, NotFoundError, ZephonError
-from ..execution import choose_runner
+from ..execution import RUNNERS, choose_runner
 from ..graph.keys import FP_CHARS
-from ..pipeline import steps
+from ..state import steps
 from .plans import PHASE_HEADERS, phase_rows
 from .render import (
     html_block,
@@ -291,7 +290,7 @@ def _execution(pipeline, options: dict, fingerprint: str) -> Section:
     if runner is None:
         name = choose_runner(options)
         state = f"{name} (not started; it starts on the first iteration)"
-        dashboard = ("shown here once the runner has started" if name == "distributed"
+        dashboard = ("shown here once the runner has started" if name in RUNNERS and RUNNERS[name].has_dashboard
                      else f"none (the {name} runner has no Dask dashboard)")
     elif runner.starting:  # never waits for the start
         state = runner.describe()
@@ -313,7 +312,6 @@ def _execution(pipeline, options: dict, fingerprint: str) -> Section:
     ))
 
 
-@views.register("explain")
 def explain(pipeline) -> Explanation:
     """The plan of ``pipeline`` (see the module docstring for what it touches)."""
     spec = pipeline.spec

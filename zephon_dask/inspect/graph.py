@@ -11,7 +11,6 @@ import importlib.util
 import shutil
 from dataclasses import dataclass, field, fields
 
-from .. import views
 from ..core.spec import PipelineSpec
 from ..errors import MissingDependencyError
 from ..graph import WindowGraph
@@ -78,7 +77,6 @@ class WindowGraphView(WindowGraph):
         return html_block(html_table(TASK_HEADERS, self._rows(), caption=self._caption()))
 
 
-@views.register("window_graph")
 def window_graph(pipeline, lane: int, window: int, fused: bool | None = None) -> WindowGraphView:
     """Lane ``lane``'s window ``window`` as a graph; ``fused=None`` follows the ``fuse`` option."""
     spec = pipeline.spec

@@ -3,7 +3,7 @@
 Each entry is :func:`zephon_dask.curriculum.routing.plan` for one
 ``(dp_degree, mapping)``; a degree above ``canonical_replicas`` is kept as an
 entry with its problem instead of failing the whole table. With a global
-step set (``global_batches_per_step``, see :mod:`zephon_dask.pipeline.steps`)
+step set (``global_batches_per_step``, see :mod:`zephon_dask.state.steps`)
 each entry says how many batches a rank takes per step, or that the degree
 cannot keep the steps. A pipeline with a mixture schedule adds a table of its
 phases (:func:`phase_rows`): where each one begins in chunk blocks and in global steps.
@@ -15,10 +15,9 @@ import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
-from .. import views
 from ..curriculum import routing
 from ..errors import ConfigError, ElasticityWarning
-from ..pipeline import steps
+from ..state import steps
 from ..validate import check_int
 from .render import html_block, html_table, text_table
 
@@ -139,7 +138,6 @@ def _entry(replicas: int, degree: int, mapping: str, batches_per_step: int | Non
     return PlanEntry(degree, mapping, plan, tuple(notes))
 
 
-@views.register("lane_plans")
 def lane_plans(canonical_replicas: int, dp_degrees: Iterable[int],
                mappings: Sequence[str] = routing.MAPPING_STRATEGIES,
                batches_per_step: int | None = None, global_batches: int | None = None) -> PlanTable:
@@ -157,7 +155,6 @@ def lane_plans(canonical_replicas: int, dp_degrees: Iterable[int],
     return PlanTable(canonical_replicas, batches_per_step, entries, global_batches)
 
 
-@views.register("plan_table")
 def plan_table(pipeline, dp_degrees: Iterable[int] = (1, 2, 4, 8),
                mappings: Sequence[str] = routing.MAPPING_STRATEGIES) -> PlanTable:
     """:func:`lane_plans` for a pipeline's ``canonical_replicas`` and ``batches_per_step``, with its

@@ -6,7 +6,6 @@ matplotlib is imported when a plot is drawn; without it the functions raise
 
 from __future__ import annotations
 
-from .. import views
 from ..errors import MissingDependencyError
 
 
@@ -23,7 +22,6 @@ def _axes(ax):
     return plt.subplots(figsize=(7, 3))[1]
 
 
-@views.register("plot_mixture")
 def plot_mixture(stats, ax=None):
     """Stacked share per dataset at each global step, with the target as dashes, in the mixture's
     ``weight_by`` unit (real tokens, or samples counted where a record's first token lands)."""
@@ -45,7 +43,6 @@ def plot_mixture(stats, ax=None):
     return ax
 
 
-@views.register("plot_packing")
 def plot_packing(stats, ax=None):
     """Real tokens over batch slots per global step (1.0 = no padding)."""
     ax = _axes(ax)

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import views
 from ..operators.tokenize import Tokenize
 from ..validate import check_int
 from .render import esc, html_block, html_table, html_title, shorten
@@ -141,7 +140,6 @@ def _document(ids: np.ndarray, lineage, datasets, op, decode) -> PreviewDocument
     return PreviewDocument(ds.name, s, shard_id, o, t, c, tuple(int(i) for i in ids), text, bos, eos)
 
 
-@views.register("preview")
 def preview(pipeline, n: int = 3, lane: int = 0, max_windows: int = 16) -> Preview:
     """The first ``n`` rows of ``lane``, from at most ``max_windows`` windows computed here."""
     n = check_int(n, "n", 1, call="preview", hint="e.g. 3")

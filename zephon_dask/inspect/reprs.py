@@ -9,6 +9,7 @@ description (:func:`pipeline_summary`).
 from __future__ import annotations
 
 from .. import views
+from ..core.spec import has_tokens
 from ..errors import ConfigError, ZephonError
 from ..execution import choose_runner
 from ..state.schema import LANE_FIELDS, STATE_KEYS, State
@@ -132,11 +133,10 @@ def _unmeasured_summary(pipeline) -> Section:
     ))
 
 
-@views.register("pipeline_summary")
 def pipeline_summary(pipeline) -> Section:
     """One screen about ``pipeline``: fingerprint, datasets with sizes, stream, lanes and
     windows, operators, batch shape, DP identity and runner (reads only; starts nothing)."""
-    if pipeline.session.base_source.unmeasured and not pipeline.has_tokens():
+    if pipeline.session.base_source.unmeasured and not has_tokens(pipeline.session.base_source, pipeline.record_ops):
         return _unmeasured_summary(pipeline)
     spec = pipeline.spec
     source = spec.source
@@ -176,13 +176,11 @@ def _steps(pipeline) -> str:
         return "unknown: the global step is invalid at this degree (see explain())"
 
 
-@views.register("pipeline_text")
 def pipeline_text(pipeline) -> str:
     """:func:`pipeline_summary` as text (``repr(pipeline)``)."""
     return pipeline_summary(pipeline).text()
 
 
-@views.register("pipeline_html")
 def pipeline_html(pipeline) -> str:
     """:func:`pipeline_summary` as HTML (a pipeline in a notebook cell); ``explain()`` has the rest."""
     return html_block(pipeline_summary(pipeline).html())

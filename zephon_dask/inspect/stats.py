@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .. import views
+from . import plots
 from .render import html_block, html_pairs, html_table, html_title, text_pairs, text_table
 
 
@@ -60,6 +60,16 @@ class PipelineStats:
     def tokens_per_s(self) -> float:
         """Tokens delivered per second of the iteration so far (0 before the first)."""
         return self.tokens / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    def plot_mixture(self, ax=None):
+        """Realized mixture per global step against the target (matplotlib; ``ax``: the axes to
+        draw on, default a new figure). Returns the axes."""
+        return plots.plot_mixture(self, ax)
+
+    def plot_packing(self, ax=None):
+        """Padding efficiency per global step (matplotlib; ``ax`` as for :meth:`plot_mixture`).
+        Returns the axes."""
+        return plots.plot_packing(self, ax)
 
     def _summary(self) -> list[tuple[str, object]]:
         def pct(x):
@@ -218,7 +228,6 @@ def _blend(mixture: list[dict], phases: list[dict], weight_by: str) -> list[dict
     return out
 
 
-@views.register("stats")
 def stats(pipeline) -> PipelineStats:
     """Snapshot the pipeline's current (or last) iteration; zeros before the first."""
     progress = pipeline.session.current_progress()

@@ -70,8 +70,21 @@ class Row(NamedTuple):
 
 
 class Operator:
+    """An operator's traits are class attributes, read by the layers above instead of its type:
+
+    * ``one_to_one``: every input row gives exactly one output row, in a count that stays one
+      sample of the mixture per row (``map``, ``decode_text``, ``tokenize`` without
+      ``split_long``, ``shuffle``); schedules in global steps and step counts are then exact,
+      else measured (see :func:`one_to_one`). False by default: a new operator is measured
+      until it says otherwise;
+    * ``makes_tokens``: its output records carry token ids (``tokenize``, ``tokenize_chat``), so
+      ``pack``, ``shuffle``, ``stateful``, ``batch`` and a token-weighted mixture may follow.
+    """
+
     kind: ClassVar[str]
     name: ClassVar[str]
+    one_to_one: bool = False
+    makes_tokens: ClassVar[bool] = False
 
     def spec(self) -> dict[str, Any]:  # pragma: no cover - every operator overrides it
         raise NotImplementedError
@@ -113,3 +126,9 @@ class Accumulator(Operator):
 
     def apply(self, table: SampleTable, ctx: WindowContext) -> SampleTable:  # pragma: no cover
         raise NotImplementedError
+
+
+def one_to_one(record_ops, accumulators) -> bool:
+    """Whether every delivered row is exactly one sample of the mixture: every operator says so
+    (``Operator.one_to_one``). An accumulator may still reorder rows inside a window."""
+    return all(op.one_to_one for op in (*record_ops, *accumulators))

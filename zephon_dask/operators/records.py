@@ -30,6 +30,7 @@ class Map(_UserFunctionOp):
     """``record -> fn(record)``; ``fn`` must return a dict."""
 
     name = "map"
+    one_to_one = True
 
     def apply(self, record: dict) -> list[dict]:
         out = self.fn(record)
@@ -54,6 +55,7 @@ class DecodeText(RecordOp):
     """Decodes a bytes field to ``str`` in place (``encoding``, strict errors)."""
 
     name = "decode_text"
+    one_to_one = True
 
     def __init__(self, field: str = "text", encoding: str = "utf-8", errors: str = "strict"):
         check_name(field, "field", "the name of a bytes field", call="decode_text")

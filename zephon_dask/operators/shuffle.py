@@ -54,6 +54,7 @@ class Shuffle(Accumulator):
     """``.shuffle(buffer_size, seed=None)``: ``seed=None`` uses the pipeline seed."""
 
     name = "shuffle"
+    one_to_one = True  # it reorders samples inside a window, keeping their count
 
     def __init__(self, buffer_size: int, seed: int | None = None):
         self.buffer_size = check_int(buffer_size, "buffer_size", 1, call="shuffle", hint="e.g. 1024")

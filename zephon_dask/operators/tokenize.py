@@ -190,6 +190,8 @@ class Tokenize(RecordOp):
     """
 
     name = "tokenize"
+    one_to_one = True  # unless split_long (set per instance)
+    makes_tokens = True
 
     def __init__(self, tokenizer="bytes", field="text", bos=False, eos=True, max_length=None,
                  split_long=False, bos_id=None, eos_id=None, name=None, version=None):
@@ -202,6 +204,7 @@ class Tokenize(RecordOp):
         if split_long and max_length is None:
             raise ConfigError("tokenize(split_long=True) needs max_length=<tokens per piece>")
         self.field, self.max_length, self.split_long = field, max_length, bool(split_long)
+        self.one_to_one = not self.split_long  # a split document becomes several rows
         self.bos_id = self._special("bos", bos, bos_id)
         self.eos_id = self._special("eos", eos, eos_id)
 

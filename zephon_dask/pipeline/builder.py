@@ -12,25 +12,29 @@ Running is the :class:`~zephon_dask.pipeline.session.Session`'s job: each
 pipeline owns one, and ``iter()``, ``state_dict()``, ``load_state_dict()``
 and ``close()`` act on it. A pipeline derived from one with a loaded state
 carries that state on (checked again when the data changed).
+
+The class keeps building and identity; the rest are one-line calls into
+their homes: :mod:`.ranks` (DP identity, lanes), :mod:`.counting` (step
+counts), :mod:`.torch_data` (torch adapters), :mod:`zephon_dask.inspect`
+(views) and :mod:`zephon_dask.recipe` (``from_config``).
 """
 
 from __future__ import annotations
 
 import inspect
-import sys
 import warnings
 from collections.abc import Mapping
+from functools import partial
 from types import MappingProxyType
 from typing import Any
 
+from .. import inspect as inspection
 from ..consumer.batch import BatchOptions
-from ..consumer.stream import BatchStream
-from ..core.spec import PipelineSpec
+from ..core.spec import PipelineSpec, has_tokens
 from ..core.window import WindowOutput, compute_window
 from ..curriculum import MixtureWorkSource
-from ..curriculum.routing import group_lanes
 from ..data import fields as record_fields
-from ..errors import ConfigError, StateError, UnsizedPipelineError, ZephonWarning
+from ..errors import ConfigError, UnsizedPipelineError, ZephonWarning
 from ..operators.base import Accumulator, RecordOp
 from ..operators.chat import ROLES, TokenizeChat
 from ..operators.pack import Pack
@@ -40,12 +44,15 @@ from ..operators.stateful import Stateful
 from ..operators.tokenize import Tokenize
 from ..options import DEFAULTS, OPTIONS
 from ..options import check as check_options
+from ..recipe import Recipe, load_recipe
+from ..state import steps
 from ..state.progress import StepShape
 from ..state.schema import State
 from ..validate import check_bool, check_int
-from ..views import show
-from . import counting, phases, steps
+from . import counting, phases
 from .guard import refuse_fetching_ahead
+from .ranks import dp_identity
+from .ranks import owned_lanes as group_owned_lanes
 from .resume import check as check_resume
 from .session import Session
 
@@ -76,7 +83,7 @@ class Pipeline:
         self._batch = BatchOptions()
         self._batched = False  # .batch() was called: it sets the shape once
         self._settings: Mapping[str, Any] = MappingProxyType(dict(DEFAULTS))
-        self._session = Session(self, work_source)
+        self._session = self._new_session(work_source)
         self._resolved: tuple | None = None  # (source, (G, microbatch), its schedule resolved)
 
     def _derive(self, **changes) -> Pipeline:
@@ -89,7 +96,7 @@ class Pipeline:
         new._batch = changes.get("batch", self._batch)
         new._batched = changes.get("batched", self._batched)
         new._settings = MappingProxyType(dict(changes.get("settings", self._settings)))
-        new._session = Session(new, self._session.base_source, self._source)  # measured again if its operators need it
+        new._session = new._new_session(self._session.base_source, self._source)  # measured again if its operators need it
         new._resolved = None
         resume = self._session.resume
         if resume is not None:
@@ -98,6 +105,12 @@ class Pipeline:
             else:  # the data changed: the state must still describe it
                 new.load_state_dict(resume)
         return new
+
+    def _new_session(self, source: MixtureWorkSource, built: MixtureWorkSource | None = None) -> Session:
+        """A session running this description over ``source`` (``built``: the source as built, if
+        another); it never sees the pipeline."""
+        return Session(source, self._record_ops, self._settings, self._batch,
+                       spec=partial(getattr, self, "spec"), step_shape=self.step_shape, built=built)  # picklable
 
     # -- stateless ------------------------------------------------------------------
 
@@ -205,7 +218,7 @@ class Pipeline:
         Example:
             >>> pipeline.tokenize("tokenizer.json", bos=True, eos=True)  # doctest: +SKIP
         """
-        if any(isinstance(op, Tokenize) for op in self._record_ops):
+        if any(op.makes_tokens for op in self._record_ops):
             raise ConfigError("the pipeline already tokenizes; call .tokenize() once")
         op = Tokenize(tokenizer, field, bos, eos, max_length, split_long, bos_id, eos_id, name, version)
         self._check_field("tokenize", op.field)
@@ -252,7 +265,7 @@ class Pipeline:
         Example:
             >>> pipeline.tokenize_chat("tok/tokenizer.json", loss_on="last")  # doctest: +SKIP
         """
-        if any(isinstance(op, Tokenize) for op in self._record_ops):
+        if any(op.makes_tokens for op in self._record_ops):
             raise ConfigError("the pipeline already tokenizes; call .tokenize() or .tokenize_chat() once")
         op = TokenizeChat(tokenizer, field, chat_template, loss_on, max_length, bos_token, eos_token, roles)
         self._check_field("tokenize_chat", op.field)
@@ -362,22 +375,8 @@ class Pipeline:
             raise ConfigError(f"an accumulator named {name!r} exists already; names are unique")
         return self._add_accumulator(Stateful(name, init, push, flush, version))
 
-    def has_tokens(self) -> bool:
-        """Whether the records carry token ids after the record operators: a tokenizer, or every
-        dataset a token store.
-
-        Returns:
-            ``True`` when ``pack``, ``shuffle``, ``stateful`` and a token-weighted mixture can run.
-
-        Example:
-            >>> pipeline.tokenize().has_tokens()  # doctest: +SKIP
-            True
-        """
-        pre_tokenized = all(getattr(d, "format", None) == "tokens" for d in self._source.datasets)
-        return pre_tokenized or any(isinstance(o, Tokenize) for o in self._record_ops)
-
     def _check_tokens(self, op: str) -> None:
-        if not self.has_tokens():
+        if not has_tokens(self._source, self._record_ops):
             raise ConfigError(
                 f".{op}() needs token ids: call .tokenize(...) first (or read a token store "
                 "with Dataset.from_tokens)"
@@ -501,9 +500,7 @@ class Pipeline:
         shape = self.step_shape()
         key = (shape.global_batches, self._batch.microbatch_size)
         if self._resolved is None or self._resolved[0] is not source or self._resolved[1] != key:
-            resolved = phases.resolve(source, self._record_ops, self._accumulators,
-                                      self._settings["canonical_replicas"], self._settings["flush_every_k_chunks"],
-                                      *key, known=dict(enumerate(source.phase_chunks or ())))
+            resolved = phases.resolve(self._spec_of(source), *key, known=dict(enumerate(source.phase_chunks or ())))
             self._resolved = (source, key, resolved)
         return self._resolved[2]
 
@@ -525,9 +522,8 @@ class Pipeline:
         if source.phases is None:
             return []
         shape = self.step_shape()
-        return phases.plan(source, self._record_ops, self._accumulators, self._settings["canonical_replicas"],
-                           self._settings["flush_every_k_chunks"], shape.global_batches,
-                           self._batch.microbatch_size, dict(enumerate(source.phase_chunks or ())), estimate)
+        return phases.plan(self._spec_of(source), shape.global_batches, self._batch.microbatch_size,
+                           dict(enumerate(source.phase_chunks or ())), estimate)
 
     @property
     def record_ops(self) -> tuple[RecordOp, ...]:
@@ -565,8 +561,10 @@ class Pipeline:
         Returns:
             A :class:`~zephon_dask.core.PipelineSpec`; its ``fingerprint`` is :meth:`fingerprint`.
         """
-        return PipelineSpec(self.work_source, self._record_ops, self._accumulators,
-                            self._settings["canonical_replicas"], self._settings["flush_every_k_chunks"])
+        return self._spec_of(self.work_source)
+
+    def _spec_of(self, source: MixtureWorkSource) -> PipelineSpec:
+        return PipelineSpec.of(source, self._record_ops, self._accumulators, self._settings)
 
     def fingerprint(self) -> str:
         """SHA-256 of every data-defining setting (execution options never change it).
@@ -614,16 +612,7 @@ class Pipeline:
             >>> pipeline.options(dp_degree=2, dp_group_id=1).identity()  # doctest: +SKIP
             (2, 1)
         """
-        degree, group = self._settings["dp_degree"], self._settings["dp_group_id"]
-        dist = sys.modules.get("torch.distributed")  # initialised only if the user imported torch
-        if (degree is None or group is None) and dist is not None and dist.is_available() and dist.is_initialized():
-            degree = dist.get_world_size() if degree is None else degree
-            group = dist.get_rank() if group is None else group
-        degree = 1 if degree is None else degree
-        group = 0 if group is None else group
-        if group >= degree:
-            raise ConfigError(f"dp_group_id={group} must be < dp_degree={degree}")
-        return degree, group
+        return dp_identity(self._settings)
 
     def owned_lanes(self) -> list[int]:
         """The lanes this DP group owns.
@@ -638,19 +627,7 @@ class Pipeline:
             >>> pipeline.options(canonical_replicas=8, dp_degree=2, dp_group_id=0).owned_lanes()  # doctest: +SKIP
             [0, 1, 2, 3]
         """
-        degree, group = self.identity()
-        return group_lanes(self._settings["canonical_replicas"], degree, self._settings["mapping_strategy"])[group]
-
-    def rank(self) -> int:
-        """This process's rank: ``torch.distributed``'s when initialised, else the DP group.
-
-        Returns:
-            The rank, used to name this process's ledger file.
-        """
-        dist = sys.modules.get("torch.distributed")
-        if dist is not None and dist.is_available() and dist.is_initialized():
-            return dist.get_rank()
-        return self.identity()[1]
+        return group_owned_lanes(self._settings)
 
     # -- execution ------------------------------------------------------------------------
 
@@ -665,21 +642,6 @@ class Pipeline:
             ClusterError: the distributed runner could not reach or start its cluster.
         """
         return self._session.runner()
-
-    def open_stream(self, lanes: list[int], resume: dict | State | None,
-                    first_lane: int | None = None) -> BatchStream:
-        """A new stream over ``lanes`` starting at ``resume`` (a state; ``None``: the beginning).
-
-        Args:
-            lanes: the lanes to serve, in round-robin order.
-            resume: a state (dict or :class:`~zephon_dask.state.State`), or ``None`` for the start.
-            first_lane: the lane the round-robin starts at (default: the state's next lane).
-
-        Returns:
-            A :class:`~zephon_dask.consumer.stream.BatchStream`, untracked: its batches
-            do not move :meth:`state_dict` (iterate the pipeline for that).
-        """
-        return self._session.open_stream(lanes, None if resume is None else State.from_dict(resume), first_lane)
 
     def __iter__(self):
         """Batches of this group's lanes, in strict round-robin.
@@ -770,18 +732,7 @@ class Pipeline:
             >>> pipeline.step_count()  # doctest: +SKIP
             StepCount(steps=53, batches=213, left=1, counted=True)
         """
-        spec = self.spec
-        rows = counting.lane_rows(spec) if compute else counting.known_rows(spec)
-        if rows is None:
-            return None
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", ZephonWarning)  # uneven groups: warned where they run
-            shape = self.step_shape()
-            replicas, degree = spec.canonical_replicas, shape.dp_degree
-            groups = group_lanes(replicas, degree, self._settings["mapping_strategy"])
-        per_rank = [len(lanes) if replicas % degree else shape.per_rank for lanes in groups]
-        return counting.count_steps(rows, self._batch.microbatch_size, self._batch.drop_last, groups, per_rank,
-                                    counted=not phases.one_to_one(spec.record_ops, spec.accumulators))
+        return counting.step_count(self, compute)
 
     def __bool__(self) -> bool:
         """Always true (``__len__`` would raise)."""
@@ -806,28 +757,9 @@ class Pipeline:
             >>> for batch in pipeline.to_torch("cuda"):  # doctest: +SKIP
             ...     loss = model(batch["tokens"]).loss
         """
-        # torch loads only when tensors are asked for
-        from ..consumer.torch_io import check_device, to_device_iter
+        from .torch_data import device_batches  # torch loads only when tensors are asked for
 
-        device = check_device(device)  # here, not at the first batch
-        session = self._session
-
-        def staged(progress):
-            return to_device_iter(session.tracked_stream(progress), device=device, pin_memory=pin_memory,
-                                  depth=prefetch, on_deliver=progress.observe_batch)
-
-        return session.iterate(staged, observe=False)
-
-    def check_live(self, generation: int) -> None:
-        """Raise :class:`StateError` if the iteration ``generation`` was superseded.
-
-        Args:
-            generation: the generation an iterator was started with.
-
-        Raises:
-            StateError: a newer iteration (or ``load_state_dict``) started since.
-        """
-        self._session.check_live(generation)
+        return device_batches(self, device, pin_memory, prefetch)
 
     def to_torch_dataset(self):
         """An ``IterableDataset`` for ``DataLoader(num_workers=n)`` (lanes split across workers).
@@ -857,19 +789,9 @@ class Pipeline:
             >>> from torchdata.stateful_dataloader import StatefulDataLoader  # doctest: +SKIP
             >>> loader = StatefulDataLoader(pipeline.to_torch_dataset(), batch_size=None, num_workers=2)  # doctest: +SKIP
         """
-        from .torch_data import PipelineDataset
+        from .torch_data import handed_dataset
 
-        session = self._session
-        if session.pending:
-            raise StateError(
-                "a state was loaded into this pipeline for its next iteration, but a DataLoader's workers "
-                "copy a to_torch_dataset() afresh at every iteration and would start each one there. "
-                "Iterate pipeline.to_torch_loader() (a DataLoader whose state is the pipeline's), or "
-                "resume a StatefulDataLoader from its own state_dict() with loader.load_state_dict()")
-        _ = self.work_source  # weight_by="tokens": measured here once, not in every worker
-        dataset = PipelineDataset(self, start=session.next_start(self.owned_lanes()))
-        session.handed_out = True
-        return dataset
+        return handed_dataset(self)
 
     def to_torch_loader(self, num_workers: int = 0, **dataloader_kwargs):
         """A ``DataLoader`` (subclass) over this pipeline whose deliveries feed :meth:`state_dict`
@@ -898,7 +820,7 @@ class Pipeline:
 
     def step_shape(self) -> StepShape:
         """The global step at this group's degree (``per_rank`` batches here, ``global_batches``
-        over all ranks), from the options and a loaded state (see :mod:`.steps`).
+        over all ranks), from the options and a loaded state (see :mod:`zephon_dask.state.steps`).
 
         Returns:
             A :class:`~zephon_dask.state.progress.StepShape`.
@@ -1030,14 +952,14 @@ class Pipeline:
         except Exception:  # interpreter shutdown, or a half-built object: best effort
             pass
 
-    # -- inspection: views the inspect package provides (zephon_dask.views) --
+    # -- inspection: the inspect package draws them (it reads the pipeline, never imports it) --
 
     @classmethod
     def from_config(cls, path) -> Pipeline:
         """The pipeline a TOML recipe describes (see ``docs/recipes.md``).
 
         Args:
-            path: the recipe file.
+            path: the recipe file, or a :class:`~zephon_dask.recipe.Recipe` from ``load_recipe``.
 
         Returns:
             A new pipeline: tokenize, shuffle, pack and batch as the recipe says. Its ``[batch]``
@@ -1050,7 +972,8 @@ class Pipeline:
         Example:
             >>> pipeline = Pipeline.from_config("recipe.toml")  # doctest: +SKIP
         """
-        pipeline = show("pipeline_from_config", path)
+        recipe = path if isinstance(path, Recipe) else load_recipe(path)
+        pipeline = recipe.apply(cls(recipe.work_source()))
         pipeline._batched = False  # the recipe's [batch] is a default that one .batch() may replace
         return pipeline
 
@@ -1063,7 +986,7 @@ class Pipeline:
         Example:
             >>> print(pipeline.explain())  # doctest: +SKIP
         """
-        return show("explain", self)
+        return inspection.explain(self)
 
     def preview(self, n: int = 3, lane: int = 0):
         """The first ``n`` rows of ``lane`` decoded to text, with each document's lineage.
@@ -1078,7 +1001,7 @@ class Pipeline:
         Example:
             >>> pipeline.preview(n=2)  # doctest: +SKIP
         """
-        return show("preview", self, n, lane)
+        return inspection.preview(self, n, lane)
 
     def plan(self, dp_degrees=(1, 2, 4, 8)):
         """The lane-to-group table for each DP degree and mapping, with load imbalance.
@@ -1092,7 +1015,7 @@ class Pipeline:
         Example:
             >>> pipeline.plan(dp_degrees=(2, 4))  # doctest: +SKIP
         """
-        return show("plan_table", self, dp_degrees)
+        return inspection.plan_table(self, dp_degrees)
 
     def window_graph(self, lane: int, window: int, fused: bool | None = None):
         """The Dask graph of one window (``.visualize()`` draws it when graphviz is installed).
@@ -1108,7 +1031,7 @@ class Pipeline:
         Example:
             >>> pipeline.window_graph(0, 0).visualize()  # doctest: +SKIP
         """
-        return show("window_graph", self, lane, window, fused)
+        return inspection.window_graph(self, lane, window, fused)
 
     def stats(self):
         """Progress of the current iteration: lanes, windows, tokens/s, efficiency, mixture.
@@ -1119,41 +1042,13 @@ class Pipeline:
         Example:
             >>> pipeline.stats().tokens_per_s  # doctest: +SKIP
         """
-        return show("stats", self)
-
-    def plot_mixture(self, ax=None):
-        """Realized mixture per global step against the target (matplotlib).
-
-        Args:
-            ax: the axes to draw on (default: a new figure).
-
-        Returns:
-            The matplotlib axes.
-
-        Example:
-            >>> pipeline.plot_mixture()  # doctest: +SKIP
-        """
-        return show("plot_mixture", self.stats(), ax)
-
-    def plot_packing(self, ax=None):
-        """Padding efficiency per global step (matplotlib).
-
-        Args:
-            ax: the axes to draw on (default: a new figure).
-
-        Returns:
-            The matplotlib axes.
-
-        Example:
-            >>> pipeline.plot_packing()  # doctest: +SKIP
-        """
-        return show("plot_packing", self.stats(), ax)
+        return inspection.stats(self)
 
     def __repr__(self) -> str:
-        return show("pipeline_text", self)
+        return inspection.pipeline_text(self)
 
     def _repr_html_(self) -> str:
-        return show("pipeline_html", self)
+        return inspection.pipeline_html(self)
 
 
 Pipeline.options.__signature__ = inspect.Signature(  # type: ignore[attr-defined]

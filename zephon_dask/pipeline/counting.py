@@ -2,7 +2,7 @@
 
 A lane's batches are its rows (the samples of its windows, in window order)
 cut into micro-batches, the last partial one kept unless ``drop_last``. When
-every row is one sample of the mixture (:func:`~.phases.one_to_one`: no
+every row is one sample of the mixture (:func:`~zephon_dask.operators.base.one_to_one`: no
 ``filter``, ``pack``, ``stateful`` or ``split_long``), a lane's rows are its
 chunks times ``chunk_size``, known without reading data. Otherwise every
 window of every lane is computed here, once (the whole stream is read,
@@ -16,13 +16,15 @@ batches after them (a last, partial step) are counted apart.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..core.spec import PipelineSpec
 from ..core.window import compute_window
-from ..errors import EndlessStreamError
-from .phases import one_to_one
+from ..curriculum.routing import group_lanes
+from ..errors import EndlessStreamError, ZephonWarning
+from ..operators.base import one_to_one
 
 _ROWS: dict[str, tuple[int, ...]] = {}  # spec fingerprint -> rows per lane (a cache of pure values)
 
@@ -77,3 +79,22 @@ def count_steps(rows: Sequence[int], microbatch: int, drop_last: bool, groups: S
     full = min(b // p for b, (_, p) in zip(group_batches, served, strict=True))
     total = sum(group_batches)
     return StepCount(full, total, total - full * sum(p for _, p in served), counted)
+
+
+def step_count(pipeline, compute: bool = True) -> StepCount | None:
+    """``pipeline.step_count(compute)``: one pass's count at the pipeline's DP degree, read from
+    its spec, step shape, settings and batch shape; ``None`` when the windows would be needed
+    and ``compute`` is false."""
+    spec = pipeline.spec
+    rows = lane_rows(spec) if compute else known_rows(spec)
+    if rows is None:
+        return None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ZephonWarning)  # uneven groups: warned where they run
+        shape = pipeline.step_shape()
+        replicas, degree = spec.canonical_replicas, shape.dp_degree
+        groups = group_lanes(replicas, degree, pipeline.settings["mapping_strategy"])
+    per_rank = [len(lanes) if replicas % degree else shape.per_rank for lanes in groups]
+    batch = pipeline.batch_options
+    return count_steps(rows, batch.microbatch_size, batch.drop_last, groups, per_rank,
+                       counted=not one_to_one(spec.record_ops, spec.accumulators))

@@ -34,10 +34,7 @@ from ..core.spec import PipelineSpec
 from ..core.window import compute_window
 from ..curriculum import MixtureWorkSource
 from ..errors import ConfigError
-from ..operators.chat import TokenizeChat
-from ..operators.records import DecodeText, Map
-from ..operators.shuffle import Shuffle
-from ..operators.tokenize import Tokenize
+from ..operators.base import one_to_one
 
 
 @dataclass(frozen=True)
@@ -56,23 +53,17 @@ class PhasePlan:
     rows_per_sample: Fraction | None
 
 
-def one_to_one(record_ops, accumulators) -> bool:
-    """Whether every delivered row is exactly one sample of the mixture (``shuffle`` keeps the
-    count, so it passes; it only reorders samples inside a window)."""
-    ops_ok = all(isinstance(op, Map | DecodeText | TokenizeChat)
-                 or (isinstance(op, Tokenize) and not op.split_long) for op in record_ops)
-    return ops_ok and all(isinstance(a, Shuffle) for a in accumulators)
-
-
 _MEASURED: dict[str, Fraction] = {}  # phase spec fingerprint -> rows per sample (a cache of pure values)
 
 
-def rows_per_sample(source: MixtureWorkSource, record_ops, accumulators, replicas: int, k: int, p: int) -> Fraction:
-    """Rows per mixture sample under phase ``p``: 1 for a one-to-one pipeline, else measured on
-    lane 0's first window (deterministic: a pure function of the data config; cached)."""
-    if one_to_one(record_ops, accumulators):
+def rows_per_sample(spec: PipelineSpec, p: int) -> Fraction:
+    """Rows per mixture sample under phase ``p`` of ``spec.source``: 1 for a one-to-one pipeline,
+    else measured on lane 0's first window (deterministic: a pure function of the data config;
+    cached)."""
+    if one_to_one(spec.record_ops, spec.accumulators):
         return Fraction(1)
-    spec = PipelineSpec(source.phase_source(p), record_ops, accumulators, replicas, k)
+    source = spec.source
+    spec = replace(spec, source=source.phase_source(p))
     if spec.fingerprint in _MEASURED:
         return _MEASURED[spec.fingerprint]
     out = compute_window(spec, 0, 0)
@@ -91,18 +82,18 @@ def _round(x: Fraction) -> int:
     return int((2 * x + 1) // 2)  # nearest, halves up
 
 
-def plan(source: MixtureWorkSource, record_ops, accumulators, replicas: int, k: int,
-         global_batches: int, microbatch: int, known: dict[int, int] | None = None,
+def plan(spec: PipelineSpec, global_batches: int, microbatch: int, known: dict[int, int] | None = None,
          estimate: bool = False) -> list[PhasePlan]:
-    """Each phase's resolved start; ``known`` maps phases to chunk starts already fixed (from a
+    """Each phase's resolved start in ``spec.source``; ``known`` maps phases to chunk starts already fixed (from a
     checkpoint), which are kept. Rows per sample are measured only where a step start needs
     converting, or for every phase with ``estimate`` (then every ``begin_step`` is set).
     Raises :class:`ConfigError` for chunk starts that are not whole blocks, or step starts too
     close to share a block."""
+    source, replicas = spec.source, spec.canonical_replicas
     assert source.phases is not None
     known = known or {}
     q = Fraction(global_batches * microbatch, replicas)  # rows one lane gives per global step
-    exact = one_to_one(record_ops, accumulators) and not accumulators
+    exact = one_to_one(spec.record_ops, spec.accumulators) and not spec.accumulators
     cs = source.chunk_size
     plans: list[PhasePlan] = [PhasePlan(0, 0 if source.schedule_unit == "step" else None, 0, 0,
                                         Fraction(0), exact, None)]
@@ -113,7 +104,7 @@ def plan(source: MixtureWorkSource, record_ops, accumulators, replicas: int, k: 
     for p in range(1, len(source.phases)):
         phase, prev = source.phases[p], source.phases[p - 1]
         step = phase.start if source.schedule_unit == "step" else None
-        rho = rows_per_sample(source, record_ops, accumulators, replicas, k, p - 1) if p <= last else None
+        rho = rows_per_sample(spec, p - 1) if p <= last else None
         if p in known:
             chunk = known[p]
         elif step is None:
@@ -140,12 +131,13 @@ def plan(source: MixtureWorkSource, record_ops, accumulators, replicas: int, k: 
     return plans
 
 
-def resolve(source: MixtureWorkSource, record_ops, accumulators, replicas: int, k: int,
-            global_batches: int, microbatch: int, known: dict[int, int] | None = None) -> MixtureWorkSource:
-    """``source`` with every phase start a chunk block (itself when it needs no conversion)."""
+def resolve(spec: PipelineSpec, global_batches: int, microbatch: int,
+            known: dict[int, int] | None = None) -> MixtureWorkSource:
+    """``spec.source`` with every phase start a chunk block (itself when it needs no conversion)."""
+    source = spec.source
     if source.phases is None:
         return source
-    plans = plan(source, record_ops, accumulators, replicas, k, global_batches, microbatch, known)
+    plans = plan(spec, global_batches, microbatch, known)
     if source.schedule_unit == "chunk":
         return source
     return source.with_phase_chunks([pl.chunk for pl in plans])

@@ -66,8 +66,7 @@ def check(pipeline, state: Any, lanes: list[int] | None = None, *, stacklevel: i
     degree = pipeline.identity()[0]
     _check_replicas(state, pipeline.settings["canonical_replicas"])
     source, scheduled = _work_source(pipeline, state, degree)
-    spec = PipelineSpec(source, pipeline.record_ops, pipeline.accumulators,
-                        pipeline.settings["canonical_replicas"], pipeline.settings["flush_every_k_chunks"])
+    spec = PipelineSpec.of(source, pipeline.record_ops, pipeline.accumulators, pipeline.settings)
     _check_config(state, spec.config(), scheduled)
     check_covers(state, lanes)
     check_positions(spec, state)
@@ -99,9 +98,8 @@ def _work_source(pipeline, state: State, degree: int) -> tuple[MixtureWorkSource
     scheduled = source.phases is not None or "schedule" in saved
     if scheduled and not source.unmeasured:  # the phases by the schedule's rules, the rest as below
         shape = pipeline.shape_for(state, degree)
-        source = reconcile(saved, state, source, pipeline.record_ops, pipeline.accumulators,
-                           pipeline.settings["canonical_replicas"], pipeline.settings["flush_every_k_chunks"],
-                           shape.global_batches, pipeline.batch_options.microbatch_size)
+        spec = PipelineSpec.of(source, pipeline.record_ops, pipeline.accumulators, pipeline.settings)
+        source = reconcile(saved, state, spec, shape.global_batches, pipeline.batch_options.microbatch_size)
     return source, scheduled
 
 
@@ -213,15 +211,16 @@ def _phase_diff(i: int, old: dict | None, new: dict | None) -> list[tuple[str, o
     return diff
 
 
-def reconcile(saved_source: dict, state: State, base: MixtureWorkSource, record_ops, accumulators,
-              replicas: int, k: int, global_batches: int, microbatch: int) -> MixtureWorkSource:
-    """``base`` resolved for a resume from ``state`` (whose source config is ``saved_source``).
+def reconcile(saved_source: dict, state: State, spec: PipelineSpec, global_batches: int,
+              microbatch: int) -> MixtureWorkSource:
+    """``spec.source`` resolved for a resume from ``state`` (whose source config is ``saved_source``).
 
     Phases the checkpoint has started (their first block lies below :func:`frontier`) must be
     unchanged, and keep the checkpoint's chunk starts; a phase the checkpoint knows, unchanged
     and with every earlier phase unchanged, keeps its chunk start too. New or edited phases
     must start at or after the frontier. Raises :class:`StateError` with the diff otherwise.
     """
+    base, replicas, k = spec.source, spec.canonical_replicas, spec.flush_every_k_chunks
     old = _requests(saved_source)
     new = _requests({"weights": base.config()["weights"], **({"schedule": base.schedule_config()}
                                                              if base.phases is not None else {})})
@@ -240,7 +239,7 @@ def reconcile(saved_source: dict, state: State, base: MixtureWorkSource, record_
         known[i] = old[i]["chunk"]
     if base.phases is None:
         return base
-    resolved = phases.resolve(base, record_ops, accumulators, replicas, k, global_batches, microbatch, known)
+    resolved = phases.resolve(spec, global_batches, microbatch, known)
     assert resolved.phase_chunks is not None
     for i, chunk in enumerate(resolved.phase_chunks):
         if i not in known and chunk // replicas < reached:

@@ -21,22 +21,34 @@ session it owns is everything that happens when it runs:
   that starts at a loaded state with nothing left goes on into the next pass
   (:meth:`iterate`).
 
+A session never sees its pipeline: it is given the description's parts that
+do not change (the record operators, the settings, the batch shape) and two
+functions for what depends on its own loaded state, the spec (a schedule
+resolved for the global step) and the step shape (a checkpoint's G). The
+DP identity and rank come from the settings (:mod:`.ranks`).
+
 The public attributes and methods here are what the torch adapters, the
 inspectors and the CLI read; nothing outside this module touches the rest.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import replace
+from typing import Any
 
+from ..consumer.batch import BatchOptions
 from ..consumer.stream import BatchStream
+from ..core.spec import PipelineSpec, has_tokens
+from ..curriculum import MixtureWorkSource
 from ..errors import ClosedError, ConfigError, StateError
-from ..execution import make_runner
+from ..execution import Runner, make_runner
+from ..operators.base import RecordOp
 from ..state.ledger import LedgerWriter
 from ..state.progress import Progress, StepShape, resume_point
 from ..state.schema import State, StepProgress
 from .measure import measured
+from .ranks import owned_lanes, process_rank
 from .resume import check_covers
 
 _END = object()  # the end of an iterator (next()'s default)
@@ -53,11 +65,14 @@ HANDED_OUT = ("this pipeline was handed to a DataLoader by to_torch_dataset(), s
 class Session:
     """The runtime of one :class:`Pipeline` (see the module docstring). Holds state."""
 
-    def __init__(self, pipeline, source, built=None):
-        self.pipeline = pipeline  # the description (immutable) this session runs
+    def __init__(self, source: MixtureWorkSource, record_ops: tuple[RecordOp, ...], settings: Mapping[str, Any],
+                 batch: BatchOptions, spec: Callable[[], PipelineSpec], step_shape: Callable[[], StepShape],
+                 built: MixtureWorkSource | None = None):
+        self.record_ops, self.settings, self.batch = record_ops, settings, batch  # the description's
+        self._spec, self._step_shape = spec, step_shape  # the spec and step for this session's state
         self.built_source = source if built is None else built  # the pipeline's source as built
         self.base_source = source  # the pipeline's source, or one with a checkpoint's seed and measurement
-        self._measured = None  # base_source with its tokens per sample measured, once needed
+        self._measured: MixtureWorkSource | None = None  # base_source with its tokens per sample measured, once needed
         self.resume: State | None = None  # the checked state given to load_state_dict (its G, its seed)
         self.pending = False  # the next iteration starts at `resume` (a loaded state applies once)
         self.start: State | None = None  # where the current iteration started (None: the stream's beginning)
@@ -67,7 +82,7 @@ class Session:
         self.generation = 0
         self.handed_out = False  # to_torch_dataset() was called: deliveries happen out of sight
         self.closed = False
-        self._runner = None
+        self._runner: Runner | None = None
         self._runner_fp: str | None = None
 
     # -- the work source -----------------------------------------------------------------
@@ -77,12 +92,12 @@ class Session:
         """The work source the batches come from: :attr:`base_source`, measured if it weighs by
         tokens and has no tokens per sample yet (measured once per session)."""
         if self._measured is None:
-            if self.base_source.unmeasured and not self.pipeline.has_tokens():
+            if self.base_source.unmeasured and not has_tokens(self.base_source, self.record_ops):
                 raise ConfigError(
                     "the work source weighs by tokens (weight_by='tokens'), measured with the pipeline's "
                     "tokenizer: call .tokenize(...) before using the pipeline's data"
                 )
-            self._measured = measured(self.base_source, self.pipeline.record_ops)
+            self._measured = measured(self.base_source, self.record_ops)
         return self._measured
 
     @source.setter
@@ -101,12 +116,12 @@ class Session:
         if self.closed:
             raise ClosedError("this pipeline is closed; build a new one (or use it in a `with` block "
                               "only once) instead of iterating it again from its start")
-        spec = self.pipeline.spec
+        spec = self._spec()
         if self._runner is not None and self._runner_fp != spec.fingerprint:  # a checkpoint's seed
             self._runner.close()
             self._runner = None
         if self._runner is None:
-            self._runner = make_runner(spec, dict(self.pipeline.settings))
+            self._runner = make_runner(spec, dict(self.settings))
             self._runner_fp = spec.fingerprint
         return self._runner
 
@@ -116,11 +131,11 @@ class Session:
         """A new stream over ``lanes`` starting at ``resume`` (a state; ``None``: the beginning)."""
         start, _ = resume_point(resume, lanes)
         runner = self.runner()
-        settings = self.pipeline.settings
+        settings = self.settings
         slots = runner.share(len(lanes))  # as many first windows split as the workers compute together
         prefetch = settings["prefetch_windows"] or runner.default_prefetch(len(lanes))
         return BatchStream(
-            self.pipeline.spec, self.pipeline.batch_options, lanes, runner, prefetch,
+            self._spec(), self.batch, lanes, runner, prefetch,
             deterministic=settings["deterministic"], fused=settings["fuse"],
             start=start, first_lane=first_lane, split_first=slots if slots > 1 else 0,
             windows_per_task=settings["windows_per_task"] or runner.windows_per_task(prefetch, len(lanes)),
@@ -144,14 +159,13 @@ class Session:
     def begin(self) -> tuple[Progress, int]:
         """Start a new iteration over the group's lanes (at :meth:`next_start`); it supersedes
         any older one, whose ledger file is closed. Returns its progress and generation."""
-        pipeline = self.pipeline
-        lanes = pipeline.owned_lanes()
+        lanes = owned_lanes(self.settings)
         start = self.next_start(lanes)
-        shape = pipeline.step_shape()
+        shape = self._step_shape()
         self.end_iteration()
-        ledger = pipeline.settings["ledger"]
-        writer = LedgerWriter(ledger, pipeline.rank()) if ledger is not None else None
-        self.progress = Progress(pipeline.spec, lanes, start, shape, writer)
+        ledger = self.settings["ledger"]
+        writer = LedgerWriter(ledger, process_rank(self.settings)) if ledger is not None else None
+        self.progress = Progress(self._spec(), lanes, start, shape, writer)
         self.start, self.from_loaded, self.pending = start, self.pending, False
         self.handed_out = False
         return self.progress, self.generation
@@ -212,8 +226,8 @@ class Session:
         """The current (or last) iteration's progress; before the first, where one would start."""
         if self.progress is not None:
             return self.progress
-        return Progress(self.pipeline.spec, self.pipeline.owned_lanes(), self.resume if self.pending else self.start,
-                        self.pipeline.step_shape())
+        return Progress(self._spec(), owned_lanes(self.settings), self.resume if self.pending else self.start,
+                        self._step_shape())
 
     # -- checkpoints ------------------------------------------------------------------------
 

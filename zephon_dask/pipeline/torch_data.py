@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from ..consumer.torch_io import batch_item
+from ..consumer.torch_io import batch_item, check_device, to_device_iter
 from ..curriculum.routing import worker_lanes
 from ..curriculum.seeding import stream_keys
 from ..errors import ConfigError, StateError
@@ -27,6 +27,36 @@ from ..state.schema import State, config_diff, describe_diff
 from . import resume
 from .guard import refuse_fetching_ahead, refuse_resharding
 from .session import loader_shape, share_step
+
+
+def device_batches(pipeline, device=None, pin_memory: bool | None = None, prefetch: int = 2) -> Iterator[dict]:
+    """``pipeline.to_torch(...)``: an iteration of the pipeline's session whose batches are dicts
+    of tensors, staged on ``device`` ``prefetch`` ahead; a delivery moves the pipeline's state."""
+    device = check_device(device)  # here, not at the first batch
+    session = pipeline.session
+
+    def staged(progress):
+        return to_device_iter(session.tracked_stream(progress), device=device, pin_memory=pin_memory,
+                              depth=prefetch, on_deliver=progress.observe_batch)
+
+    return session.iterate(staged, observe=False)
+
+
+def handed_dataset(pipeline) -> PipelineDataset:
+    """``pipeline.to_torch_dataset()``: a :class:`PipelineDataset` starting where the pipeline's
+    next iteration would; the pipeline's own state then raises until it iterates again."""
+    session = pipeline.session
+    if session.pending:
+        raise StateError(
+            "a state was loaded into this pipeline for its next iteration, but a DataLoader's workers "
+            "copy a to_torch_dataset() afresh at every iteration and would start each one there. "
+            "Iterate pipeline.to_torch_loader() (a DataLoader whose state is the pipeline's), or "
+            "resume a StatefulDataLoader from its own state_dict() with loader.load_state_dict()")
+    _ = pipeline.work_source  # weight_by="tokens": measured here once, not in every worker
+    dataset = PipelineDataset(pipeline, start=session.next_start(pipeline.owned_lanes()))
+    session.handed_out = True
+    return dataset
+
 
 DATASET_FORMAT = "zephon_dask.dataset_state"
 DATASET_VERSION = 3  # 1, 2: the step counted the worker's own lanes as a step (migrated on load)
@@ -139,7 +169,7 @@ class PipelineDataset(IterableDataset):
     def _generate(pipe, progress: Progress | None, start: State | None):
         if progress is None:
             return
-        stream = pipe.open_stream(progress.lanes, start, progress.first_lane)
+        stream = pipe.session.open_stream(progress.lanes, start, progress.first_lane)
         stream.on_finish = progress.lane_finished
         try:
             for batch in stream:
