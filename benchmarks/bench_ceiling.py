@@ -19,7 +19,9 @@ of JSONL shards per dataset (``DIR/prose``, ``DIR/code``) and a ``tokenizer.json
 * **pipeline**: one cold pass in a fresh training process (torch imported, the
   embedded cluster with its defaults, head start included): delivered tokens per
   second from ``iter()`` to the last batch (the cluster's start included, as in a
-  user's first pass), the first batch, and the CPU of every process of the run.
+  user's first pass), the first batch, and the CPU of every process of the run; then
+  a warm pass on the same cluster. Both also as tokens per CPU second against the
+  ceiling's, which a busy machine disturbs less than the wall.
 
 Rounds alternate (limits, pipeline, limits, pipeline, ...) so both see the same
 machine; ratios are per round. Every batch's ``tokens`` array is hashed (sha256, in
