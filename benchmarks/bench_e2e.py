@@ -76,6 +76,7 @@ REPLICAS = 8
 SHARDS = 8
 CHUNK_SIZE = 64  # documents per chunk
 TARGET_VS_POOL = 1.0
+TARGET_CPU_VS_POOL = 1.05  # the pipeline's CPU per token (every process) against the pool's
 TARGET_FIRST_BATCH_S = 1.0
 TARGET_RSS_MB = 450.0
 TARGET_CPU_PER_M = 0.05  # training-process CPU seconds per million delivered tokens
@@ -898,6 +899,10 @@ def report(wl: Workload, info: dict, single: dict, pools: list[dict], pipe: dict
     print("targets (information only, never asserted):")
     print(f"  tokens/s >= {TARGET_VS_POOL:.2f}x the all-cores pool: warm {ratio_warm:.2f}x (median pass; "
           f"median of the rounds {statistics.median(rounds):.2f}x), cold {ratio_cold:.2f}x incl. cluster start")
+    cpu_rounds = [(w["cpu"] / w["tokens"]) / (p["cpu"] / p["tokens"]) for p, w in zip(pools, warms, strict=True)]
+    print(f"  CPU per token <= {TARGET_CPU_VS_POOL:.2f}x the pool's (every process of the mode): warm "
+          f"{statistics.median(cpu_rounds):.2f}x (median of the rounds: "
+          + ", ".join(f"{r:.2f}x" for r in cpu_rounds) + ")")
     print(f"  first batch <= {TARGET_FIRST_BATCH_S:.1f} s: cold {cold['first']:.2f} s, warm {warm['first']:.2f} s")
     print(f"  training-process CPU <= {TARGET_CPU_PER_M:.2f} s per million tokens: warm pass {per_m:.3f} s"
           + (f", training loop (steady state, besides its steps) {per_m_train:.3f} s" if per_m_train is not None else ""))

@@ -209,6 +209,36 @@ def test_shuffle_is_a_permutation_keyed_by_identity(lengths, buffer, seed):
     assert out.digest() == Shuffle(buffer).apply(table, WindowContext(seed, 3, 9, ())).digest()
 
 
+def _take_by_tokens(table: SampleTable, index) -> SampleTable:
+    """Oracle of ``SampleTable.take``: each sample's slices, one by one."""
+    parts = [table.slice(i, i + 1) for i in index]
+    picked = SampleTable.concat(parts) if parts else SampleTable.empty()
+    return picked if parts else SampleTable(
+        table.tokens[:0], np.zeros(1, np.int64), table.positions[:0], table.document_ids[:0],
+        table.lineage[:0], np.zeros(1, np.int64), None if table.loss_mask is None else table.loss_mask[:0])
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(0, 5), min_size=0, max_size=9), st.integers(0, 4), st.booleans(), st.data())
+def test_take_gathers_whole_rows_of_packed_tables_as_any_table(rows_lineage, width, masked, data):
+    """Rows of one length (packed, as a shuffle after a pack sees them) take the row path; it
+    gives the bytes the per-sample oracle gives, as does a table whose rows differ in length."""
+    n = len(rows_lineage)
+    offsets = np.arange(n + 1, dtype=np.int64) * width
+    tokens = (np.arange(n * width) % 97).astype(np.int32)
+    loffsets = np.concatenate(([0], np.cumsum(rows_lineage))).astype(np.int64)
+    lineage = np.arange(int(loffsets[-1]) * 5, dtype=np.int64).reshape(-1, 5)
+    mask = (tokens % 2).astype(np.uint8) if masked else None
+    table = SampleTable(tokens, offsets, tokens + 1, tokens % 3, lineage, loffsets, mask)
+    index = data.draw(st.lists(st.integers(0, n - 1), max_size=12)) if n else []
+    assert table.take(index).digest() == _take_by_tokens(table, index).digest()
+    if n > 1 and width:  # one row shorter: the generic path
+        ragged = table.slice(0, n)
+        ragged = SampleTable(ragged.tokens[:-1], np.minimum(offsets, n * width - 1), ragged.positions[:-1],
+                             ragged.document_ids[:-1], lineage, loffsets, None if mask is None else mask[:-1])
+        assert ragged.take(index).digest() == _take_by_tokens(ragged, index).digest()
+
+
 def test_stateful_accumulator_state_never_leaks_between_windows():
     calls = []
 

@@ -15,10 +15,9 @@ layout, is fetched whole and kept in :data:`TABLES`. Pure apart from that cache.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pyarrow as pa
 
 from ..errors import DataFormatError, DatasetNotFoundError
 from .hf import is_saved
@@ -28,6 +27,9 @@ from .parquet import column_types, columns_html, columns_identity
 from .paths import FileInfo, filesystem, is_local
 from .reader import Reader
 from .shard import Shard
+
+if TYPE_CHECKING:  # imported where used: a process that reads no Arrow file never loads pyarrow
+    import pyarrow as pa
 
 FILE_MAGIC = b"ARROW1"
 TABLES = byte_lru(1 << 30, lambda held: held[1])  # (table, the bytes it holds)
@@ -45,6 +47,8 @@ def layout(data: bytes) -> tuple[int, ...] | None:
     """``(schema start, schema end, then start, end, rows of each record batch)``: the message
     byte ranges of the Arrow IPC stream or file ``data``; ``None`` when it holds dictionary
     batches (such a file is read whole). Pure."""
+    import pyarrow as pa
+
     reader = pa.BufferReader(pa.py_buffer(data))
     reader.seek(8 if data[: len(FILE_MAGIC)] == FILE_MAGIC else 0)
     messages = pa.ipc.MessageReader.open_stream(reader)
@@ -69,6 +73,8 @@ def layout(data: bytes) -> tuple[int, ...] | None:
 
 def _load(fs: Any, name: str, url: str) -> tuple[pa.Table, bytes | None]:
     """The whole file as a table (zero-copy when local) and, from an object store, its bytes."""
+    import pyarrow as pa
+
     try:
         data = None
         if is_local(fs):
@@ -105,6 +111,8 @@ def inspect(fs: Any, f: FileInfo) -> dict[str, Any]:
 def _ranged(shard: Shard, uniq: np.ndarray, storage_options: dict[str, Any] | None) -> tuple[pa.Table, np.ndarray]:
     """The record batches holding rows ``uniq`` (sorted, unique), fetched as byte ranges, as one
     table, and where each of those rows is in it."""
+    import pyarrow as pa
+
     assert shard.parts is not None, "called for shards with a recorded layout"
     parts = np.asarray(shard.parts[2:], np.int64).reshape(-1, 3)
     bounds = np.concatenate(([0], np.cumsum(parts[:, 2])))
@@ -153,6 +161,8 @@ def read(
     storage_options: dict[str, Any] | None,
 ) -> list[dict[str, Any]]:
     """The rows at ``offsets`` (int64, validated) of ``shard``, in order; fresh dicts each."""
+    import pyarrow as pa
+
     if shard.parts is not None:
         uniq, inverse = np.unique(offsets, return_inverse=True)
         table, rows = _ranged(shard, uniq, storage_options)

@@ -7,17 +7,18 @@ only the selected columns, then take the rows in the order asked. Stateless.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 from fsspec import AbstractFileSystem
 
 from ..errors import DataFormatError, DatasetNotFoundError
 from .integrity import changed
 from .paths import FileInfo, filesystem
 from .reader import Reader
+
+if TYPE_CHECKING:  # imported where used: a process that reads no parquet file never loads pyarrow
+    import pyarrow as pa
 from .shard import Shard
 
 # str values, or bytes that ``.decode_text()`` turns into str (a bytes field reaching
@@ -40,6 +41,9 @@ def is_text_type(arrow_type: str) -> bool:
 
 def inspect(fs: AbstractFileSystem, f: FileInfo) -> dict[str, Any]:
     """Index entry extras for one file: ``num_samples``, top-level ``columns`` and their ``types``."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
     try:
         with fs.open(f.name, "rb") as fh:
             pf = pq.ParquetFile(fh)
@@ -60,6 +64,9 @@ def read(
     storage_options: dict[str, Any] | None,
 ) -> list[dict[str, Any]]:
     """The rows at ``offsets`` (int64, validated) of ``shard``, in order; fresh dicts each."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
     assert shard.path is not None, "a file shard has a path"
     fs, name = filesystem(shard.path, storage_options)
     try:

@@ -55,7 +55,6 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
-import zarr
 
 from ..errors import (
     ConfigError,
@@ -72,7 +71,16 @@ from .reader import Reader
 from .shard import Shard
 
 if TYPE_CHECKING:
+    import zarr
     from zarr.core.array_spec import ArrayConfigParams
+
+def _zarr():
+    """The ``zarr`` module, imported on first use: a process that reads no token store (a Dask
+    worker of a pipeline over JSONL, the scheduler unpickling its graph) never pays its import."""
+    import zarr
+
+    return zarr
+
 
 FORMAT = "zephon_dask.tokens"
 VERSION = 1
@@ -140,7 +148,7 @@ def write_token_store(
     if vocab_size is not None and top >= vocab_size:
         raise ConfigError(f"token id {top} is outside the vocabulary [0, {vocab_size})")
     dtype = np.uint16 if top < 2**16 else np.uint32
-    root = zarr.open_group(path, mode="w", storage_options=zarr_options(path, storage_options))
+    root = _zarr().open_group(path, mode="w", storage_options=zarr_options(path, storage_options))
     for sid in ids:
         lengths = np.array([d.size for d in docs[sid]], dtype=np.int64)
         offsets = np.concatenate(([0], np.cumsum(lengths))).astype(np.int64)
@@ -177,7 +185,7 @@ def _recorded(attrs: dict[str, Any], key: str, minimum: int) -> int | None:
 def open_store(path: str, storage_options: dict[str, Any] | None) -> Store:
     """The store's :class:`Store` metadata (no token data is read)."""
     try:
-        root = zarr.open_group(path, mode="r", storage_options=zarr_options(path, storage_options))
+        root = _zarr().open_group(path, mode="r", storage_options=zarr_options(path, storage_options))
         attrs: dict[str, Any] = dict(root.attrs)
     except FileNotFoundError:
         raise DatasetNotFoundError(f"token store {path!r} does not exist") from None
@@ -261,7 +269,7 @@ def array_at(group: zarr.Group, path: str) -> zarr.Array:
         KeyError: nothing is there; :class:`NotFoundError` (a ``KeyError``) for a group.
     """
     node = group[path]
-    if not isinstance(node, zarr.Array):
+    if not isinstance(node, _zarr().Array):
         raise NotFoundError(f"{path!r} is a group, not an array")
     return node
 
@@ -297,9 +305,9 @@ def _open(shard: Shard, storage_options: dict[str, Any] | None) -> tuple[Any, np
         return cached
     opts = zarr_options(str(shard.path), storage_options)
     try:
-        group = zarr.open_group(shard.path, mode="r", storage_options=opts)
-        tok = zarr.open_array(f"{shard.path}/tokens", mode="r", storage_options=opts)
-        off_arr = zarr.open_array(f"{shard.path}/offsets", mode="r", storage_options=opts)
+        group = _zarr().open_group(shard.path, mode="r", storage_options=opts)
+        tok = _zarr().open_array(f"{shard.path}/tokens", mode="r", storage_options=opts)
+        off_arr = _zarr().open_array(f"{shard.path}/offsets", mode="r", storage_options=opts)
     except FileNotFoundError:
         raise DatasetNotFoundError(f"token shard {shard.path!r} no longer exists; {REPAIR}") from None
     except (ValueError, KeyError, TypeError) as exc:  # unreadable zarr.json
@@ -379,7 +387,7 @@ def verify_store(path: str, storage_options: dict[str, Any] | None = None) -> in
     shards = open_store(path, storage_options).shards
     for shard in shards:
         tok, _ = _open(shard, storage_options)
-        record = zarr.open_group(shard.path, mode="r", storage_options=zarr_options(str(shard.path), storage_options)).attrs.get(RECORD)
+        record = _zarr().open_group(shard.path, mode="r", storage_options=zarr_options(str(shard.path), storage_options)).attrs.get(RECORD)
         if not isinstance(record, dict):
             continue  # written by write_token_store: no digest to check
         sha = hashlib.sha256()
@@ -437,7 +445,7 @@ class ShardWriter:
     def __init__(self, url: str, dtype: Any, storage_options: dict[str, Any] | None):
         self._dtype = np.dtype(dtype).newbyteorder("<")
         self._top = int(np.iinfo(self._dtype).max)
-        self._group = zarr.open_group(url, mode="w", storage_options=zarr_options(url, storage_options))
+        self._group = _zarr().open_group(url, mode="w", storage_options=zarr_options(url, storage_options))
         self._tokens = self._group.create_array(
             "tokens", shape=(0,), dtype=self._dtype, chunks=(TOKEN_CHUNK,), config=EVERY_CHUNK
         )
@@ -506,7 +514,7 @@ def verify_shard(
     """
     want = np.dtype(dtype).newbyteorder("<")
     try:
-        group = zarr.open_group(url, mode="r", storage_options=zarr_options(url, storage_options))
+        group = _zarr().open_group(url, mode="r", storage_options=zarr_options(url, storage_options))
         record = group.attrs.get(RECORD)
         if not isinstance(record, dict) or record.get("source") != source:
             return None

@@ -113,12 +113,32 @@ class SampleTable:
     def take(self, index) -> SampleTable:
         """Samples ``index`` in that order (vectorised gather)."""
         index = np.asarray(index, dtype=np.int64)
-        flat, offsets = csr_gather(self.offsets, index)
         lflat, loffsets = csr_gather(self.lineage_offsets, index)
+        width = self.row_width()
+        if width:  # rows of one length (packed): whole rows are gathered, no flat index is built
+            def rows(a: np.ndarray) -> np.ndarray:
+                return a.reshape(-1, width)[index].reshape(-1)
+
+            return SampleTable(
+                rows(self.tokens), np.arange(len(index) + 1, dtype=np.int64) * width, rows(self.positions),
+                rows(self.document_ids), self.lineage[lflat], loffsets,
+                None if self.loss_mask is None else rows(self.loss_mask),
+            )
+        flat, offsets = csr_gather(self.offsets, index)
         return SampleTable(
             self.tokens[flat], offsets, self.positions[flat], self.document_ids[flat],
             self.lineage[lflat], loffsets, None if self.loss_mask is None else self.loss_mask[flat],
         )
+
+    def row_width(self) -> int:
+        """The samples' common length when every sample has the same positive one and the arrays
+        hold exactly them (packed rows), else 0."""
+        o = self.offsets
+        if len(o) < 2 or o[0] != 0 or o[-1] != len(self.tokens):
+            return 0
+        width = int(o[1])
+        n = len(o) - 1
+        return width if width > 0 and int(o[-1]) == width * n and np.array_equal(o, np.arange(n + 1) * width) else 0
 
     def slice(self, start: int, stop: int) -> SampleTable:
         """Samples ``start`` to ``stop``: views of this table's arrays (offsets rebased), no copy."""

@@ -1,0 +1,386 @@
+"""The pipeline against the machine's tokenizing limits, in one run: throughput against the
+tokenizing ceiling, the first batch against its floor, and where a window's CPU goes.
+
+Workload: a mixture ``prose`` 0.7 / ``code`` 0.3 (sample weights), ``chunk_size=64``,
+``tokenize(bos=True, eos=True)``, ``pack(2048)`` wrap, ``shuffle(1024)``, ``batch(8)``,
+``canonical_replicas=8``, 8 chunks per window, one full pass. The corpus is
+``bench_e2e.py``'s ``mixed`` one (``--quick``: a fifth), or ``--data DIR``: one folder
+of JSONL shards per dataset (``DIR/prose``, ``DIR/code``) and a ``tokenizer.json`` in
+``DIR`` or ``DIR/tokenizer``.
+
+* **ceiling**: one single-threaded tokenizer process per core (``--procs``), each
+  with its share of the documents one pass reads (every ``n``-th, in the pipeline's
+  plan order) already in memory, ``encode_batch_fast`` on 64 texts a call, all
+  started together: tokens / the slowest process's wall. No pipeline on this machine
+  tokenizes faster.
+* **first-batch floor**: the same processes on the documents the first batch depends
+  on, from the pipeline's own plan: lane 0's first window's chunks
+  (``spec.window_chunks(0, 0)``; a shuffle or a pack needs the whole window).
+* **pipeline**: one cold pass in a fresh training process (torch imported, the
+  embedded cluster with its defaults, head start included): delivered tokens per
+  second from ``iter()`` to the last batch (the cluster's start included, as in a
+  user's first pass), the first batch, and the CPU of every process of the run; then
+  a warm pass on the same cluster. Both also as tokens per CPU second against the
+  ceiling's, which a busy machine disturbs less than the wall.
+
+Rounds alternate (limits, pipeline, limits, pipeline, ...) so both see the same
+machine; ratios are per round. Every batch's ``tokens`` array is hashed (sha256, in
+delivery order) and must equal the 1-process loop's (``compute_window`` over every
+window in this process). The same loop, its stages timed one by one on
+``--profile`` windows, gives the CPU per window by stage (plan, parse, tokenize,
+the tokenize operator's own Python, chunk tables, each accumulator, pickling a
+result), and the pipeline's CPU beyond the 1-process loop's is what running on the
+cluster adds (Dask's messages and serialization, the training process's batches).
+Nothing is asserted; the load average is printed.
+
+    python benchmarks/bench_ceiling.py [--quick] [--data DIR] [--rounds N] [--procs N] [--profile N]
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("RAYON_NUM_THREADS", "1")
+
+import sys  # noqa: E402
+
+TOKENIZER_CHILD = "--_tokenizer-child"
+PIPELINE_CHILD = "--_pipeline-child"
+BATCH = 64  # texts per encode_batch_fast call, as a chunk
+
+
+def tokenizer_child(tokenizer_path: str, texts_path: str, k: int, n: int) -> None:
+    """One ceiling process: its share of each stage's texts in memory, then one timed stage per
+    ``go`` line on stdin, one JSON line each (tokens, seconds)."""
+    import json
+    import pickle
+    import time
+
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(tokenizer_path)
+    with open(texts_path, "rb") as f:
+        stages = {name: texts[k::n] for name, texts in pickle.load(f).items()}
+    print("ready", flush=True)
+    for line in sys.stdin:
+        texts = stages[line.split()[1]]
+        t, cpu = time.perf_counter(), time.process_time()
+        tokens = 0
+        for i in range(0, len(texts), BATCH):
+            tokens += sum(len(e.ids) for e in tok.encode_batch_fast(texts[i:i + BATCH], add_special_tokens=False))
+        print(json.dumps({"tokens": tokens, "s": time.perf_counter() - t, "cpu": time.process_time() - cpu}),
+              flush=True)
+
+
+if __name__ == "__main__" and len(sys.argv) > 1 and sys.argv[1] == TOKENIZER_CHILD:
+    tokenizer_child(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]))
+    sys.exit(0)
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import pickle  # noqa: E402
+import statistics  # noqa: E402
+import subprocess  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+
+import numpy as np  # noqa: E402
+from bench_e2e import (  # noqa: E402
+    WORKLOADS,
+    Tally,
+    _cluster_cpu,
+    _cpu,
+    _rss_mb,
+    _self_cpu,
+    all_windows,
+    make_data,
+    run_single,
+)
+
+from zephon_dask import Dataset, MixtureWorkSource, Pipeline  # noqa: E402
+from zephon_dask.core.window import apply_record_ops, read_chunk, read_records  # noqa: E402
+from zephon_dask.operators.base import WindowContext  # noqa: E402
+from zephon_dask.operators.table import SampleTable  # noqa: E402
+from zephon_dask.operators.tokenize import Tokenize  # noqa: E402
+
+WEIGHTS = {"prose": 0.7, "code": 0.3}
+TARGET_CEILING = 0.90
+TARGET_FLOOR = 1.3
+
+
+def tokenizer_path(data: str) -> str:
+    for path in (os.path.join(data, "tokenizer.json"), os.path.join(data, "tokenizer", "tokenizer.json")):
+        if os.path.isfile(path):
+            return path
+    raise SystemExit(f"no tokenizer.json in {data} or {data}/tokenizer")
+
+
+def build(data: str, tok: str, workers: int | None = None) -> Pipeline:
+    """The workload's pipeline over ``data`` (see the module docstring)."""
+    from tokenizers import Tokenizer
+
+    vocab = Tokenizer.from_file(tok).get_vocab()
+    bos = "<|bos|>" if "<|bos|>" in vocab else "<|endoftext|>"
+    eos = "<|eos|>" if "<|eos|>" in vocab else "<|endoftext|>"
+    datasets = [Dataset.from_jsonl(name, os.path.join(data, name), progress=False) for name in WEIGHTS]
+    source = MixtureWorkSource(datasets, weights=WEIGHTS, chunk_size=64, seed=42)
+    pipe = (Pipeline(source).tokenize(tok, field="text", bos=True, eos=True, bos_id=bos, eos_id=eos)
+            .pack(2048, algorithm="wrap").shuffle(1024).batch(8).options(canonical_replicas=8))
+    return pipe if workers is None else pipe.options(n_workers=workers)
+
+
+def plan_texts(pipe: Pipeline) -> dict[str, list[str]]:
+    """The texts one pass tokenizes, in the plan's order (``all``), and those of lane 0's first
+    window (``floor``): what the first batch depends on."""
+    spec = pipe.spec
+    field = next(op for op in spec.record_ops if isinstance(op, Tokenize)).field
+
+    def texts(chunks) -> list[str]:
+        return [rec[field] for g in chunks for rec in read_chunk(spec, g)[1]]
+
+    return {"floor": texts(spec.window_chunks(0, 0)),
+            "all": texts(g for lane, w in all_windows(spec) for g in spec.window_chunks(lane, w))}
+
+
+class Limits:
+    """``procs`` tokenizer processes holding their share of ``texts_path``'s stages, started once."""
+
+    def __init__(self, tok: str, texts_path: str, procs: int):
+        cmd = [sys.executable, os.path.abspath(__file__), TOKENIZER_CHILD, tok, texts_path]
+        self.procs = [subprocess.Popen([*cmd, str(k), str(procs)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                       text=True) for k in range(procs)]
+        for p in self.procs:
+            if p.stdout.readline().strip() != "ready":
+                raise SystemExit("a tokenizer process failed to start")
+
+    def run(self, stage: str) -> dict:
+        """Every process on its share of ``stage`` at once: tokens, the slowest wall, tokens/s, CPU."""
+        for p in self.procs:
+            p.stdin.write(f"go {stage}\n")
+            p.stdin.flush()
+        res = [json.loads(p.stdout.readline()) for p in self.procs]
+        tokens, wall = sum(r["tokens"] for r in res), max(r["s"] for r in res)
+        return {"tokens": tokens, "s": wall, "rate": tokens / wall, "cpu": sum(r["cpu"] for r in res)}
+
+    def close(self) -> None:
+        for p in self.procs:
+            p.stdin.close()
+            p.wait(timeout=60)
+
+
+def _pass(pipe: Pipeline, warm: bool) -> dict:
+    """One pass over ``pipe``: wall from ``iter()`` (a cold pass: the cluster's start included),
+    first batch, delivered tokens, hashes, the CPU of this process and its children, and by
+    process and thread (``warm``: the cluster is up before the pass; a cold pass counts the
+    cluster's processes from their start)."""
+    tally = Tally()
+    cluster0 = _cluster_cpu(pipe) if warm else {}
+    cpu0, self0, threads0 = _cpu(), _self_cpu(), _threads()
+    t0 = time.perf_counter()
+    first, slots = None, 0
+    for batch in pipe:
+        if first is None:
+            first = time.perf_counter() - t0
+        slots += np.asarray(batch["tokens"]).size
+        tally.add(batch)
+    wall = time.perf_counter() - t0
+    own, threads = _self_cpu() - self0 - tally.cpu, _threads()
+    parts = {f"training process: {k}": v - threads0.get(k, 0.0) for k, v in threads.items()}
+    parts["training process: main"] -= tally.cpu
+    parts["training process: other threads (head start)"] = own - sum(parts.values())
+    parts.update({k: v - cluster0.get(k, 0.0) for k, v in _cluster_cpu(pipe).items()})
+    return {"wall": wall, "first": first, "tokens": slots, "batches": tally.batches, "sha": tally.digest(),
+            "cpu": _cpu() - cpu0 - tally.cpu, "parts": parts}
+
+
+def pipeline_child(data: str, tok: str) -> None:
+    """A cold pass in this fresh training process, then a warm one (the cluster up); one JSON line."""
+    import torch  # noqa: F401  (a training process has torch loaded)
+
+    pipe = build(data, tok)
+    try:
+        cold = _pass(pipe, warm=False)
+        warm = _pass(pipe, warm=True)
+    finally:
+        pipe.close()
+    print(json.dumps({**cold, "warm": warm, "rss_mb": _rss_mb()}), flush=True)
+
+
+def _threads() -> dict[str, float]:
+    """CPU seconds of this process's live threads by role: the training loop (``main``), Dask's
+    event loop (client, nannies), the rest (the head start's windows, also those of threads gone)."""
+    import threading
+
+    import psutil
+
+    names = {t.native_id: t.name for t in threading.enumerate()}
+    out: dict[str, float] = {}
+    for t in psutil.Process().threads():
+        name = names.get(t.id, "")
+        role = ("main" if t.id == threading.main_thread().native_id
+                else "event loop" if "IO loop" in name or "IOLoop" in name else "other threads (head start)")
+        out[role] = out.get(role, 0.0) + t.user_time + t.system_time
+    return out
+
+
+def run_pipeline(data: str, tok: str) -> dict:
+    out = subprocess.run([sys.executable, os.path.abspath(__file__), PIPELINE_CHILD, data, tok],
+                         stdout=subprocess.PIPE, text=True, timeout=1800)
+    if out.returncode:
+        raise SystemExit(f"the pipeline process failed (exit {out.returncode})")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def profile_windows(pipe: Pipeline, count: int) -> tuple[dict[str, float], int]:
+    """CPU seconds by stage over the first ``count`` windows (in need order), this thread only."""
+    spec = pipe.spec
+    tokenizer = next(op for op in spec.record_ops if isinstance(op, Tokenize))
+    encode = getattr(tokenizer.tokenizer, "tokenizer", None)
+    stages: dict[str, float] = {}
+
+    def add(name: str, t: float) -> float:
+        now = time.thread_time()
+        stages[name] = stages.get(name, 0.0) + now - t
+        return now
+
+    windows = all_windows(spec)[:count]
+    for lane, w in windows:
+        t = time.thread_time()
+        chunks = spec.window_chunks(lane, w)
+        t = add("plan (chunks, pointers)", t)
+        tables = []
+        for g in chunks:
+            ds, shard, offset = spec.source.chunk_arrays(g)
+            pointers = np.stack([ds, shard, offset], axis=1)
+            t = add("plan (chunks, pointers)", t)
+            records = read_records(spec.datasets, ds, shard, offset, f"chunk {g}")
+            t = add("parse (read + JSON)", t)
+            encoding = 0.0
+            if encode is not None:
+                encs = encode.encode_batch_fast([r[tokenizer.field] for r in records], add_special_tokens=False)
+                [e.ids for e in encs]  # the ids as lists, as every caller of the tokenizer gets them
+                encoding = time.thread_time() - t
+                t = add("tokenize (encode_batch_fast, ids)", t)
+            out = apply_record_ops(spec.record_ops, spec.source.names, g, pointers, records)
+            # the record operators (encoding again, less its time) and the chunk's table
+            t = add("record ops besides encoding, chunk table", t + encoding)
+            tables.append(out.table)
+        table = SampleTable.concat(tables)
+        t = add("window table (concat)", t)
+        ctx = WindowContext(spec.seed, lane, w, spec.source.names)
+        for op in spec.accumulators:
+            table = op.apply(table, ctx)
+            t = add(op.name, t)
+        blob = pickle.dumps(table, protocol=5)
+        pickle.loads(blob)
+        add("pickle a result (dumps + loads)", t)
+    return stages, len(windows)
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="a fifth of bench_e2e.py's mixed corpus, one round")
+    ap.add_argument("--data", help="a corpus folder (DIR/prose, DIR/code, a tokenizer.json); default: generated")
+    ap.add_argument("--rounds", type=int, default=None, help="alternating rounds (default 2; --quick 1)")
+    ap.add_argument("--procs", type=int, default=os.cpu_count() or 1, help="tokenizer processes (default: cores)")
+    ap.add_argument("--profile", type=int, default=16, help="windows profiled by stage (default 16)")
+    args = ap.parse_args(argv)
+    rounds = args.rounds or (1 if args.quick else 2)
+    with tempfile.TemporaryDirectory(prefix="zephon-bench-ceiling-") as tmp:
+        if args.data:
+            data, tok, summary = args.data, tokenizer_path(args.data), f"corpus {args.data}"
+        else:
+            data = tmp
+            tok, summary = make_data(tmp, WORKLOADS["mixed"], args.quick, None)
+        pipe = build(data, tok, workers=1)
+        texts = plan_texts(pipe)
+        texts_path = os.path.join(tmp, "texts.pickle")
+        with open(texts_path, "wb") as f:
+            pickle.dump(texts, f, protocol=5)
+        n_windows = len(all_windows(pipe.spec))
+        print(f"{summary}\none pass: {len(texts['all']):,} documents, {n_windows} windows; the first batch "
+              f"depends on {len(texts['floor'])} documents (lane 0's first window, "
+              f"{len(pipe.spec.window_chunks(0, 0))} chunks); {args.procs} tokenizer processes on "
+              f"{os.cpu_count()} cores", flush=True)
+        t = time.process_time()
+        single = run_single(pipe)
+        single_cpu = time.process_time() - t
+        print(f"1-process loop: {single['wall']:.1f} s, {single_cpu:.1f} s CPU, {single['batches']} batches",
+              flush=True)
+        stages, profiled = profile_windows(pipe, args.profile)
+        load0 = os.getloadavg()
+        limits = Limits(tok, texts_path, args.procs)
+        rows = []
+        try:
+            for r in range(rounds):
+                floor, ceiling = limits.run("floor"), limits.run("all")
+                p = run_pipeline(data, tok)
+                rows.append({"floor": floor, "ceiling": ceiling, "pipe": p})
+                print(f"round {r + 1}/{rounds}: ceiling {ceiling['rate'] / 1e3:.0f}k tokens/s, pipeline "
+                      f"{p['tokens'] / p['wall'] / 1e3:.0f}k cold ({p['tokens'] / p['wall'] / ceiling['rate']:.2f}x), "
+                      f"{p['warm']['tokens'] / p['warm']['wall'] / 1e3:.0f}k warm "
+                      f"({p['warm']['tokens'] / p['warm']['wall'] / ceiling['rate']:.2f}x); "
+                      f"first batch {p['first']:.2f} s, floor {floor['s']:.2f} s "
+                      f"({p['first'] / floor['s']:.2f}x); load average {os.getloadavg()[0]:.1f}", flush=True)
+        finally:
+            limits.close()
+        report(rows, single, single_cpu, stages, profiled, n_windows, load0)
+
+
+def report(rows, single, single_cpu, stages, profiled, n_windows, load0) -> None:
+    def rate(p: dict) -> float:
+        return p["tokens"] / p["wall"]
+
+    cold = [rate(r["pipe"]) / r["ceiling"]["rate"] for r in rows]
+    warm = [rate(r["pipe"]["warm"]) / r["ceiling"]["rate"] for r in rows]
+    firsts = [r["pipe"]["first"] / r["floor"]["s"] for r in rows]
+
+    def per_cpu(p: dict, r: dict) -> float:  # tokens per CPU second against the ceiling's
+        return (p["tokens"] / p["cpu"]) / (r["ceiling"]["tokens"] / r["ceiling"]["cpu"])
+
+    cold_cpu = [per_cpu(r["pipe"], r) for r in rows]
+    warm_cpu = [per_cpu(r["pipe"]["warm"], r) for r in rows]
+    passes = [p for r in rows for p in (r["pipe"], r["pipe"]["warm"])]
+    ok = all(p["sha"] == single["sha"] and p["batches"] == single["batches"] for p in passes)
+    print()
+    print(f"{'round':>5s} {'ceiling tok/s':>14s} {'cold tok/s':>11s} {'ratio':>6s} {'warm tok/s':>11s} {'ratio':>6s} "
+          f"{'floor s':>8s} {'1st batch s':>12s} {'ratio':>6s} {'CPU cold':>9s} {'CPU warm':>9s} {'RSS MiB':>8s}")
+    for i, r in enumerate(rows):
+        p = r["pipe"]
+        print(f"{i + 1:5d} {r['ceiling']['rate']:14,.0f} {rate(p):11,.0f} {cold[i]:6.2f} {rate(p['warm']):11,.0f} "
+              f"{warm[i]:6.2f} {r['floor']['s']:8.2f} {p['first']:12.2f} {firsts[i]:6.2f} {p['cpu']:9.1f} "
+              f"{p['warm']['cpu']:9.1f} {p['rss_mb']:8.0f}")
+    total = sum(stages.values())
+    print(f"\nCPU per window by stage (1-process loop, {profiled} windows, this thread; ms per window):")
+    for name, s in sorted(stages.items(), key=lambda kv: -kv[1]):
+        print(f"  {name:45s} {s / profiled * 1e3:8.1f} ms  {s / total:6.1%}")
+    for name, key in (("cold", None), ("warm", "warm")):
+        cpu = statistics.median(r["pipe"][key]["cpu"] if key else r["pipe"]["cpu"] for r in rows)
+        print(f"whole {name} pass: pipeline {cpu:.1f} s CPU (median; every process) against the 1-process loop's "
+              f"{single_cpu:.1f} s: {cpu / single_cpu:.2f}x, {(cpu - single_cpu) / n_windows * 1e3:+.0f} ms per window "
+              + ("(the cluster's start, Dask's messages and serialization, the training process's batches)"
+                 if key is None else "(Dask's messages and serialization, the training process's batches)"))
+    for name, get in (("cold", lambda r: r["pipe"]), ("warm", lambda r: r["pipe"]["warm"])):
+        parts = {k: statistics.median(get(r)["parts"].get(k, 0.0) for r in rows) for k in get(rows[0])["parts"]}
+        print(f"{name} pass CPU by process and thread (medians, ms per window"
+              + ("; the cluster's processes from their start" if name == "cold" else "") + "): "
+              + ", ".join(f"{k} {v / n_windows * 1e3:.0f}" for k, v in parts.items() if v >= 0.005))
+    print(f"batches byte-identical to the 1-process loop in every pass (sha256): {'YES' if ok else 'NO'} "
+          f"[{single['sha'][:16]}, {single['batches']} batches]")
+    print(f"load average at the start {load0[0]:.1f}, at the end {os.getloadavg()[0]:.1f} "
+          f"({os.cpu_count()} cores); ratios are per round, from passes side by side")
+    print("targets (information only, never asserted):")
+    print(f"  tokens/s >= {TARGET_CEILING:.2f}x the tokenizing ceiling: cold {', '.join(f'{x:.2f}x' for x in cold)}; "
+          f"warm {', '.join(f'{x:.2f}x' for x in warm)}")
+    print(f"  the same in tokens per CPU second (every process; on a busy machine the wall ratio measures the "
+          f"share of the cores each mode got): cold {', '.join(f'{x:.2f}x' for x in cold_cpu)}; "
+          f"warm {', '.join(f'{x:.2f}x' for x in warm_cpu)}")
+    print(f"  first batch <= {TARGET_FLOOR:.1f}x its floor: {', '.join(f'{x:.2f}x' for x in firsts)}")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == PIPELINE_CHILD:
+        pipeline_child(sys.argv[2], sys.argv[3])
+    else:
+        main()
