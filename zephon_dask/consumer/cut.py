@@ -86,14 +86,13 @@ class CutBatch:
 def cut_batches(table: SampleTable, start: int, count: int, opts: BatchOptions,
                 n_datasets: int) -> list[CutBatch] | None:
     """The ``count`` batches of ``opts.microbatch_size`` rows from row ``start`` of ``table``, or
-    ``None`` when a row is empty or ``pad_id`` is not a token of the table's dtype (then
-    ``make_batch`` builds them one at a time)."""
+    ``None`` when a row is empty or ``pad_id`` is not an int64 (then ``make_batch`` builds them
+    one at a time)."""
     m = opts.microbatch_size
     rows = count * m
     offsets = table.offsets[start:start + rows + 1]
     lengths = np.diff(offsets)
-    info = np.iinfo(table.tokens.dtype)
-    if not rows or int(lengths.min()) == 0 or not info.min <= opts.pad_id <= info.max:
+    if not rows or int(lengths.min()) == 0 or not _fits(opts.pad_id, np.dtype(np.int64)):
         return None
     widths = lengths.reshape(count, m).max(axis=1)
     slot = np.zeros(rows + 1, dtype=np.int64)  # where each row starts in the flat blocks
@@ -103,10 +102,11 @@ def cut_batches(table: SampleTable, start: int, count: int, opts: BatchOptions,
     dest = None if equal else np.arange(b - a, dtype=np.int64) + np.repeat(slot[:-1] - (offsets[:-1] - a), lengths)
 
     def block(flat: np.ndarray, fill: int) -> np.ndarray:
-        """The rows' values padded to their batch's width, in the table's dtype."""
+        """The rows' values padded to their batch's width, in the table's dtype (int64 where
+        ``fill`` does not fit it: a held window's arrays are narrowed to their values)."""
         if equal:
             return flat[a:b]
-        out = np.full(int(slot[-1]), fill, dtype=flat.dtype)
+        out = np.full(int(slot[-1]), fill, dtype=flat.dtype if _fits(fill, flat.dtype) else np.int64)
         out[dest] = flat[a:b]
         return out
 
@@ -125,6 +125,12 @@ def cut_batches(table: SampleTable, start: int, count: int, opts: BatchOptions,
     counts = _counts(table, start, rows, m, count, n_datasets)
     return [CutBatch(run, j, lo, hi, width, lineage[j * m:(j + 1) * m], None if counts is None else counts[j])
             for j, (lo, hi, width) in enumerate(zip(bounds[:-1], bounds[1:], widths.tolist(), strict=True))]
+
+
+def _fits(value: int, dtype: np.dtype) -> bool:
+    """Whether the integer ``value`` is a value of the integer ``dtype``."""
+    info = np.iinfo(dtype)
+    return info.min <= value <= info.max
 
 
 def _untrained(doc_ids: np.ndarray, first: np.ndarray, slot: np.ndarray, opts: BatchOptions,

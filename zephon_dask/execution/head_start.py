@@ -28,7 +28,7 @@ import dask
 import dask.threaded
 
 from ..core.spec import PipelineSpec
-from ..core.window import WindowOutput
+from ..core.window import WindowOutput, narrowed
 from ..errors import ClosedError, ClusterError
 from ..graph import WindowGraph, window_graph
 from .base import WindowHandle
@@ -173,7 +173,7 @@ class HeadStart:
                 if handle.released:
                     continue
                 try:
-                    value = self._compute(handle)
+                    value = narrowed(self._compute(handle))  # held until taken, as the cluster's are
                 except BaseException as exc:
                     self._failed_here(handle, exc)
                 else:
