@@ -186,6 +186,7 @@ def test_windows_computed_ahead_wait_in_the_training_process_not_on_the_workers(
             assert time.monotonic() < deadline, "no window fetched ahead"
             time.sleep(0.05)
         fetched = set().union(*(h.keys for h in handles if h.fetched))
+        assert all(h.held_nbytes > 0 for h in handles if h.fetched)
         deadline = time.monotonic() + 30
         while held := {k for k, workers in cluster.who_has(list(fetched)).items() if workers}:
             assert time.monotonic() < deadline, f"still held on the workers: {held}"

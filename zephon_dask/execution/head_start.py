@@ -98,6 +98,11 @@ class HeadStartHandle(WindowHandle):
         self._value, self._error, self._remote = value, error, remote
         self._settled.set()
 
+    @property
+    def held_nbytes(self) -> int:
+        remote, value = self._remote, self._value
+        return remote.held_nbytes if remote is not None else value.__sizeof__() if value is not None else 0
+
     def done(self) -> bool:
         if not self._settled.is_set():
             return False
