@@ -18,6 +18,11 @@ Each case runs real processes (training scripts as subprocesses, ``dask schedule
 * ``frozen``: one of 2 workers stopped (``SIGSTOP``) for the rest of the run (``--stall`` s of
   ``stall_timeout``): the first batch after the freeze, the longest gap between batches, and
   whether the batches equal an uninterrupted run's.
+* ``start``: the embedded cluster's start in a fresh training process (torch imported first, as a
+  training script does), quiet and under load (one busy process per core started beside it),
+  alternately: the time to a ready cluster (``local_cluster`` until its client sees every
+  worker), the scheduler's share of it, and in the quickstart's pipeline the first batch
+  against the moment its cluster was ready (the head start computes the first windows meanwhile).
 
     python benchmarks/bench_exit.py [--repeat 3] [--stall 5] [--cases quickstart,cli,error,...] [--quick]
 """
@@ -180,6 +185,71 @@ def pipeline(data: str, **options):
             .options(canonical_replicas=4, **options))
 
 
+START = """
+import json, sys, time
+t0 = time.perf_counter()
+try:
+    import torch  # noqa: F401  (a training process has it)
+except ImportError:
+    pass
+from distributed import Client
+import zephon_dask.execution.spawned as spawned
+from zephon_dask.execution.cluster import local_cluster
+exec(open(sys.argv[1]).read().split("if __name__")[0].replace("sys.argv[1]", "'distributed'"))  # the quickstart pipeline
+scheduler = []
+start = spawned.SchedulerProcess.start
+async def timed(self):
+    await start(self)
+    scheduler.append(time.perf_counter())
+spawned.SchedulerProcess.start = timed
+t = time.perf_counter()
+with local_cluster(2) as cluster, Client(cluster, set_as_default=False) as client:
+    client.wait_for_workers(2, timeout=300)
+    ready = time.perf_counter() - t
+sched = scheduler[0] - t
+t = time.perf_counter()
+with pipeline:
+    it = iter(pipeline)
+    next(it)
+    first = time.perf_counter() - t
+    runner = pipeline.session.started_runner
+    deadline = time.monotonic() + 300
+    while runner.starting and time.monotonic() < deadline:
+        time.sleep(0.01)
+    up = time.perf_counter() - t
+print(json.dumps({"ready": ready, "scheduler": sched, "first": first, "up": up}))
+"""
+
+
+def busy(n: int) -> list[subprocess.Popen]:
+    """``n`` processes that each keep a core busy (the caller stops them)."""
+    return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+
+
+def case_start(args, work) -> None:
+    script = work / "start.py"
+    script.write_text(START)
+    quickstart = work / "quickstart_pipeline.py"
+    quickstart.write_text(QUICKSTART)
+    rows: dict[str, list[dict]] = {"quiet": [], "under load": []}
+    for _ in range(args.repeat):
+        for state in rows:  # alternately, so both see the same machine
+            hogs = busy(os.cpu_count() or 1) if state == "under load" else []
+            try:
+                out = subprocess.run([sys.executable, str(script), str(quickstart)], cwd=ROOT, capture_output=True,
+                                     text=True, timeout=600)
+            finally:
+                for hog in hogs:
+                    hog.kill()
+                    hog.wait(timeout=30)
+            assert out.returncode == 0, out.stderr[-2000:]
+            rows[state].append(json.loads(out.stdout.strip().splitlines()[-1]))
+    for state, runs in rows.items():
+        print(f"  {state:<10}  ready cluster {median(r['ready'] for r in runs):5.2f} s (its scheduler "
+              f"{median(r['scheduler'] for r in runs):5.2f} s); quickstart: first batch "
+              f"{median(r['first'] for r in runs):5.2f} s, its cluster ready after {median(r['up'] for r in runs):5.2f} s")
+
+
 def median(values) -> float:
     return statistics.median(values)
 
@@ -321,7 +391,7 @@ def case_frozen(args, work) -> None:
 
 
 CASES = {"quickstart": case_quickstart, "cli": case_cli, "help": case_help, "error": case_error, "scheduler": case_scheduler,
-         "lost": case_lost, "frozen": case_frozen}
+         "lost": case_lost, "frozen": case_frozen, "start": case_start}
 
 
 def main() -> None:

@@ -129,6 +129,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("prefetch_windows", None, "execution", _INT,
            "windows kept in flight (default: 2 per worker thread + 4; on a shared cluster, per thread of the group's share)",
            _optional_positive),
+    Option("prefetch_bytes", None, "execution", _INT,
+           "bytes of windows kept in flight, beside prefetch_windows: at most this many bytes' worth "
+           "at the mean size of the windows taken so far, at least one window (default: no bound)",
+           _optional_positive),
     Option("fuse", True, "execution", _BOOL,
            "one task per window, the first windows of an iteration (one per lane, for as many lanes as "
            "worker threads) split into chunk tasks (True), or a task per chunk plus one per window "

@@ -188,6 +188,7 @@ def test_windows_computed_ahead_wait_in_the_training_process_not_on_the_workers(
             assert time.monotonic() < deadline, "no window fetched ahead"
             time.sleep(0.05)
         fetched = set().union(*(h.keys for h in handles if h.fetched))
+        assert all(h.held_nbytes > 0 for h in handles if h.fetched)
         deadline = time.monotonic() + 30
         while held := {k for k, workers in cluster.who_has(list(fetched)).items() if workers}:
             assert time.monotonic() < deadline, f"still held on the workers: {held}"
@@ -389,14 +390,15 @@ def test_garbage_collection_stops_the_cluster(corpus_dir):
 @settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(
     prefetch=st.integers(1, 8), fuse=st.booleans(), seed=st.integers(0, 1000),
+    prefetch_bytes=st.sampled_from([None, 1, 100_000, 2**30]),
     degree=st.sampled_from([1, 2, 4]), mapping=st.sampled_from(["contiguous", "interleaved"]),
     microbatch=st.integers(1, 5), algorithm=st.sampled_from(["wrap", "first_fit", "best_fit"]),
 )
-def test_two_worker_cluster_matches_reference(corpus_dir, cluster, prefetch, fuse, seed, degree, mapping,
-                                              microbatch, algorithm):
+def test_two_worker_cluster_matches_reference(corpus_dir, cluster, prefetch, fuse, seed, prefetch_bytes, degree,
+                                              mapping, microbatch, algorithm):
     group = seed % degree
     p = build(corpus_dir, seed=seed, microbatch=microbatch, algorithm=algorithm, client=cluster,
-              prefetch_windows=prefetch, fuse=fuse, dp_degree=degree, dp_group_id=group, mapping_strategy=mapping)
+              prefetch_windows=prefetch, prefetch_bytes=prefetch_bytes, fuse=fuse, dp_degree=degree, dp_group_id=group, mapping_strategy=mapping)
     assert stream(p) == reference(p)
 
 
@@ -465,6 +467,60 @@ def test_distributed_runner_submits_exactly_the_window_graph(corpus_dir, cluster
     while cluster.run_on_scheduler(_scheduler_tasks, fp) and time.time() < deadline:
         time.sleep(0.1)
     assert cluster.run_on_scheduler(_scheduler_tasks, fp) == {}  # every future released
+
+
+def _stored(key: str, dask_scheduler=None) -> int | None:
+    """The bytes a worker holds for ``key`` (what the dashboard counts as managed), once computed."""
+    ts = dask_scheduler.tasks.get(key)
+    return ts.nbytes if ts is not None and ts.state == "memory" else None
+
+
+def test_windows_are_held_narrowed_on_the_workers_and_here(corpus_dir, cluster):
+    """A window's result is held in its smallest integer types on its worker, in transfer and
+    here; widened, it is the window as computed, byte for byte."""
+    import numpy as np
+
+    from zephon_dask.core.window import compute_window
+    from zephon_dask.execution.cluster import DistributedRunner
+    from zephon_dask.graph import window_graph
+
+    spec = build(corpus_dir, seed=79).spec  # a fingerprint no other test submits
+    wide = compute_window(spec, 1, 0)
+    runner = DistributedRunner(spec, client=cluster)
+    runner.fetch_ahead = False  # the worker keeps it until it is fetched
+    try:
+        graph = window_graph(spec, 1, 0, True)
+        handle = runner.submit(graph, priority=0)
+        deadline = time.monotonic() + 60
+        while (stored := cluster.run_on_scheduler(_stored, graph.key)) is None:
+            assert time.monotonic() < deadline, "the window was not computed"
+            time.sleep(0.05)
+        out = handle.result()
+        handle.release()
+    finally:
+        runner.close()
+    assert out.table.tokens.dtype.itemsize <= 2 and out.wide["tokens"] == np.int32 and wide.table.tokens.dtype == np.int32
+    assert stored < 0.6 * wide.__sizeof__() and out.__sizeof__() < 0.6 * wide.__sizeof__()
+    assert out.digest() == wide.digest() and out.widened().table.digest() == wide.table.digest()
+
+
+def test_prefetch_bytes_bounds_the_windows_in_flight(corpus_dir):
+    """``prefetch_bytes`` keeps no more windows in flight than fit in it at the mean size of
+    those taken (at least one); the batches are the same."""
+    p = build(corpus_dir, runner="threads", n_workers=2, prefetch_windows=8, prefetch_bytes=1)
+    truth = reference(p)
+    got, in_flight = [], []
+    with p:
+        for b in p:
+            got.append(batch_rows(b))
+            fetcher = p.session.stream.fetcher
+            if fetcher.taken:  # the size of a window is known: no window submitted past the bound
+                in_flight.append(len(fetcher.inflight))
+        assert fetcher.room() == 1
+        fetcher.prefetch_bytes = int(2.5 * fetcher.taken_bytes / fetcher.taken)
+        assert fetcher.room() == 2
+    assert got == truth
+    assert in_flight[0] == 7 and in_flight == sorted(in_flight, reverse=True) and in_flight[-1] <= 1
 
 
 def test_only_as_many_first_windows_as_workers_are_split(corpus_dir, cluster):

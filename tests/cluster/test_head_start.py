@@ -27,7 +27,7 @@ def reference(pipeline):
 
 
 def same_window(a, b) -> bool:
-    return pickle.dumps(a.table) == pickle.dumps(b.table) and a.window == b.window
+    return pickle.dumps(a.widened().table) == pickle.dumps(b.widened().table) and a.window == b.window
 
 
 @settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])

@@ -228,7 +228,7 @@ ERRORS = [
     (('format = "jsonl"', 'format = "tokens"'), RecipeKeyError, ValueError, ["text_field", "token store"]),
     (('name = "code"', 'name = "prose"'), RecipeError, ValueError, ["[[datasets]] #2", "'prose'", "unique"]),
     (("weight = 1\n", ""), RecipeKeyError, ValueError, ["['code']", "weight"]),
-    (("prefetch_windows = 1", "prefetch = 1"), RecipeKeyError, ValueError, ["[options]", "'prefetch'", "did you mean 'prefetch_windows'"]),
+    (("prefetch_windows = 1", "prefetch_window = 1"), RecipeKeyError, ValueError, ["[options]", "'prefetch_window'", "did you mean 'prefetch_windows'"]),
     (("prefetch_windows = 1", 'client = "x"'), RecipeKeyError, ValueError, ["client", "address"]),
     (("[source]", "[source\n"), RecipeError, ValueError, ["not valid TOML"]),
 ]

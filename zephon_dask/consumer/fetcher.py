@@ -31,6 +31,12 @@ idle). A group is submitted only once ``prefetch`` leaves room
 for all of it (fewer members only where lanes end), so the windows in flight
 stay between ``prefetch - windows_per_task + 1`` and ``prefetch``. Each window
 keeps its own handle, released as the consumer takes it.
+
+With ``prefetch_bytes``, the windows in flight are also bounded in bytes: at most
+``prefetch_bytes`` divided by the mean size of the windows taken so far (as held:
+narrowed, see :func:`~zephon_dask.core.window.narrowed`), at least one, and groups no larger
+than that; until the first window is taken, ``prefetch`` alone applies. Which windows are
+submitted when never changes what they hold.
 """
 
 from __future__ import annotations
@@ -51,9 +57,11 @@ from ..log import logger
 class WindowFetcher:
     def __init__(self, spec: PipelineSpec, runner, lanes: list[int], prefetch: int,
                  start_windows: dict[int, int] | None = None, fused: bool = False, split_first: int = 0,
-                 windows_per_task: int = 1, alone_at_end: int = 0):
+                 windows_per_task: int = 1, alone_at_end: int = 0, prefetch_bytes: int | None = None):
         self.spec, self.runner, self.lanes = spec, runner, list(lanes)
         self.prefetch = max(1, int(prefetch))
+        self.prefetch_bytes = prefetch_bytes
+        self.taken_bytes = self.taken = 0  # windows handed to the consumer, and their bytes as held
         self.windows_per_task = max(1, min(int(windows_per_task), self.prefetch))
         self.alone_at_end = alone_at_end
         self.fused, self.split_first = fused, split_first
@@ -132,17 +140,26 @@ class WindowFetcher:
                 return lane, w
         return None
 
+    def room(self) -> int:
+        """How many windows may be in flight: ``prefetch``, and with ``prefetch_bytes`` no more
+        than that many bytes at the mean size of the windows taken so far (at least 1)."""
+        if self.prefetch_bytes is None or not self.taken:
+            return self.prefetch
+        mean = max(1.0, self.taken_bytes / self.taken)
+        return max(1, min(self.prefetch, int(self.prefetch_bytes // mean)))
+
     def _top_up(self) -> None:
-        """Submit the lowest (window, lane position) not yet submitted until ``prefetch`` are in
+        """Submit the lowest (window, lane position) not yet submitted until :meth:`room` are in
         flight: a split window alone, as are the last ``alone_at_end`` windows of an iteration
         whose lanes all end (so its end is shared out window by window), fused ones
-        ``windows_per_task`` at a time once there is room for as many."""
-        size = self.windows_per_task
-        while len(self.inflight) < self.prefetch and (nxt := self._next()) is not None:
+        ``windows_per_task`` at a time (at most :meth:`room`) once there is room for as many."""
+        room = self.room()
+        size = min(self.windows_per_task, room)
+        while len(self.inflight) < room and (nxt := self._next()) is not None:
             if size == 1 or not self._groupable(*nxt):
                 self.submit(*nxt)
                 continue
-            if self.prefetch - len(self.inflight) < size:
+            if room - len(self.inflight) < size:
                 return
             members = [nxt]
             self.next_submit[nxt[0]] = nxt[1] + 1  # taken (the lane's heap entry catches up in _next)
@@ -172,6 +189,8 @@ class WindowFetcher:
                          lane, w, out.made.worker or "?", out.made.seconds, f"{out.__sizeof__():,}", len(out),
                          time.perf_counter() - started)
         self.next_needed[lane] = w + 1
+        self.taken += 1
+        self.taken_bytes += out.__sizeof__()
         self._top_up()
         self._trimmer.maybe()
         return out

@@ -14,6 +14,12 @@ Neither uses Dask, torch or global state, and no clock reaches the data: the
 same inputs give the same bytes in any process. Each output also carries
 :class:`Made` (where and in how many seconds it was computed, for the DEBUG
 log), kept out of its table, its counters and its digest.
+
+A window computed ahead of its consumer is held narrowed (:func:`narrowed`: its
+per-token arrays in their smallest integer types, see
+:meth:`~zephon_dask.operators.table.SampleTable.narrowed`), on the worker that computed it, in
+transfer and in the training process; its batches are built from it in int64 as from the
+window as computed, and :meth:`WindowOutput.widened` gives that window back byte for byte.
 """
 
 from __future__ import annotations
@@ -22,7 +28,8 @@ import os
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 
@@ -77,6 +84,7 @@ class WindowOutput:
     stats: dict[str, int]
     dataset_names: tuple[str, ...]
     made: Made = field(default_factory=Made)
+    wide: dict[str, np.dtype] = field(default_factory=dict)  # the computed dtype of each narrowed field
 
     def __len__(self) -> int:
         return len(self.table)
@@ -91,8 +99,28 @@ class WindowOutput:
         return self.stats.get("pack.tokens", 0) / slots if slots else None
 
     def digest(self) -> str:
-        """SHA-256 of the window's samples: equal digests mean equal bytes (a determinism check)."""
-        return self.table.digest()
+        """SHA-256 of the window's samples as computed (narrowed or not): equal digests mean equal
+        bytes (a determinism check)."""
+        return self.widened().table.digest()
+
+    def narrowed(self) -> WindowOutput:
+        """This window with its per-token arrays in their smallest integer types (the same values)."""
+        table, wide = self.table.narrowed()
+        return replace(self, table=table, wide={**wide, **self.wide}) if wide else self
+
+    def widened(self) -> WindowOutput:
+        """This window as computed: every narrowed array back in its own dtype."""
+        return replace(self, table=self.table.widened(self.wide), wide={}) if self.wide else self
+
+
+def narrowed(value: Any) -> Any:
+    """A task's result held narrowed: a :class:`WindowOutput`, or each of a tuple of them
+    (:func:`compute_windows`), by :meth:`WindowOutput.narrowed`; any other value as it is."""
+    if isinstance(value, WindowOutput):
+        return value.narrowed()
+    if isinstance(value, tuple) and value and all(isinstance(v, WindowOutput) for v in value):
+        return tuple(v.narrowed() for v in value)
+    return value
 
 
 def _note(exc: BaseException, text: str) -> None:

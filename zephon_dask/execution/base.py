@@ -32,6 +32,12 @@ class WindowHandle:
     def done(self) -> bool:
         return self._future is None or self._future.done()
 
+    @property
+    def held_nbytes(self) -> int:
+        """Bytes of the window's result held in this process before it is taken (0 here: a
+        runner that computes or fetches ahead says)."""
+        return 0
+
     def chunks_done(self) -> int:
         """How many of the window's chunks are computed (all once :meth:`done`); a runner that
         sees its chunk tasks finish tells them apart, the others say 0 until done."""
@@ -100,6 +106,13 @@ class MemberHandle(WindowHandle):
 
     def done(self) -> bool:
         return self._group is None or self._group.done()
+
+    @property
+    def held_nbytes(self) -> int:
+        group = self._group
+        values = group._values if group is not None else None
+        value = values[self._index] if values is not None else None
+        return value.__sizeof__() if value is not None else 0
 
     def result(self) -> WindowOutput:
         if self._group is None:

@@ -448,6 +448,14 @@ class DistributedHandle(WindowHandle):
         cluster's copy released)."""
         return self._early_value is not NOT_FETCHED
 
+    @property
+    def held_nbytes(self) -> int:
+        """Bytes of the result fetched ahead and held here (0 before it is, or once taken; a
+        task of several windows: all of them)."""
+        value = self._early_value
+        return 0 if value is NOT_FETCHED else sum(v.__sizeof__() for v in value) if isinstance(value, tuple) \
+            else value.__sizeof__()
+
     def result(self):
         value, early = self._claim()
         if value is not NOT_FETCHED:

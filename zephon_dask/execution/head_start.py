@@ -28,7 +28,7 @@ import dask
 import dask.threaded
 
 from ..core.spec import PipelineSpec
-from ..core.window import WindowOutput
+from ..core.window import WindowOutput, narrowed
 from ..errors import ClosedError, ClusterError
 from ..graph import WindowGraph, window_graph
 from .base import WindowHandle
@@ -97,6 +97,11 @@ class HeadStartHandle(WindowHandle):
                remote: WindowHandle | None = None) -> None:
         self._value, self._error, self._remote = value, error, remote
         self._settled.set()
+
+    @property
+    def held_nbytes(self) -> int:
+        remote, value = self._remote, self._value
+        return remote.held_nbytes if remote is not None else value.__sizeof__() if value is not None else 0
 
     def done(self) -> bool:
         if not self._settled.is_set():
@@ -173,7 +178,7 @@ class HeadStart:
                 if handle.released:
                     continue
                 try:
-                    value = self._compute(handle)
+                    value = narrowed(self._compute(handle))  # held until taken, as the cluster's are
                 except BaseException as exc:
                     self._failed_here(handle, exc)
                 else:

@@ -9,7 +9,9 @@ error as a :class:`TaskError` instead of raising it: the task succeeds, nothing
 is retried or logged at ERROR, and the handle raises the error in the training
 process (:meth:`TaskError.reraise`), with the worker's traceback at DEBUG.
 Worker loss, I/O errors (``OSError``, timeouts) and the user's own exceptions
-still fail the task, so Dask's retries still apply to them. Holds no state.
+still fail the task, so Dask's retries still apply to them. A window :func:`settle`
+returns is narrowed (:func:`~zephon_dask.core.window.narrowed`), so the worker holds it, and
+sends it, in its smallest integer types. Holds no state.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Any
 
 from dask._task_spec import Task
 
+from ..core.window import narrowed
 from ..errors import ZephonError
 
 logger = logging.getLogger(__name__)
@@ -56,12 +59,13 @@ def _failed_input(args: tuple) -> TaskError | None:
 
 
 def settle(func, *args: Any, **kwargs: Any) -> Any:
-    """``func(*args, **kwargs)``, or the :class:`TaskError` of a final error it raises or an input carries."""
+    """``func(*args, **kwargs)`` (a window narrowed, see :func:`~zephon_dask.core.window.narrowed`),
+    or the :class:`TaskError` of a final error it raises or an input carries."""
     failed = _failed_input(args)
     if failed is not None:
         return failed
     try:
-        return func(*args, **kwargs)
+        return narrowed(func(*args, **kwargs))
     except Exception as exc:
         if not is_final(exc):
             raise

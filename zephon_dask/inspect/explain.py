@@ -304,6 +304,7 @@ def _execution(pipeline, options: dict, fingerprint: str) -> Section:
         ("dashboard", dashboard),
         ("n_workers", str(options["n_workers"] or "one per core")),
         ("prefetch_windows", _prefetch(options["prefetch_windows"], runner, pipeline)),
+        ("prefetch_bytes", f"{options['prefetch_bytes']:,}" if options["prefetch_bytes"] else "no bound"),
         ("tasks", fuse),
         ("windows_per_task", _windows_per_task(options["windows_per_task"], options, runner, pipeline)),
         ("retries", str(options["retries"])),

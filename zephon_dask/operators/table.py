@@ -17,18 +17,40 @@ flat ``uint8`` array aligned with ``tokens``, 1 where a token is a training
 target (``tokenize_chat``: the assistant's tokens) and 0 elsewhere (padding
 included). Every helper carries it along with the tokens; a table without it
 hashes exactly as before it existed.
+
+:meth:`SampleTable.narrowed` gives the same values with ``tokens``, ``positions`` and
+``document_ids`` each in the smallest integer type that holds them (``uint16`` tokens
+whenever the vocabulary has fewer than 65,536 ids): how a finished window is held and
+sent between processes until its batches are built (in int64, whatever the table's dtypes).
 """
 
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 TOKEN_DTYPE = np.int32
 MASK_DTYPE = np.uint8
 LINEAGE_FIELDS = ("dataset", "shard", "offset", "token_start", "token_count")
+NARROW_FIELDS = ("tokens", "positions", "document_ids")  # the per-token arrays a held window narrows
+NARROW_DTYPES = tuple((np.dtype(t), int(np.iinfo(t).min), int(np.iinfo(t).max))
+                      for t in (np.uint8, np.int8, np.uint16, np.int16))  # (dtype, min, max), smallest first
+
+
+def narrowest(a: np.ndarray) -> np.ndarray:
+    """``a`` in the first of :data:`NARROW_DTYPES` that holds all its values and is smaller than
+    its own dtype (a copy), else ``a`` itself."""
+    if a.dtype.kind not in "iu" or not a.size:
+        return a
+    lo, hi = int(a.min()), int(a.max())
+    for dtype, least, most in NARROW_DTYPES:
+        if dtype.itemsize >= a.dtype.itemsize:
+            break
+        if least <= lo and hi <= most:
+            return a.astype(dtype)
+    return a
 
 
 def csr_gather(offsets: np.ndarray, index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -174,6 +196,22 @@ class SampleTable:
             np.concatenate([t.lineage for t in tables]), offsets("lineage_offsets"),
             np.concatenate([t.mask_or_ones() for t in tables]) if masked else None,
         )
+
+    def narrowed(self) -> tuple[SampleTable, dict[str, np.dtype]]:
+        """``(this table with each of NARROW_FIELDS in its smallest dtype (:func:`narrowest`), the
+        dtype each narrowed field had)``: equal values, so :meth:`widened` gives this table back
+        byte for byte."""
+        arrays = {name: narrowest(getattr(self, name)) for name in NARROW_FIELDS}
+        wide = {name: getattr(self, name).dtype for name, a in arrays.items() if a is not getattr(self, name)}
+        if not wide:
+            return self, {}
+        return replace(self, **arrays), wide
+
+    def widened(self, dtypes: dict[str, np.dtype]) -> SampleTable:
+        """This table with each field named in ``dtypes`` converted to that dtype."""
+        if not dtypes:
+            return self
+        return replace(self, **{name: getattr(self, name).astype(dtype) for name, dtype in dtypes.items()})
 
     def mask_or_ones(self) -> np.ndarray:
         """``loss_mask``, or ones on real tokens (0 on padding) for a table without one."""

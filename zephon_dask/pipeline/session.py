@@ -140,6 +140,7 @@ class Session:
             start=start, first_lane=first_lane, split_first=slots if slots > 1 else 0,
             windows_per_task=settings["windows_per_task"] or runner.windows_per_task(prefetch, len(lanes)),
             alone_at_end=slots,  # an iteration's last windows, one per worker thread, one per task
+            prefetch_bytes=settings["prefetch_bytes"],
         )
 
     def next_start(self, lanes: list[int]) -> State | None:
