@@ -18,6 +18,11 @@ windows. Figures per configuration, over the run after its first batch:
   it, heartbeats included; ``(idle)`` is its CPU with no work, timed before
   the run); **workers us/win** the same for the workers' process (the windows'
   work and the workers' messaging).
+* **tasks us/win** and **ctl us/win**: the workers' CPU split into their
+  task threads (the windows' own work) and the rest (their event loops:
+  messages, transitions, transfers); the control plane per window is then the
+  client loop + the scheduler + the workers' rest (``ctl``), and its
+  inverse the windows/s one scheduler core could serve (``1/sched``).
 * **win/s**: windows finished per second of wall time (the scheduler's
   transitions to ``memory``, counted by a scheduler plugin).
 * **in flight**: the most window tasks the scheduler held at once during the
@@ -36,6 +41,7 @@ workers, to find where windows/s stops growing and what saturates.
 Nothing asserts a time.
 
     python benchmarks/bench_scale.py [--quick] [--lanes 64,256,1024] [--workers 16,32,64]
+                                     [--windows-per-task N] [--direct]
                                      [--ramp] [--png docs/scale.png] [--csv scale.csv]
 """
 
@@ -72,7 +78,7 @@ SEQ_LEN = 256
 MICROBATCH = 16
 CHUNK_SIZE = 8  # documents per chunk
 FLUSH_K = 2  # chunks per window: 16 documents, ~22 rows of 256 tokens, a few ms of work
-WINDOW_PREFIXES = ("zephon-fused-window-", "zephon-window-")
+WINDOW_PREFIXES = ("zephon-fused-window-", "zephon-window-", "zephon-windows-")
 RAMP_BATCHES = 384  # batches per run of --ramp
 IDLE_S = 1.0  # seconds the idle scheduler is timed before each run
 HERE = os.path.abspath(__file__)
@@ -163,8 +169,8 @@ class WindowsInFlight(SchedulerPlugin):
             return
         self.live.add(key)
         self.max_live = max(self.max_live, len(self.live))
-        if finish == "memory":
-            self.finished += 1
+        if finish == "memory":  # a task of several windows (zephon-windows-...) names each one
+            self.finished += len(key.split("-")[3:]) if key.startswith("zephon-windows-") else 1
             ts = self.scheduler.tasks.get(key)
             nbytes = max(0, ts.nbytes) if ts is not None else 0
             self.held_bytes += nbytes - self.nbytes.get(key, 0)
@@ -187,6 +193,18 @@ def loop_cpu(before: dict, after: dict) -> float:
     """CPU seconds the client's event-loop threads used between two :func:`thread_cpu` snapshots."""
     return sum(cpu - before.get(ident, (name, 0.0))[1] for ident, (name, cpu) in after.items()
                if name == "IO loop" or name.startswith("Dask-Offload"))
+
+
+def worker_threads_cpu() -> tuple[float, float]:
+    """Run on a worker: ``(CPU seconds of the task threads of every worker in its process, of all its
+    other threads)`` so far (the workers' process: one event loop, a task thread per worker)."""
+    tasks = rest = 0.0
+    for name, cpu in thread_cpu().values():
+        if "Dask-Default-Threads" in name:
+            tasks += cpu
+        else:
+            rest += cpu
+    return tasks, rest
 
 
 def proc_cpu(proc: psutil.Process) -> float:
@@ -283,6 +301,8 @@ class Result:
     client_loop_us_per_window: float
     scheduler_us_per_window: float
     workers_us_per_window: float
+    tasks_us_per_window: float
+    control_us_per_window: float
     scheduler_cores: float
     scheduler_idle_cores: float
     workers_cores: float
@@ -295,13 +315,16 @@ class Result:
 
 def run_config(data_dir: str, lanes: int, workers: int, batches: int, check: int, ref_sha: str,
                chunk_size: int = CHUNK_SIZE, flush_k: int = FLUSH_K, direct: bool = False,
-               idle_s: float = IDLE_S) -> Result:
+               idle_s: float = IDLE_S, windows_per_task: int | None = None) -> Result:
     """One pass of ``batches`` batches; figures over all but the first batch (see the module docstring)."""
     with cluster(workers, direct) as (client, scheduler, worker_proc):
         idle0, t = proc_cpu(scheduler), time.perf_counter()
         time.sleep(idle_s)
         idle = (proc_cpu(scheduler) - idle0) / max(1e-9, time.perf_counter() - t)
         pipe = build(data_dir, lanes, chunk_size, flush_k).options(client=client)
+        if windows_per_task is not None:
+            pipe = pipe.options(windows_per_task=windows_per_task)
+        one = [sorted(client.scheduler_info()["workers"])[0]]
         tally, consumer = Tally(check), 0.0
         with pipe:
             client.run_on_scheduler(plugin_counts)  # peaks from here
@@ -312,6 +335,7 @@ def run_config(data_dir: str, lanes: int, workers: int, batches: int, check: int
             prefetch = pipe.settings["prefetch_windows"] or pipe.runner().default_prefetch()
             done0 = client.run_on_scheduler(plugin_counts)[0]
             sched0, work0, threads0, busy0 = proc_cpu(scheduler), proc_cpu(worker_proc), thread_cpu(), machine_busy()
+            (tasks0, _), = client.run(worker_threads_cpu, workers=one).values()
             proc0, t0 = time.process_time(), time.perf_counter()
             for _ in range(batches - 1):
                 c = time.thread_time()
@@ -319,17 +343,20 @@ def run_config(data_dir: str, lanes: int, workers: int, batches: int, check: int
                 consumer += time.thread_time() - c
                 tally.add(batch)
             wall = time.perf_counter() - t0
+            (tasks1, _), = client.run(worker_threads_cpu, workers=one).values()
             sched, work = proc_cpu(scheduler) - sched0, proc_cpu(worker_proc) - work0
             client_loop, proc, busy1 = loop_cpu(threads0, thread_cpu()), time.process_time() - proc0, machine_busy()
             done1, _, max_live, max_bytes = client.run_on_scheduler(plugin_counts)
     windows = done1 - done0
     other = None if busy0 is None or busy1 is None else max(0.0, (busy1 - busy0) - proc - sched - work) / wall
     n = max(1, windows)
+    tasks = tasks1 - tasks0
     return Result(
         lanes=lanes, workers=workers, direct=direct, docs_per_window=chunk_size * flush_k, prefetch=prefetch,
         batches=batches - 1, windows=windows, wall_s=wall, first_batch_s=first, windows_per_s=windows / wall,
         consumer_us_per_batch=consumer / (batches - 1) * 1e6, client_loop_us_per_window=client_loop / n * 1e6,
         scheduler_us_per_window=sched / n * 1e6, workers_us_per_window=work / n * 1e6,
+        tasks_us_per_window=tasks / n * 1e6, control_us_per_window=(client_loop + sched + work - tasks) / n * 1e6,
         scheduler_cores=sched / wall, scheduler_idle_cores=idle, workers_cores=work / wall,
         consumer_busy=consumer / wall, other_cores=other, max_in_flight=max_live,
         max_in_flight_mb=max_bytes / 1e6, sha_ok=tally.check_sha is not None and tally.check_sha == ref_sha,
@@ -350,6 +377,9 @@ COLUMNS = (  # (title, unit, width, format of a Result)
     ("client", "us/win", 6, lambda r: f"{r.client_loop_us_per_window:.0f}"),
     ("sched", "us/win", 6, lambda r: f"{r.scheduler_us_per_window:.0f}"),
     ("workers", "us/win", 7, lambda r: f"{r.workers_us_per_window:.0f}"),
+    ("tasks", "us/win", 6, lambda r: f"{r.tasks_us_per_window:.0f}"),
+    ("ctl", "us/win", 6, lambda r: f"{r.control_us_per_window:.0f}"),
+    ("1/sched", "win/s", 7, lambda r: f"{1e6 / max(1.0, r.scheduler_us_per_window):.0f}"),
     ("sched", "cores", 5, lambda r: f"{r.scheduler_cores:.2f}"),
     ("(idle)", "cores", 6, lambda r: f"{r.scheduler_idle_cores:.2f}"),
     ("wkrs", "cores", 5, lambda r: f"{r.workers_cores:.2f}"),
@@ -428,6 +458,8 @@ def main(argv=None) -> list[Result]:
                          "lanes (or the most) and the fewest workers")
     ap.add_argument("--direct", action="store_true",
                     help="fetch results from the workers (Client(direct_to_workers=True)), not through the scheduler")
+    ap.add_argument("--windows-per-task", type=int, default=None,
+                    help="the windows_per_task option (default: its default, 1)")
     ap.add_argument("--png", default=None, help="draw the curves here (needs matplotlib)")
     ap.add_argument("--csv", default=None, help="write every row here")
     args = ap.parse_args(argv)
@@ -453,7 +485,8 @@ def main(argv=None) -> list[Result]:
             check = min(args.check, batches_for(lanes))
             ref = reference_sha(build(tmp, lanes), check)
             for workers in workers_list:
-                results.append(run_config(tmp, lanes, workers, batches_for(lanes), check, ref, direct=args.direct))
+                results.append(run_config(tmp, lanes, workers, batches_for(lanes), check, ref, direct=args.direct,
+                                          windows_per_task=args.windows_per_task))
                 print(row(results[-1]), flush=True)
         if ramp_sizes:
             lanes = 256 if 256 in lanes_list else max(lanes_list)
@@ -464,7 +497,7 @@ def main(argv=None) -> list[Result]:
                 check = min(args.check, RAMP_BATCHES)
                 ref = reference_sha(build(tmp, lanes, chunk_size, flush_k), check)
                 ramp.append(run_config(tmp, lanes, workers, RAMP_BATCHES, check, ref, chunk_size, flush_k,
-                                       direct=args.direct))
+                                       direct=args.direct, windows_per_task=args.windows_per_task))
                 print(row(ramp[-1]), flush=True)
     everything = results + ramp
     print(f"\nbatches byte-identical to the synchronous runner (first {args.check}, or all) in every run: "

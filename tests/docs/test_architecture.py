@@ -66,6 +66,49 @@ def test_no_module_touches_another_modules_private_names():
     assert not found, "private names used outside their module:\n" + "\n".join(found)
 
 
+# Dask's modules that the package and the tests may import; anything else of dask or distributed
+# (dask._expr, distributed.client, distributed.utils_comm, ...) only the adapter may
+DASK_ADAPTER = ROOT / "zephon_dask" / "execution" / "dask_compat.py"
+DASK_ADAPTER_TESTS = ROOT / "tests" / "cluster" / "test_dask_compat.py"  # checks the internals the adapter relies on
+PUBLIC_DASK_MODULES = {"dask", "dask.threaded", "dask.dot", "dask.sizeof", "dask.task_spec", "dask.utils",
+                       "distributed", "distributed.comm", "distributed.deploy.spec", "distributed.diagnostics.plugin"}
+# what only the adapter does through public names: RPCs through the client's loop, Dask's exit handler,
+# the key-name cache
+ADAPTER_ONLY_ATTRIBUTES = {"sync", "shutdown_on_close", "cache_clear"}
+
+
+def _dask_module(name: str) -> bool:
+    return name.split(".")[0] in ("dask", "distributed")
+
+
+def test_only_the_dask_adapter_touches_dasks_private_names():
+    """Outside ``execution/dask_compat.py`` (and its tests): no internal Dask module imported, no private name
+    imported from Dask, no private keyword passed, no other library's private attribute read (in
+    the package), and none of the public-looking internals of :data:`ADAPTER_ONLY_ATTRIBUTES`."""
+    package = sorted((ROOT / "zephon_dask").rglob("*.py"))
+    files = [f for f in package + sorted((ROOT / "tests").rglob("*.py")) if f not in (DASK_ADAPTER, DASK_ADAPTER_TESTS)]
+    trees = {f: ast.parse(f.read_text(), str(f)) for f in package + sorted((ROOT / "tests").rglob("*.py"))}
+    ours = set().union(*(_defined_private_names(trees[f]) for f in package))
+    found = []
+    for f in files:
+        where, in_package = f.relative_to(ROOT), f in package
+        for node in ast.walk(trees[f]):
+            modules = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                       else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+            found += [f"{where}:{node.lineno} import {m}" for m in modules
+                      if _dask_module(m) and m not in PUBLIC_DASK_MODULES]
+            if isinstance(node, ast.ImportFrom) and _dask_module(node.module or ""):
+                found += [f"{where}:{node.lineno} import {a.name}" for a in node.names if _private(a.name)]
+            if isinstance(node, ast.keyword) and node.arg and _private(node.arg) and node.arg not in ours:
+                found.append(f"{where}:{node.lineno} {node.arg}=")
+            if in_package and isinstance(node, ast.Attribute) and (
+                    node.attr in ADAPTER_ONLY_ATTRIBUTES
+                    or (_private(node.attr) and node.attr not in ours
+                        and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")))):
+                found.append(f"{where}:{node.lineno} .{node.attr}")
+    assert not found, "Dask's private names outside zephon_dask/execution/dask_compat.py:\n" + "\n".join(found)
+
+
 def test_the_docs_options_table_is_the_definition():
     text = (ROOT / "docs" / "execution.md").read_text()
     assert markdown_table() in text, "regenerate the table: python -c 'import zephon_dask.options as o; " \

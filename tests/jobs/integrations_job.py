@@ -1,4 +1,4 @@
-"""Framework training runs under ``torchrun`` (gloo, CPU), for tests/test_integrations_*.py.
+"""Framework training runs under ``torchrun`` (gloo, CPU), for tests/integrations/test_integrations_*.py.
 
 Each rank trains a tiny model through each framework's zephon_dask integration
 and writes the digests of the ``input_ids`` its model received to

@@ -1,4 +1,4 @@
-"""Lightning DDP under Lightning's own launcher, for tests/test_integrations_lightning.py.
+"""Lightning DDP under Lightning's own launcher, for tests/integrations/test_integrations_lightning.py.
 
 Started as ``python lightning_job.py --corpus C --out O``: ``Trainer(devices=2,
 strategy="ddp")`` on CPU starts the second rank itself (it runs this script

@@ -1,4 +1,4 @@
-"""A framework's training run, stopped by SIGTERM, as tests/test_interrupts.py sends it.
+"""A framework's training run, stopped by SIGTERM, as tests/integrations/test_interrupts.py sends it.
 
 ``--framework hf``: ``ZephonTrainer`` with :class:`~zephon_dask.integrations.hf.StopOnPreemption`
 under :class:`zephon_dask.Preemption` saves ``checkpoint-N`` at the end of the step and exits with

@@ -1,9 +1,9 @@
-"""A training-loop stand-in run by ``torchrun`` in tests/test_torchrun.py (gloo backend).
+"""A training-loop stand-in run by ``torchrun`` in tests/integrations/test_torchrun.py (gloo backend).
 
 Each rank streams ``--steps`` optimizer steps of ``batches_per_step`` batches
 (each ``--step-s`` seconds longer: a model's step), optionally resuming from
 ``--resume`` first, then checkpoints collectively to ``--save``. Under
-``zephon_dask.Preemption``, SIGINT or SIGTERM (tests/test_interrupts.py) stops
+``zephon_dask.Preemption``, SIGINT or SIGTERM (tests/integrations/test_interrupts.py) stops
 every rank at the end of the same step; the checkpoint is then written, each
 rank prints the step and exits with 128 + the signal. With ``--tp T`` consecutive ranks form tensor-parallel peers
 of one DP group, and each rank writes its batch digests to ``--out``.

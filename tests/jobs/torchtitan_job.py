@@ -1,4 +1,4 @@
-"""A TorchTitan training run under ``torchrun`` (gloo, CPU), for tests/test_integrations_torchtitan.py.
+"""A TorchTitan training run under ``torchrun`` (gloo, CPU), for tests/integrations/test_integrations_torchtitan.py.
 
 TorchTitan's ``Trainer`` needs CUDA (and triton) to start, so this loop does what
 its ``train()`` does around the data, with TorchTitan's own parts: the

@@ -83,7 +83,7 @@ def test_resume_at_random_points_equals_uninterrupted(tmp_path, corpus_dir, seed
         with pipe:
             it = iter(pipe)
             while len(got) < min(len(truth) if cut is None else cut, len(truth)):  # a resume at the end
-                got.append(batch_rows(next(it)))  # would start the next pass (tests/test_whole_run.py)
+                got.append(batch_rows(next(it)))  # would start the next pass (tests/pipeline/test_whole_run.py)
             state = pipe.state_dict()
     assert got == truth
 

@@ -27,7 +27,6 @@ import concurrent.futures
 import contextlib
 import logging
 import os
-import random
 import signal
 import sys
 import threading
@@ -38,12 +37,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import dask
-import distributed.comm.core
-import distributed.utils_comm
-from dask._expr import LLGExpr
-from dask.utils import key_split
 from distributed import CancelledError, Client, LocalCluster, SpecCluster
-from distributed.client import _wait
 from distributed.comm import CommClosedError
 from distributed.diagnostics.plugin import SchedulerPlugin, WorkerPlugin
 from tornado.ioloop import PeriodicCallback
@@ -52,7 +46,9 @@ from ..core.spec import PipelineSpec
 from ..errors import ClosedError, ClusterError
 from ..graph import GroupGraph, WindowGraph, group_graph
 from ..graph import keys as graph_keys
+from . import dask_compat
 from .base import GroupResult, MemberHandle, Runner, WindowHandle
+from .dask_compat import environment_kept, forget_key_names, script_not_reimported
 from .head_start import HEAD_START_ALONE, Boot, HeadStart
 from .memory import TRIM_EVERY, trim_freed_memory
 from .spawned import spawned_cluster, stop_schedulers
@@ -68,12 +64,6 @@ from .watch import (
 
 logger = logging.getLogger(__name__)
 LOCAL_HOST = "127.0.0.1"
-
-# The client's process is the training process: distributed picks the worker to fetch a result from
-# and jitters its retries with Python's global `random` there, which would move a framework's
-# restored RNG state. Those modules draw from a generator of their own.
-for _module in (distributed.utils_comm, distributed.comm.core):
-    vars(_module)["random"] = random.Random()
 
 WORKER_ENV = {
     "TOKENIZERS_PARALLELISM": "false",
@@ -123,55 +113,6 @@ def embedded_config() -> dict[str, Any]:
             if dask.config.get(key, None) == dask.config.get(key, None, config=dask_defaults)}
 
 
-_MAIN_HIDDEN = threading.Lock()
-
-
-@contextmanager
-def script_not_reimported() -> Iterator[None]:
-    """While worker processes are spawned, hide the training script from ``multiprocessing``.
-
-    A spawned process re-imports the parent's ``__main__`` (as ``__mp_main__``): every
-    worker would import torch and whatever else the script imports (1.1 s longer to
-    start and 190 MB more per worker with torch alone), and a script without an
-    ``if __name__ == "__main__":`` guard would run again in each worker. Workers never
-    need it: ``distributed`` pickles anything defined in ``__main__`` by value. A worker
-    its nanny restarts later imports the script as Dask usually does.
-    """
-    main = sys.modules.get("__main__")
-    if main is None:
-        yield
-        return
-    with _MAIN_HIDDEN:  # clusters started from two threads at once restore what they found
-        hidden = {k: main.__dict__.pop(k) for k in ("__file__",) if k in main.__dict__}
-        spec = getattr(main, "__spec__", None)
-        main.__spec__ = None
-        try:
-            yield
-        finally:
-            main.__dict__.update(hidden)
-            main.__spec__ = spec
-
-
-@contextmanager
-def environment_kept() -> Iterator[None]:
-    """Give this process its environment back once the workers are spawned.
-
-    Dask's nanny exports its ``pre-spawn-environ`` (``OMP_NUM_THREADS=1``,
-    ``PYTHONHASHSEED``, ...) into the spawning process so the worker inherits them; left
-    there, every process the training script starts later would inherit them too. A worker
-    its nanny restarts later exports them again (Dask's behaviour).
-    """
-    before = dict(os.environ)
-    try:
-        yield
-    finally:
-        for key in sorted(set(os.environ) - set(before)):
-            del os.environ[key]
-        for key, value in sorted(before.items()):
-            if os.environ.get(key) != value:
-                os.environ[key] = value
-
-
 def local_cluster(n_workers: int | None, threads_per_worker: int = 1, processes: bool = True,
                   dashboard_address: str | None = f"{LOCAL_HOST}:0", timeout: float = DEFAULT_TIMEOUT) -> SpecCluster:
     """The embedded cluster: ``n_workers`` (default: one per core) with quiet logs and
@@ -189,18 +130,12 @@ def local_cluster(n_workers: int | None, threads_per_worker: int = 1, processes:
             return spawned_cluster(n, threads_per_worker, LOCAL_HOST, dashboard_address, WORKER_ENV, timeout)
 
 
-def _forget_key_names() -> None:
-    """Empty Dask's cache of task-name prefixes (``key_split``, 100,000 keys): every key ever seen
-    stays there, and each window's keys are new, so it grows for hours (~0.17 KB a key)."""
-    key_split.cache_clear()
-
-
 class TrimFreedMemory(WorkerPlugin):
     """A worker plugin of the embedded cluster: :func:`~.memory.trim_freed_memory` each time a task
     ends, between tasks, at most once every :data:`TRIM_AFTER_TASK_EVERY` seconds (the workers keep
     glibc's default thresholds and one heap, see :data:`EMBEDDED_DEFAULTS`, so what a window's
     arrays freed would otherwise stay in the worker until a later window reuses it), and every
-    ``every`` seconds on the worker's event loop, with :func:`_forget_key_names`. Holds its last
+    ``every`` seconds on the worker's event loop, with :func:`~.dask_compat.forget_key_names`. Holds its last
     trim's time."""
 
     name = "zephon-trim-freed-memory"
@@ -222,7 +157,7 @@ class TrimFreedMemory(WorkerPlugin):
     def _trim(self) -> None:
         self._trimmed = time.monotonic()
         trim_freed_memory()
-        _forget_key_names()
+        forget_key_names()
 
     def teardown(self, worker) -> None:
         if self._callback is not None:
@@ -234,36 +169,11 @@ SPANS_KEPT = 10  # finished default spans the embedded cluster's scheduler keeps
 SPAN_QUIET_S = 60.0  # seconds a finished span is kept at least: a worker's metrics for it come within a heartbeat
 
 
-def _forget_finished_spans(scheduler, keep: int, quiet: float = SPAN_QUIET_S) -> None:
-    """Drop all but the last ``keep`` of the scheduler's default spans that finished over ``quiet``
-    seconds ago and hold no live task group, and the task groups the scheduler has forgotten from
-    our own spans (:data:`SPAN_NAME`). Dask starts a new default span each time every task was
-    done, and never drops one; a span lists every task group it ever had, and a window's task
-    group is new each time the previous one's tasks were all released."""
-    ext = scheduler.extensions.get("spans")
-    defaults = getattr(ext, "spans_search_by_name", {}).get(("default",), [])
-    live = {id(tg) for tg in scheduler.task_groups.values()}
-    now = time.time()  # Dask's span times are wall-clock times
-    gone = {s.id for s in defaults[:max(0, len(defaults) - keep)]
-            if s.done and not s.children and not any(id(tg) in live for tg in s.groups)
-            and now - s.stop >= quiet}
-    for span in ext.spans.values() if ext is not None else ():
-        if span.name == SPAN_NAME:
-            span.groups.difference_update([tg for tg in span.groups if scheduler.task_groups.get(tg.name) is not tg])
-    if not gone:
-        return
-    for span_id in gone:
-        ext.spans.pop(span_id, None)
-    for spans in (defaults, ext.spans_search_by_tag.get("default", []), ext.root_spans):
-        spans[:] = [s for s in spans if s.id not in gone]
-
-
 class TrimSchedulerRecords(SchedulerPlugin):
     """A scheduler plugin of the embedded cluster: every ``every`` seconds,
-    :func:`~.memory.trim_freed_memory`, :func:`_forget_key_names`, each span's list of
-    submitted collections cut to its distinct entries (Dask appends one per graph, so one per
-    window, and never drops any), and :func:`_forget_finished_spans` (all but
-    :data:`SPANS_KEPT`)."""
+    :func:`~.memory.trim_freed_memory`, :func:`~.dask_compat.forget_key_names` and
+    :func:`~.dask_compat.forget_finished_spans` (finished default spans but the last
+    :data:`SPANS_KEPT`, forgotten task groups of :data:`SPAN_NAME`, repeated collection entries)."""
 
     name = "zephon-trim-scheduler-records"
 
@@ -278,17 +188,8 @@ class TrimSchedulerRecords(SchedulerPlugin):
     @staticmethod
     def trim(scheduler, keep: int = SPANS_KEPT, quiet: float = SPAN_QUIET_S) -> None:
         trim_freed_memory()
-        _forget_key_names()
-        _forget_finished_spans(scheduler, keep, quiet)
-        spans = scheduler.extensions.get("spans")
-        for span in getattr(spans, "spans", {}).values():
-            collections = (span.metadata or {}).get("collections")
-            if collections:
-                distinct: list = []
-                for c in collections:
-                    if c not in distinct:
-                        distinct.append(c)
-                collections[:] = distinct
+        forget_key_names()
+        dask_compat.forget_finished_spans(scheduler, SPAN_NAME, keep, quiet)
 
     async def close(self) -> None:
         if self._callback is not None:
@@ -653,8 +554,8 @@ class DistributedRunner(Runner):
         self.watch = ClusterWatch(client, timeout, address)
         # A task, not scattered data: if the worker holding it dies, the
         # scheduler recomputes it from the task definition.
-        self._span = {"name": SPAN_NAME, "ids": (f"zephon-dask-{client.id}",)}
-        with dask.annotate(span=self._span):
+        self._span_id = f"zephon-dask-{client.id}"
+        with dask_compat.fixed_span(SPAN_NAME, self._span_id):
             self._spec_future = client.submit(_spec_value, self.spec, key=graph_keys.spec_key(self.spec.fingerprint),
                                               pure=False, priority=1_000_000)
 
@@ -705,8 +606,7 @@ class DistributedRunner(Runner):
         client = self.client
         self.watch.check()
         try:
-            return client.sync(client.scheduler.identity, n_workers=n_workers,
-                                    callback_timeout=PROBE_TIMEOUT)
+            return dask_compat.identity(client, n_workers, PROBE_TIMEOUT)
         except Exception as exc:
             raise ClusterError(f"the Dask scheduler at {self.watch.address} did not answer within "
                                f"{PROBE_TIMEOUT:g} s ({exc!r}); check the cluster") from None
@@ -727,8 +627,8 @@ class DistributedRunner(Runner):
         keys = sorted(set().union(*(h.keys for h in handles)))
         try:
             live, silent = self._heartbeats()
-            queues = self.client.sync(self.client.scheduler.processing, callback_timeout=PROBE_TIMEOUT)
-            holders = self.client.sync(self.client.scheduler.who_has, keys=keys, callback_timeout=PROBE_TIMEOUT)
+            queues = dask_compat.processing(self.client, PROBE_TIMEOUT)
+            holders = dask_compat.who_has(self.client, keys, PROBE_TIMEOUT)
         except Exception:  # reporting is best effort; the wait's own checks raise what matters
             return {}, [], []
         where: dict[str, set[str]] = {}
@@ -771,7 +671,7 @@ class DistributedRunner(Runner):
             return None
 
         async def fetch() -> list:
-            await _wait([future])  # a result lost with its worker is waited for again
+            await dask_compat.until_done([future])  # a result lost with its worker is waited for again
             if self._early_slots is None:
                 self._early_slots = asyncio.Semaphore(EARLY_FETCHES)
             async with self._early_slots:
@@ -859,19 +759,17 @@ class DistributedRunner(Runner):
         c = self._client
         if c is None:
             raise ClosedError("this distributed runner is closed; build or reopen the pipeline to compute more windows")
-        # Named by its window key, as Client.submit names its one-task graph: Client.get would
-        # tokenize the whole graph (every task, the spec's future) on this thread to name it.
-        # The name is only the submission's; the task keys stay the graph's deterministic keys.
+        # Named by its window key (dask_compat.submit_graph: not tokenized on this thread).
         # Each task returns a final error as its value (task_errors): never retried nor logged there.
-        expr = LLGExpr(settled(graph.tasks_for(spec)), _determ_token=graph.key)
         # fifo_timeout as in Client.submit: among equal priorities, the graph submitted first runs first.
         # Every window goes to this runner's one span (annotations are context-local), so the
         # per-span records of workers and scheduler stay one entry per task group, however long
         # the run.
         try:
-            with dask.annotate(span=self._span):
-                return c.get(expr, list(graph.task_keys), sync=False, priority=priority,
-                             retries=retries, fifo_timeout="100 ms", **where)
+            with dask_compat.fixed_span(SPAN_NAME, self._span_id):
+                return dask_compat.submit_graph(c, settled(graph.tasks_for(spec), graph.producer_keys), graph.task_keys,
+                                                graph.key, priority=priority, retries=retries,
+                                                fifo_timeout="100 ms", **where)
         except Exception:
             self.watch.check_open()  # a client closed meanwhile (windows fetched ahead come first): say so
             raise
@@ -939,7 +837,7 @@ def close_cluster(cluster: SpecCluster) -> None:
         return
     except Exception:  # timed out, or broke half-way
         pass
-    cluster.shutdown_on_close = False  # Dask's own exit handler would wait for it again
+    dask_compat.leave_to_us_at_exit(cluster)  # Dask's own exit handler would wait for it again
     for pid in embedded_pids(cluster):
         with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGKILL)

@@ -46,8 +46,8 @@ from distributed.deploy.spec import ProcessInterface
 
 from ..errors import ClusterError
 from . import lifeline
+from .dask_compat import INHERIT_CONFIG_ENV
 
-INHERIT_ENV = "DASK_INTERNAL_INHERIT_CONFIG"  # read by dask.config when the scheduler process starts
 SYNC_INTERVAL_S = 10  # the cluster's name and type, for the dashboard, resent every (Dask: 1 s)
 CLOSE_WAIT_S = 5.0  # seconds a closing scheduler process gets before it is killed
 # a nanny's periodic callbacks that serve only its own (absent) dashboard and diagnostics; in the
@@ -150,7 +150,7 @@ def spawned_cluster(n_workers: int, threads_per_worker: int, host: str, dashboar
     # this process's sys.path, as multiprocessing gives the workers: the scheduler unpickles the
     # graph, so it imports what the tasks refer to (a module beside the training script included)
     path = os.pathsep.join(p or os.getcwd() for p in sys.path)
-    env = {**os.environ, INHERIT_ENV: dask.config.serialize(config), lifeline.PARENT_ENV: str(os.getpid()),
+    env = {**os.environ, INHERIT_CONFIG_ENV: dask.config.serialize(config), lifeline.PARENT_ENV: str(os.getpid()),
            "PYTHONPATH": path}
     options = {"host": host, "port": 0, "dashboard": dashboard_address is not None,
                "dashboard_address": dashboard_address, "preload": [lifeline.__file__],

@@ -21,10 +21,11 @@ import traceback
 from dataclasses import dataclass
 from typing import Any
 
-from dask._task_spec import Task
+from dask.task_spec import Task
 
 from ..core.window import narrowed
 from ..errors import ZephonError
+from .dask_compat import task
 
 logger = logging.getLogger(__name__)
 
@@ -72,10 +73,10 @@ def settle(func, *args: Any, **kwargs: Any) -> Any:
         return TaskError(exc, traceback.format_exc())
 
 
-def settled(tasks: dict[str, Task]) -> dict[str, Task]:
-    """``tasks`` with each task's function run through :func:`settle` (keys, inputs and the
-    data-producer mark unchanged)."""
-    return {key: Task(key, settle, t.func, *t.args, _data_producer=t.data_producer, **t.kwargs)
+def settled(tasks: dict[str, Task], producers: tuple[str, ...] = ()) -> dict[str, Task]:
+    """``tasks`` with each task's function run through :func:`settle` (keys and inputs unchanged),
+    those under ``producers`` marked data producers (see :func:`~.dask_compat.task`)."""
+    return {key: task(key, settle, t.func, *t.args, producer=key in producers, **t.kwargs)
             for key, t in tasks.items()}
 
 

@@ -24,10 +24,10 @@ import time
 from collections.abc import Sequence
 
 from distributed import CancelledError
-from distributed.client import FIRST_COMPLETED, _wait  # distributed.wait's body, for any client
 
 from ..errors import ClusterError, ClusterStallError
 from ..options import BY_NAME as OPTIONS
+from . import dask_compat
 
 DEFAULT_TIMEOUT: float = OPTIONS["cluster_timeout"].default  # seconds without scheduler or worker
 DEFAULT_STALL: float = OPTIONS["stall_timeout"].default  # seconds one window may compute unreported
@@ -104,7 +104,7 @@ class ClusterWatch:
         self._checked = time.monotonic()
         self.checks += 1
         try:
-            info = self.client.sync(self.client.scheduler.identity, n_workers=0, callback_timeout=PROBE_TIMEOUT)
+            info = dask_compat.identity(self.client, 0, PROBE_TIMEOUT)
         except Exception:  # an RPC that fails or times out: the scheduler is not answering
             self._fault("scheduler", "the scheduler has not answered")
             return
@@ -129,8 +129,7 @@ class ClusterWatch:
             return done
         self.waits += 1
         try:  # on the client's event loop; returns once a future is done, not when one is lost
-            self.client.sync(_wait, live, timeout=timeout, return_when=FIRST_COMPLETED,
-                             callback_timeout=timeout + PROBE_TIMEOUT)
+            dask_compat.wait_first(self.client, live, timeout, timeout + PROBE_TIMEOUT)
         except (TimeoutError, CancelledError):  # the slice ended; a cancelled future is done
             pass
         except Exception:

@@ -7,7 +7,7 @@ outputs together: one task's scheduling, messages and fetch instead of one per
 window (on small windows, Dask's per-task CPU is a fair share of the work).
 Each member's bytes are those of its own fused window. It offers what a
 runner's handle reads of a :class:`~zephon_dask.graph.WindowGraph`: ``key``,
-``task_keys``, ``tasks_for``, ``fused_copy`` and ``label``.
+``task_keys``, ``producer_keys``, ``tasks_for``, ``fused_copy`` and ``label``.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from dask._task_spec import Task
+from dask.task_spec import Task
 
 from ..core.spec import PipelineSpec
 from ..core.window import compute_windows
@@ -45,10 +45,15 @@ class GroupGraph:
     def task_keys(self) -> tuple[str, ...]:
         return (self.key,)
 
+    @property
+    def producer_keys(self) -> tuple[str, ...]:
+        """The one task reads data, as a fused window does (see :attr:`WindowGraph.producer_keys`)."""
+        return (self.key,)
+
     def tasks_for(self, spec: Any) -> dict[str, Task]:
         """The one task, under :attr:`key`, computing every member from ``spec`` (as in
-        :meth:`WindowGraph.tasks_for`); marked a data producer, as a fused window is."""
-        return {self.key: Task(self.key, compute_windows, spec, self.members, _data_producer=True)}
+        :meth:`WindowGraph.tasks_for`)."""
+        return {self.key: Task(self.key, compute_windows, spec, self.members)}
 
     def fused_copy(self, n: int) -> GroupGraph:
         """The same windows under a key of their own (the ``n``-th copy), for computing them again

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from dask._task_spec import DataNode, List, Task, TaskRef
+from dask.task_spec import DataNode, List, Task, TaskRef
 
 from ..core.spec import PipelineSpec
 from ..core.window import compute_chunk, compute_window, finish_window
@@ -45,21 +45,23 @@ class WindowGraph:
         """The keys of :meth:`tasks_for`, in dependency order: the chunks, then the window."""
         return (*self.chunk_keys, self.key)
 
+    @property
+    def producer_keys(self) -> tuple[str, ...]:
+        """The keys of the tasks that read data (a fused window, a chunk): the distributed runner
+        submits them as data producers, which Dask's scheduler always queues and hands to workers
+        in priority order. Otherwise it queues only the tasks of a group much larger than the
+        cluster, so at the start of an iteration a few fused windows went straight to the workers
+        while the split first windows' chunks, a larger group, waited in the queue behind them
+        (the first batch waited for several windows instead of a fraction of one)."""
+        return (self.key,) if self.fused else self.chunk_keys
+
     def tasks_for(self, spec: Any) -> dict[str, Task]:
         """The window's tasks by key, in dependency order. ``spec`` is every task's spec
         argument: a reference to the spec's task (a ``TaskRef`` or a ``distributed`` future,
-        which is one) or the :class:`PipelineSpec` itself.
-
-        The tasks that read data (a fused window, a chunk) are marked as data producers: Dask's
-        scheduler then always queues them and hands them to workers in priority order. Otherwise
-        it queues only the tasks of a group much larger than the cluster, so at the start of an
-        iteration a few fused windows went straight to the workers while the split first windows'
-        chunks, a larger group, waited in the queue behind them (the first batch waited for
-        several windows instead of a fraction of one)."""
+        which is one) or the :class:`PipelineSpec` itself."""
         if self.fused:
-            return {self.key: Task(self.key, compute_window, spec, self.lane, self.window, _data_producer=True)}
-        tasks = {k: Task(k, compute_chunk, spec, g, _data_producer=True)
-                 for k, g in zip(self.chunk_keys, self.chunks, strict=True)}
+            return {self.key: Task(self.key, compute_window, spec, self.lane, self.window)}
+        tasks = {k: Task(k, compute_chunk, spec, g) for k, g in zip(self.chunk_keys, self.chunks, strict=True)}
         chunks = List(*map(TaskRef, self.chunk_keys))
         tasks[self.key] = Task(self.key, finish_window, spec, self.lane, self.window, chunks)
         return tasks

@@ -23,7 +23,7 @@ saves no loader state and may iterate any of them.
 
 from __future__ import annotations
 
-import sys
+import inspect
 from types import FrameType
 
 from ..errors import ConfigError, ShardingError
@@ -58,9 +58,18 @@ def _matches(frame: FrameType, patterns) -> str | None:
     return None
 
 
+def _frame_above(depth: int) -> FrameType | None:
+    """The frame ``depth`` calls above the caller of this function (``sys._getframe(depth)`` there,
+    through the public ``inspect.currentframe``); ``None`` on an interpreter without frames."""
+    frame = inspect.currentframe()
+    for _ in range(depth + 1):
+        frame = frame.f_back if frame is not None else None
+    return frame
+
+
 def resharding_wrapper(depth: int = MAX_DEPTH) -> str | None:
     """``module.qualname`` of the first re-sharding wrapper among the callers, else ``None``."""
-    frame: FrameType | None = sys._getframe(1)
+    frame = _frame_above(1)
     for _ in range(depth):
         if frame is None:
             return None
@@ -75,7 +84,7 @@ def fetching_training_loop(depth: int = MAX_DEPTH) -> str | None:
     """Lightning's training loop (``module.Class``) among the callers of the caller's caller, unless
     its evaluation loop comes first, else ``None``. Reads code and module names only: reading a
     frame's locals would keep them alive."""
-    frame: FrameType | None = sys._getframe(2)
+    frame = _frame_above(2)
     for _ in range(depth):
         if frame is None or _matches(frame, EVALUATION_LOOPS) is not None:
             return None

@@ -1,0 +1,242 @@
+"""One test per private Dask API or undocumented behaviour the library relies on (each item of
+``zephon_dask/execution/dask_compat.py`` names its test): a Dask release that changes one fails
+here, by name. On an in-process cluster (one thread worker) or in a fresh interpreter."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing.spawn
+import random
+import subprocess
+import sys
+import threading
+import time
+
+import dask
+import pytest
+from distributed import Client, LocalCluster
+
+from zephon_dask.execution import dask_compat
+
+OURS = ("zephon-dask-compat-test",)
+RELEASE = threading.Event()  # the slow task of a test returns once this is set (threads share it)
+
+
+def _slow(deadline_s: float = 60.0) -> str:
+    RELEASE.wait(deadline_s)
+    return "slow"
+
+
+def _fast(x):
+    return x
+
+
+@pytest.fixture(scope="module")
+def client():
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address="127.0.0.1:0") as cluster, \
+            Client(cluster, set_as_default=False) as c:
+        yield c
+
+
+def _rootish(keys, dask_scheduler=None) -> dict:
+    return {k: dask_scheduler.is_rootish(dask_scheduler.tasks[k]) for k in keys}
+
+
+def test_producer_task_is_queued_by_the_scheduler(client):
+    """``Task(_data_producer=True)``: the scheduler treats the task as root-ish (queued, handed out in
+    priority order) although its group is small; an unmarked one in a small group is not."""
+    tasks = {"zcompat-producer-1": dask_compat.task("zcompat-producer-1", _fast, 1, producer=True),
+             "zcompat-plain-1": dask_compat.task("zcompat-plain-1", _fast, 2)}
+    assert tasks["zcompat-producer-1"].data_producer and not tasks["zcompat-plain-1"].data_producer
+    futures = dask_compat.submit_graph(client, tasks, list(tasks), "zcompat-producer-graph")
+    assert [f.result(timeout=30) for f in futures] == [1, 2]
+    assert client.run_on_scheduler(_rootish, list(tasks)) == {"zcompat-producer-1": True, "zcompat-plain-1": False}
+    client.cancel(futures)
+
+
+class Untokenizable:
+    """An argument that refuses to be tokenized (and is still picklable)."""
+
+    def __dask_tokenize__(self):
+        raise AssertionError("tokenized")
+
+
+def test_a_graph_submitted_under_a_name_is_not_tokenized(client):
+    """``LLGExpr(..., _determ_token=)``: a graph named by its key is not tokenized on the submitting
+    thread (``Client.get`` with a plain dict is: that is what the name saves)."""
+    task = dask_compat.task("zcompat-named-1", _fast, Untokenizable())
+    with pytest.raises(AssertionError, match="tokenized"):
+        client.get({"zcompat-named-1": task}, ["zcompat-named-1"], sync=False)
+    (future,) = dask_compat.submit_graph(client, {"zcompat-named-1": task}, ["zcompat-named-1"], "zcompat-named-1",
+                                         priority=3, fifo_timeout="100 ms")
+    assert future.key == "zcompat-named-1" and isinstance(future.result(timeout=30), Untokenizable)
+    client.cancel([future])
+
+
+def test_wait_first_returns_at_the_first_done_future(client):
+    """``distributed.client._wait`` (first completed, a timeout) for a client that is not the
+    default, and as a coroutine on the client's loop."""
+    RELEASE.clear()
+    slow = client.submit(_slow, key="zcompat-slow-1", pure=False)
+    with pytest.raises(TimeoutError):
+        dask_compat.wait_first(client, [slow], 0.2, 10.0)
+    fast = client.submit(_fast, 5, key="zcompat-fast-1", pure=False, workers=None)
+    RELEASE.set()  # one worker thread: the fast task runs once the slow one returns
+    deadline = time.monotonic() + 30
+    while not (slow.done() or fast.done()):
+        assert time.monotonic() < deadline
+        try:
+            dask_compat.wait_first(client, [slow, fast], 1.0, 10.0)
+        except TimeoutError:
+            pass
+    client.sync(dask_compat.until_done, [slow, fast], callback_timeout=30)
+    assert slow.result() == "slow" and fast.result() == 5
+    client.cancel([slow, fast])
+
+
+def test_scheduler_queries_answer_in_the_shape_read(client):
+    """The scheduler's ``identity``, ``processing`` and ``who_has`` handlers, each with a deadline."""
+    RELEASE.clear()
+    held = client.submit(_fast, 7, key="zcompat-held-1", pure=False)
+    busy = client.submit(_slow, key="zcompat-busy-1", pure=False)
+    assert held.result(timeout=30) == 7
+    info = dask_compat.identity(client, -1, 5.0)
+    (worker,) = info["workers"]
+    assert info["n_workers"] == 1 and info["total_threads"] == 1 and info["workers"][worker]["last_seen"] > 0
+    assert dask_compat.identity(client, 0, 5.0)["workers"] == {}
+    deadline = time.monotonic() + 30
+    while "zcompat-busy-1" not in map(str, dask_compat.processing(client, 5.0).get(worker, [])):
+        assert time.monotonic() < deadline, "the slow task never showed as processing"
+        time.sleep(0.05)
+    assert dask_compat.who_has(client, ["zcompat-held-1"], 5.0) == {"zcompat-held-1": [worker]}
+    RELEASE.set()
+    assert busy.result(timeout=30) == "slow"
+    client.cancel([held, busy])
+
+
+def _spans(span_id: str, dask_scheduler=None) -> dict:
+    ext = dask_scheduler.extensions["spans"]
+    ours = [s for s in ext.spans.values() if s.name == OURS]
+    return {"ids": sorted(s.id for s in ours), "groups": sorted(tg.name for s in ours for tg in s.groups),
+            "collections": [len((s.metadata or {}).get("collections", ())) for s in ours],
+            "defaults": len(ext.spans_search_by_name.get(("default",), []))}
+
+
+def _trim(dask_scheduler=None) -> None:
+    dask_compat.forget_finished_spans(dask_scheduler, OURS, keep=0, quiet=0)
+
+
+def test_a_fixed_span_collects_every_submission(client):
+    """``dask.annotate(span={"name", "ids"})``: every graph submitted in the block, however many, goes
+    to one span with that id."""
+    futures = []
+    for i in range(3):
+        with dask_compat.fixed_span(OURS, "zcompat-span-1"):
+            tasks = {f"zcompat-spanned-{i}": dask_compat.task(f"zcompat-spanned-{i}", _fast, i)}
+            futures += dask_compat.submit_graph(client, tasks, list(tasks), f"zcompat-spanned-{i}")
+    assert [f.result(timeout=30) for f in futures] == [0, 1, 2]
+    seen = client.run_on_scheduler(_spans, "zcompat-span-1")
+    assert seen["ids"] == ["zcompat-span-1"] and seen["groups"] == ["zcompat-spanned"]
+    client.cancel(futures)
+
+
+def test_finished_spans_are_forgotten(client):
+    """The spans extension's records, edited in place: the forgotten task groups leave our span, its
+    collections are cut to distinct entries, and finished default spans are dropped."""
+    for i in range(2):
+        with dask_compat.fixed_span(OURS, "zcompat-span-2"):
+            tasks = {f"zcompat-trimmed-{i}": dask_compat.task(f"zcompat-trimmed-{i}", _fast, i)}
+            (future,) = dask_compat.submit_graph(client, tasks, list(tasks), f"zcompat-trimmed-{i}")
+        future.result(timeout=30)
+        client.cancel([future])  # every task done: the next submission opens a new default span
+        deadline = time.monotonic() + 30
+        while client.run_on_scheduler(lambda dask_scheduler: len(dask_scheduler.tasks)):
+            assert time.monotonic() < deadline, "the scheduler kept the released tasks"
+            time.sleep(0.05)
+    client.submit(_fast, 0, key="zcompat-default-1", pure=False).result(timeout=30)  # a default span
+    before = client.run_on_scheduler(_spans, "zcompat-span-2")
+    assert before["groups"] and max(before["collections"]) >= 2 and before["defaults"] >= 1
+    client.run_on_scheduler(_trim)
+    after = client.run_on_scheduler(_spans, "zcompat-span-2")
+    assert after["groups"] == [] and max(after["collections"]) == 1
+    assert after["defaults"] <= 1  # the live one (the default task above is released when collected)
+
+
+def test_the_key_name_cache_can_be_emptied():
+    """``dask.utils.key_split`` is an ``lru_cache`` (``cache_clear``)."""
+    from dask.utils import key_split
+
+    key_split("zcompat-cache-1")
+    assert key_split.cache_info().currsize > 0
+    dask_compat.forget_key_names()
+    assert key_split.cache_info().currsize == 0
+
+
+def test_distributed_draws_nothing_from_the_global_random():
+    """``distributed.utils_comm.retry`` jitters its delays with the module's ``random``: once the
+    adapter is imported, that is a generator of its own, not the global one."""
+    import asyncio
+
+    import distributed.utils_comm
+
+    calls = []
+
+    async def flaky():
+        calls.append(1)
+        if len(calls) < 3:
+            raise OSError("not yet")
+        return "done"
+
+    random.seed(1234)
+    state = random.getstate()
+    assert asyncio.run(distributed.utils_comm.retry(flaky, count=3, delay_min=0.001, delay_max=0.002)) == "done"
+    assert len(calls) == 3 and random.getstate() == state
+
+
+def test_workers_do_not_import_the_training_script():
+    """``multiprocessing``'s spawn (the nanny's) re-imports ``__main__`` from its ``__spec__`` or
+    ``__file__``; with both hidden, a spawned process is told to import nothing."""
+    def told(data: dict) -> bool:
+        return "init_main_from_path" in data or "init_main_from_name" in data
+
+    main = sys.modules["__main__"]
+    saved = main.__dict__.get("__file__"), getattr(main, "__spec__", None)
+    main.__file__ = __file__  # a training script, as multiprocessing sees one
+    try:
+        assert told(multiprocessing.spawn.get_preparation_data("zcompat"))
+        with dask_compat.script_not_reimported():
+            assert not told(multiprocessing.spawn.get_preparation_data("zcompat"))
+        assert told(multiprocessing.spawn.get_preparation_data("zcompat"))
+    finally:
+        if saved[0] is None:
+            del main.__file__
+        else:
+            main.__file__ = saved[0]
+        main.__spec__ = saved[1]
+
+
+def _fresh_python(code: str, env: dict | None = None) -> str:
+    import os
+
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, **(env or {})})
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out.stdout.strip()
+
+
+def test_a_cluster_left_to_us_is_not_closed_at_exit():
+    """Dask's exit handler (``distributed.deploy.spec.close_clusters``) skips a cluster whose
+    ``shutdown_on_close`` is false."""
+    code = ("from distributed import LocalCluster; from distributed.deploy.spec import close_clusters; "
+            "from zephon_dask.execution import dask_compat\n"
+            "c = LocalCluster(n_workers=0, processes=False, dashboard_address='127.0.0.1:0')\n"
+            "dask_compat.leave_to_us_at_exit(c); close_clusters(); print(c.status.name); c.close(timeout=10)")
+    assert _fresh_python(code) == "running"
+
+
+def test_a_process_inherits_the_serialized_config():
+    """``DASK_INTERNAL_INHERIT_CONFIG``: a process started with it reads that config (the embedded
+    cluster's scheduler process gets the embedded settings so)."""
+    config = dask.config.serialize({"zcompat": {"inherited": 7}})
+    code = "import dask, json; print(json.dumps(dask.config.get('zcompat.inherited', None)))"
+    assert json.loads(_fresh_python(code, {dask_compat.INHERIT_CONFIG_ENV: config})) == 7

@@ -1,0 +1,246 @@
+"""Every use of Dask's private APIs and undocumented behaviours, in one module. Module state: none of
+its own (:func:`isolate_jitter` gives two of ``distributed``'s modules a generator of their own).
+
+The rest of the package uses Dask's public API only: ``tests/docs/test_architecture.py`` refuses a
+private Dask name, a private keyword or an internal ``distributed`` module anywhere else. Each item
+below says why it is needed and what breaks if Dask changes it; ``tests/cluster/test_dask_compat.py`` has
+one test per item, named after it, so a Dask release that changes one fails that test instead of a
+training run. ``pyproject.toml`` bounds dask and distributed below the first minor release not
+tested.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import sys
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+
+import dask
+import distributed.comm.core
+import distributed.utils_comm
+from dask._expr import LLGExpr
+from dask.task_spec import Task
+from dask.utils import key_split
+from distributed.client import FIRST_COMPLETED, _wait
+
+# -- tasks and submission ------------------------------------------------------------------------
+
+
+def task(key: str, func, *args, producer: bool = False, **kwargs) -> Task:
+    """A task; ``producer`` marks it a data producer (``Task(_data_producer=True)``).
+
+    Why: the scheduler queues a data producer and hands it out in priority order however few there
+    are (``Scheduler.is_rootish``); otherwise it queues only groups much larger than the cluster, and
+    at an iteration's start a few fused windows went to the workers before the first window's chunks
+    (the first batch waited for several windows). ``Client.submit`` has no way to set it.
+    If Dask drops the keyword: ``TypeError`` at the first submission. If the scheduler stops reading
+    it: no error, the first batch comes later (``test_producer_task_is_queued_by_the_scheduler``)."""
+    return Task(key, func, *args, _data_producer=producer, **kwargs)
+
+
+def submit_graph(client, tasks: dict[str, Task], keys: Sequence[str], name: str, **kwargs) -> list:
+    """Submit ``tasks`` as one graph (``Client.get(..., sync=False)``), named ``name``; the futures
+    of ``keys``. ``kwargs`` go to ``Client.get``.
+
+    Why: ``Client.get(dict)`` wraps the graph in ``LLGExpr(dict)``, which tokenizes every task (the
+    spec's future, the functions) on the submitting thread to name it; naming it by its unique
+    window key (``_determ_token``, as ``Client.submit`` names its own one-task graphs) skips that:
+    219-232 us of the submitting thread per fused window, against 295-492 us through ``Client.get``
+    (``Client.submit``, 198-220 us, cannot mark a data producer, see :func:`task`). The name is the
+    submission's only; the task keys are the graph's. If Dask drops ``LLGExpr`` or the keyword:
+    ``ImportError``/``TypeError`` (``test_a_graph_submitted_under_a_name_is_not_tokenized``)."""
+    return client.get(LLGExpr(tasks, _determ_token=name), list(keys), sync=False, **kwargs)
+
+
+def wait_first(client, futures: Sequence, timeout: float, deadline: float) -> None:
+    """Return once one of ``futures`` is done, or raise ``TimeoutError`` after ``timeout`` seconds;
+    the call itself ends within ``deadline`` seconds (``callback_timeout``) even if the client's
+    event loop stops answering.
+
+    Why: ``distributed.wait``, the public form, waits through the default client only (this
+    library's clients are never the default: ``set_as_default=False``), and without a deadline of
+    its own. It is ``client.sync(_wait, ...)``, as here. If ``_wait`` moves: ``ImportError``
+    (``test_wait_first_returns_at_the_first_done_future``)."""
+    client.sync(_wait, list(futures), timeout=timeout, return_when=FIRST_COMPLETED, callback_timeout=deadline)
+
+
+async def until_done(futures: Sequence) -> None:
+    """On the client's event loop: return once every one of ``futures`` is done (a result lost with
+    its worker is waited for again). Why and what breaks: as :func:`wait_first` (no public
+    coroutine waits for a future without fetching its result)."""
+    await _wait(list(futures))
+
+
+# -- scheduler queries, each with a deadline -----------------------------------------------------
+# Why: the public forms (Client.scheduler_info, Client.processing, Client.who_has) make the same
+# RPCs but take no deadline: a frozen scheduler would hang the training loop that asks. These make
+# the RPC through the client's own event loop (client.sync) with callback_timeout. If a handler is
+# renamed or its answer changes shape: test_scheduler_queries_answer_in_the_shape_read.
+
+
+def identity(client, n_workers: int, timeout: float) -> dict:
+    """The scheduler's identity (``n_workers`` workers listed: -1 all, 0 none): ``n_workers``,
+    ``total_threads``, ``workers`` (each with ``last_seen``), ..."""
+    return client.sync(client.scheduler.identity, n_workers=n_workers, callback_timeout=timeout)
+
+
+def processing(client, timeout: float) -> dict[str, list]:
+    """``{worker: keys it computes or has queued}``."""
+    return client.sync(client.scheduler.processing, callback_timeout=timeout)
+
+
+def who_has(client, keys: Sequence[str], timeout: float) -> dict[str, list[str]]:
+    """``{key: workers holding its result}``."""
+    return client.sync(client.scheduler.who_has, keys=list(keys), callback_timeout=timeout)
+
+
+# -- spans: the scheduler's per-computation records ----------------------------------------------
+
+
+@contextmanager
+def fixed_span(name: tuple[str, ...], span_id: str) -> Iterator[None]:
+    """Submissions in this block go to one span, ``name`` with id ``span_id``, however many there are.
+
+    Why: ``distributed.span(name)`` (public) gives each ``with`` block a new id, and a span's records
+    (the scheduler's and every worker's per-span metrics) are never dropped; one fixed id per runner
+    keeps them one entry per task group. Relies on the annotation's format (``{"name", "ids"}``). If
+    it changes: spans grow again, no error (``test_a_fixed_span_collects_every_submission``)."""
+    with dask.annotate(span={"name": name, "ids": (span_id,)}):
+        yield
+
+
+def forget_finished_spans(scheduler, ours: tuple[str, ...], keep: int, quiet: float) -> None:
+    """In the scheduler (a scheduler plugin calls it on the scheduler's event loop): drop all but
+    the last ``keep`` default spans that finished over ``quiet`` seconds ago and hold no live task
+    group; drop from the spans named ``ours`` the task groups the scheduler has forgotten; cut each
+    span's list of submitted collections to its distinct entries.
+
+    Why: Dask starts a new default span each time every task was done and never drops one; a span
+    lists every task group it ever had (a window's task group is new each time the previous one's
+    tasks were all released) and one collection entry per graph submitted (one per window): a long
+    run's scheduler grew without end. No public API trims them: this edits the spans extension's
+    records (``spans``, ``spans_search_by_name``, ``spans_search_by_tag``, ``root_spans``, a span's
+    ``groups``, ``done``, ``stop``, ``children``, ``metadata``). If they are renamed: the scheduler
+    plugin fails (``test_finished_spans_are_forgotten``); if Dask trims them itself, this is moot."""
+    ext = scheduler.extensions.get("spans")
+    if ext is None:
+        return
+    defaults = ext.spans_search_by_name.get(("default",), [])
+    live = {id(tg) for tg in scheduler.task_groups.values()}
+    now = time.time()  # Dask's span times are wall-clock times
+    gone = {s.id for s in defaults[:max(0, len(defaults) - keep)]
+            if s.done and not s.children and not any(id(tg) in live for tg in s.groups)
+            and now - s.stop >= quiet}
+    for span in ext.spans.values():
+        if span.name == ours:
+            span.groups.difference_update([tg for tg in span.groups if scheduler.task_groups.get(tg.name) is not tg])
+        collections = (span.metadata or {}).get("collections")
+        if collections:
+            distinct: list = []
+            for c in collections:
+                if c not in distinct:
+                    distinct.append(c)
+            collections[:] = distinct
+    for span_id in gone:
+        ext.spans.pop(span_id, None)
+    if gone:
+        for spans in (defaults, ext.spans_search_by_tag.get("default", []), ext.root_spans):
+            spans[:] = [s for s in spans if s.id not in gone]
+
+
+def forget_key_names() -> None:
+    """Empty Dask's cache of task-name prefixes (``key_split``, an ``lru_cache`` of 100,000 keys).
+
+    Why: every key ever seen stays there, and each window's keys are new, so it grows for hours
+    (~0.17 KB a key) in the scheduler and every worker. If ``key_split`` stops being an
+    ``lru_cache``: ``AttributeError`` in the trim plugins
+    (``test_the_key_name_cache_can_be_emptied``)."""
+    key_split.cache_clear()
+
+
+# -- the training process ------------------------------------------------------------------------
+
+
+def isolate_jitter() -> None:
+    """Give ``distributed.utils_comm`` and ``distributed.comm.core`` a ``random.Random`` of their own.
+
+    Why: the client's process is the training process; distributed picks the worker to fetch a
+    result from and jitters its retries with Python's global ``random`` in those modules, which
+    would move a framework's restored RNG state. If the draws move to another module: no error,
+    the global RNG moves again (``test_distributed_draws_nothing_from_the_global_random``)."""
+    for module in (distributed.utils_comm, distributed.comm.core):
+        if not isinstance(vars(module).get("random"), random.Random):
+            vars(module)["random"] = random.Random()
+
+
+isolate_jitter()
+
+
+_MAIN_HIDDEN = threading.Lock()
+
+
+@contextmanager
+def script_not_reimported() -> Iterator[None]:
+    """While worker processes are spawned, hide the training script from ``multiprocessing``.
+
+    Why: a spawned process re-imports the parent's ``__main__`` (as ``__mp_main__``) when it has a
+    ``__spec__`` or ``__file__``: every worker would import torch and whatever else the script
+    imports (1.1 s longer to start and 190 MB more per worker with torch alone), and a script
+    without an ``if __name__ == "__main__":`` guard would run again in each worker. Workers never
+    need it: ``distributed`` pickles anything defined in ``__main__`` by value. A worker its nanny
+    restarts later imports the script as Dask usually does. Relies on the nanny spawning its
+    worker while this block runs (``SpecCluster``'s start). If that changes: workers import the
+    script again, no error (``test_workers_do_not_import_the_training_script``)."""
+    main = sys.modules.get("__main__")
+    if main is None:
+        yield
+        return
+    with _MAIN_HIDDEN:  # clusters started from two threads at once restore what they found
+        hidden = {k: main.__dict__.pop(k) for k in ("__file__",) if k in main.__dict__}
+        spec = getattr(main, "__spec__", None)
+        main.__spec__ = None
+        try:
+            yield
+        finally:
+            main.__dict__.update(hidden)
+            main.__spec__ = spec
+
+
+@contextmanager
+def environment_kept() -> Iterator[None]:
+    """Give this process its environment back once the workers are spawned.
+
+    Why: Dask's nanny exports its ``pre-spawn-environ`` (``OMP_NUM_THREADS=1``, ``PYTHONHASHSEED``,
+    ...) into the spawning process so the worker inherits them; left there, every process the
+    training script starts later would inherit them too. A worker its nanny restarts later exports
+    them again (Dask's behaviour). If the nanny stops writing them here, this is moot (checked
+    end to end by ``test_starting_the_embedded_cluster_leaves_this_process_environment_as_it_was``)."""
+    before = dict(os.environ)
+    try:
+        yield
+    finally:
+        for key in sorted(set(os.environ) - set(before)):
+            del os.environ[key]
+        for key, value in sorted(before.items()):
+            if os.environ.get(key) != value:
+                os.environ[key] = value
+
+
+def leave_to_us_at_exit(cluster) -> None:
+    """Keep Dask's exit handler from closing ``cluster`` (``shutdown_on_close = False``).
+
+    Why: after a close that timed out, Dask's own exit handler would wait for the cluster again; the
+    runner kills its processes itself. If the attribute is renamed: exit waits up to Dask's
+    timeout, no error (``test_a_cluster_left_to_us_is_not_closed_at_exit``)."""
+    cluster.shutdown_on_close = False
+
+
+# Read by dask.config when a process starts: the serialized config the embedded cluster's scheduler
+# process inherits (dask.config.serialize). If it is renamed, the scheduler process starts with
+# Dask's defaults, not the embedded ones (test_a_process_inherits_the_serialized_config).
+INHERIT_CONFIG_ENV = "DASK_INTERNAL_INHERIT_CONFIG"
+
