@@ -352,7 +352,7 @@ def test_record_without_text_field_names_the_pointer(tmp_path):
         compute_chunk(z.Pipeline(ws).tokenize().spec, 0)
     assert "dataset 'books', shard 0" in "\n".join(info.value.__notes__) + str(info.value)
     # a field the tokenizer needs but the reader did not check is named with its pointer (after
-    # a map: without one, the build itself refuses it, see tests/test_build_checks.py)
+    # a map: without one, the build itself refuses it, see tests/unit/test_build_checks.py)
     ok = z.MixtureWorkSource([z.Dataset.from_records("r", [{"text": "a", "x": 1}])], chunk_size=1)
     with pytest.raises(MissingFieldError, match=r"dataset 'r', shard 0, offset 0 .*'title'"):
         compute_chunk(z.Pipeline(ok).map(lambda r: r, version=1).tokenize(field="title").spec, 0)

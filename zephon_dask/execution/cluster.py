@@ -169,6 +169,12 @@ SPANS_KEPT = 10  # finished default spans the embedded cluster's scheduler keeps
 SPAN_QUIET_S = 60.0  # seconds a finished span is kept at least: a worker's metrics for it come within a heartbeat
 
 
+def _outcome_retrieved(task: asyncio.Future) -> None:
+    """Mark a task's error as seen (asyncio logs an error no one retrieved when the task is freed)."""
+    if not task.cancelled():
+        task.exception()
+
+
 class TrimSchedulerRecords(SchedulerPlugin):
     """A scheduler plugin of the embedded cluster: every ``every`` seconds,
     :func:`~.memory.trim_freed_memory`, :func:`~.dask_compat.forget_key_names` and
@@ -677,8 +683,11 @@ class DistributedRunner(Runner):
             async with self._early_slots:
                 if future.status != "finished" or not handle.gathering(future):
                     raise CancelledError(future.key)
-                # shielded: a client merges concurrent gathers, and cancelling one would cancel them all
-                values = await asyncio.shield(client.gather([future], asynchronous=True))
+                # shielded: a client merges concurrent gathers, and cancelling one would cancel them all;
+                # its outcome is retrieved even when no one awaits it any more (a stream closed meanwhile)
+                gather = asyncio.ensure_future(client.gather([future], asynchronous=True))
+                gather.add_done_callback(_outcome_retrieved)
+                values = await asyncio.shield(gather)
             handle.fetched_early(future, values[0])
             return values
 

@@ -1,7 +1,7 @@
 """Write the MDS golden fixtures with mosaicml-streaming itself (run once, offline afterwards).
 
 mosaicml-streaming cannot be a dev dependency (it pins numpy<2.2 and
-transformers<5), so tests/test_formats_mds.py compares our reader with what the
+transformers<5), so tests/formats/test_formats_mds.py compares our reader with what the
 real library wrote and read back, committed here. Regenerate in a separate
 virtual environment holding the library with its own pins::
 
