@@ -317,7 +317,7 @@ def all_windows(spec) -> list[tuple[int, int]]:
 
 def run_single(pipe: Pipeline, limit: int | None = None) -> dict:
     """Every batch (the first ``limit`` only, if given) computed in this process, in delivery order."""
-    spec, opts = pipe.spec, pipe.batch_options
+    spec, opts = pipe.spec, pipe.description.batch
     tally = Tally()
     t0 = time.perf_counter()
     nxt = dict.fromkeys(range(spec.canonical_replicas), 0)
@@ -359,7 +359,7 @@ def _pool_ready(_):
 
 def run_pool(pipe: Pipeline, workers: int) -> dict:
     """All windows on a process pool (results come back pickled, batches cut here)."""
-    spec, opts = pipe.spec, pipe.batch_options
+    spec, opts = pipe.spec, pipe.description.batch
     pairs = all_windows(spec)
     tally = Tally()
     t0 = time.perf_counter()

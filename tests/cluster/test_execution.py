@@ -30,7 +30,7 @@ def stream(pipeline):
 
 
 def reference(pipeline):
-    return ref_group_stream(pipeline.spec, pipeline.owned_lanes(), pipeline.batch_options.microbatch_size)
+    return ref_group_stream(pipeline.spec, pipeline.owned_lanes(), pipeline.description.batch.microbatch_size)
 
 
 @pytest.fixture(scope="module")

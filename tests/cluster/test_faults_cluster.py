@@ -71,7 +71,7 @@ def dask_cluster(tmp_path, n_workers: int):
 
 
 def reference(pipeline):
-    return ref_group_stream(pipeline.spec, pipeline.owned_lanes(), pipeline.batch_options.microbatch_size)
+    return ref_group_stream(pipeline.spec, pipeline.owned_lanes(), pipeline.description.batch.microbatch_size)
 
 
 def _consume_after(pipeline, fault) -> tuple[list, BaseException | None]:

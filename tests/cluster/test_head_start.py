@@ -23,7 +23,7 @@ from zephon_dask.graph import window_graph
 
 
 def reference(pipeline):
-    return ref_group_stream(pipeline.spec, pipeline.owned_lanes(), pipeline.batch_options.microbatch_size)
+    return ref_group_stream(pipeline.spec, pipeline.owned_lanes(), pipeline.description.batch.microbatch_size)
 
 
 def same_window(a, b) -> bool:

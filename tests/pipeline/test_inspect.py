@@ -168,7 +168,7 @@ def test_dataset_and_source_html(corpus):
 def test_batch_html_lists_rows_and_sources(corpus):
     p = pipeline(corpus)
     out = p.compute_window(0, 0)
-    batch = make_batch(out.table.slice(0, 3), 0, 0, p.batch_options, p.work_source.names)
+    batch = make_batch(out.table.slice(0, 3), 0, 0, p.description.batch, p.work_source.names)
     tables = Tables(batch._repr_html_()).tables
     fields = {row[0] for row in tables[1][1:]}
     assert {"tokens", "labels", "document_ids"} <= fields

@@ -98,8 +98,8 @@ def test_recipe_and_hand_built_pipeline_agree(corpus):
     p = z.Pipeline.from_config(recipe(corpus, BASE))
     q = hand_built(corpus)
     assert p.fingerprint() == q.fingerprint()
-    assert p.batch_options == q.batch_options
-    assert p.settings == q.settings
+    assert p.description.batch == q.description.batch
+    assert p.description.settings == q.description.settings
     assert p.compute_window(1, 0).digest() == q.compute_window(1, 0).digest()
 
 

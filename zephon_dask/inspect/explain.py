@@ -316,11 +316,11 @@ def _execution(pipeline, options: dict, fingerprint: str) -> Section:
 def explain(pipeline) -> Explanation:
     """The plan of ``pipeline`` (see the module docstring for what it touches)."""
     spec = pipeline.spec
-    options = pipeline.settings
+    options = pipeline.description.settings
     fingerprint = spec.fingerprint
     lanes, lane_notes = _lanes(spec)
     group, group_notes = _group(pipeline, spec.canonical_replicas, options)
-    batch = Section("batches", pairs=tuple((k, str(v)) for k, v in pipeline.batch_options.config().items()))
+    batch = Section("batches", pairs=tuple((k, str(v)) for k, v in pipeline.description.batch.config().items()))
     schedule = phase_rows(pipeline)
     phases = (Section("mixture schedule", headers=PHASE_HEADERS, rows=schedule),) if schedule else ()
     sections = (_datasets(spec.source), _mixture(spec.source), *phases, lanes, group, _operators(spec), batch,

@@ -159,7 +159,7 @@ def plan_table(pipeline, dp_degrees: Iterable[int] = (1, 2, 4, 8),
                mappings: Sequence[str] = routing.MAPPING_STRATEGIES) -> PlanTable:
     """:func:`lane_plans` for a pipeline's ``canonical_replicas`` and ``batches_per_step``, with its
     mixture's weights (and, weighted by tokens, the tokens per sample) in a header line."""
-    options = pipeline.settings
+    options = pipeline.description.settings
     table = lane_plans(options["canonical_replicas"], dp_degrees, mappings, options.get("batches_per_step"),
                        options.get("global_batches_per_step"))
     return replace(table, mixture=mixture_line(pipeline.work_source), phases=phase_rows(pipeline))

@@ -249,7 +249,7 @@ def stats(pipeline) -> PipelineStats:
     for c, row in enumerate(mixture):
         row["whole_window_share"] = int(whole[1][c]) / whole_total if whole_total else None
         row["held"] = int(held[c])
-    packs = [a for a in pipeline.accumulators if a.name == "pack"]
+    packs = [a for a in pipeline.description.accumulators if a.name == "pack"]
     return PipelineStats(
         lanes=[{"lane": lane, **progress.lane[lane].to_dict()} for lane in progress.lanes],
         global_step=progress.global_step,

@@ -22,9 +22,7 @@ counts), :mod:`.torch_data` (torch adapters), :mod:`zephon_dask.inspect`
 from __future__ import annotations
 
 import inspect
-import warnings
-from collections.abc import Mapping
-from functools import partial
+from dataclasses import replace
 from types import MappingProxyType
 from typing import Any
 
@@ -34,7 +32,7 @@ from ..core.spec import PipelineSpec, has_tokens
 from ..core.window import WindowOutput, compute_window
 from ..curriculum import MixtureWorkSource
 from ..data import fields as record_fields
-from ..errors import ConfigError, UnsizedPipelineError, ZephonWarning
+from ..errors import ConfigError, UnsizedPipelineError
 from ..operators.base import Accumulator, RecordOp
 from ..operators.chat import ROLES, TokenizeChat
 from ..operators.pack import Pack
@@ -50,6 +48,7 @@ from ..state.progress import StepShape
 from ..state.schema import State
 from ..validate import check_bool, check_int
 from . import counting, phases
+from .description import Description
 from .guard import refuse_fetching_ahead
 from .ranks import dp_identity
 from .ranks import owned_lanes as group_owned_lanes
@@ -78,26 +77,21 @@ class Pipeline:
                 "wrap datasets as MixtureWorkSource([dataset, ...])"
             )
         self._source = work_source
-        self._record_ops: tuple[RecordOp, ...] = ()
-        self._accumulators: tuple[Accumulator, ...] = ()
-        self._batch = BatchOptions()
+        self._description = Description((), (), BatchOptions(), MappingProxyType(dict(DEFAULTS)))
         self._batched = False  # .batch() was called: it sets the shape once
-        self._settings: Mapping[str, Any] = MappingProxyType(dict(DEFAULTS))
-        self._session = self._new_session(work_source)
-        self._resolved: tuple | None = None  # (source, (G, microbatch), its schedule resolved)
+        self._session = Session(work_source, self._description)
 
     def _derive(self, **changes) -> Pipeline:
-        """A new pipeline: this description with ``changes`` (``record_ops``, ``accumulators``,
-        ``batch``, ``settings``), a fresh session, and this one's loaded state carried on."""
+        """A new pipeline: this description with ``changes`` (fields of :class:`Description`, and
+        ``batched``), a fresh session, and this one's loaded state carried on."""
         new = object.__new__(Pipeline)
         new._source = self._source
-        new._record_ops = changes.get("record_ops", self._record_ops)
-        new._accumulators = changes.get("accumulators", self._accumulators)
-        new._batch = changes.get("batch", self._batch)
-        new._batched = changes.get("batched", self._batched)
-        new._settings = MappingProxyType(dict(changes.get("settings", self._settings)))
-        new._session = new._new_session(self._session.base_source, self._source)  # measured again if its operators need it
-        new._resolved = None
+        new._batched = changes.pop("batched", self._batched)
+        if "settings" in changes:
+            changes["settings"] = MappingProxyType(dict(changes["settings"]))
+        new._description = replace(self._description, **changes)
+        # the session never sees the pipeline; its source is measured again if its operators need it
+        new._session = Session(self._session.base_source, new._description, built=self._source)
         resume = self._session.resume
         if resume is not None:
             if new.spec.fingerprint == self.spec.fingerprint:
@@ -106,21 +100,15 @@ class Pipeline:
                 new.load_state_dict(resume)
         return new
 
-    def _new_session(self, source: MixtureWorkSource, built: MixtureWorkSource | None = None) -> Session:
-        """A session running this description over ``source`` (``built``: the source as built, if
-        another); it never sees the pipeline."""
-        return Session(source, self._record_ops, self._settings, self._batch,
-                       spec=partial(getattr, self, "spec"), step_shape=self.step_shape, built=built)  # picklable
-
     # -- stateless ------------------------------------------------------------------
 
     def _add_record_op(self, op: RecordOp) -> Pipeline:
-        if self._accumulators:
+        if self._description.accumulators:
             raise ConfigError(
-                f".{op.name}() comes after .{self._accumulators[-1].name}(): stateless operators "
+                f".{op.name}() comes after .{self._description.accumulators[-1].name}(): stateless operators "
                 "run per chunk, before the accumulators; move it earlier in the chain"
             )
-        return self._derive(record_ops=(*self._record_ops, op))
+        return self._derive(record_ops=(*self._description.record_ops, op))
 
     def map(self, fn, name: str | None = None, version=None) -> Pipeline:
         """Apply ``fn(record) -> record`` to every record, in its chunk task (stateless).
@@ -218,7 +206,7 @@ class Pipeline:
         Example:
             >>> pipeline.tokenize("tokenizer.json", bos=True, eos=True)  # doctest: +SKIP
         """
-        if any(op.makes_tokens for op in self._record_ops):
+        if any(op.makes_tokens for op in self._description.record_ops):
             raise ConfigError("the pipeline already tokenizes; call .tokenize() once")
         op = Tokenize(tokenizer, field, bos, eos, max_length, split_long, bos_id, eos_id, name, version)
         self._check_field("tokenize", op.field)
@@ -265,7 +253,7 @@ class Pipeline:
         Example:
             >>> pipeline.tokenize_chat("tok/tokenizer.json", loss_on="last")  # doctest: +SKIP
         """
-        if any(op.makes_tokens for op in self._record_ops):
+        if any(op.makes_tokens for op in self._description.record_ops):
             raise ConfigError("the pipeline already tokenizes; call .tokenize() or .tokenize_chat() once")
         op = TokenizeChat(tokenizer, field, chat_template, loss_on, max_length, bos_token, eos_token, roles)
         self._check_field("tokenize_chat", op.field)
@@ -274,7 +262,7 @@ class Pipeline:
     def _check_field(self, call: str, field: str) -> None:
         """``field`` must be among each dataset's known fields (``Dataset.fields``) when the records
         reach ``call`` unchanged: no ``map``/``filter`` before it, which could add or drop fields."""
-        if any(not isinstance(op, DecodeText) for op in self._record_ops):
+        if any(not isinstance(op, DecodeText) for op in self._description.record_ops):
             return
         for ds in self._source.datasets:
             known = getattr(ds, "fields", None)
@@ -286,7 +274,7 @@ class Pipeline:
     # -- accumulators ---------------------------------------------------------------
 
     def _add_accumulator(self, op: Accumulator, batch: BatchOptions | None = None) -> Pipeline:
-        return self._derive(accumulators=(*self._accumulators, op), batch=batch or self._batch)
+        return self._derive(accumulators=(*self._description.accumulators, op), batch=batch or self._description.batch)
 
     def pack(self, max_length: int, algorithm: str = "wrap", pad_id: int = 0,
              num_bins: int | None = None) -> Pipeline:
@@ -313,18 +301,18 @@ class Pipeline:
         Example:
             >>> pipeline.pack(2048, algorithm="best_fit")  # doctest: +SKIP
         """
-        if any(isinstance(op, Pack) for op in self._accumulators):
+        if any(isinstance(op, Pack) for op in self._description.accumulators):
             raise ConfigError("the pipeline already packs; call .pack() once")
         self._check_tokens("pack")
         op = Pack(max_length, algorithm, pad_id, num_bins)
-        for tok in (o for o in self._record_ops if isinstance(o, Tokenize)):
+        for tok in (o for o in self._description.record_ops if isinstance(o, Tokenize)):
             tok.check_id(pad_id, "pad_id")  # a pad id outside the vocabulary breaks the embedding
         for ds in self._source.datasets:  # token stores: their vocabulary, when known
             vocab = getattr(ds, "vocab_size", None)
             if vocab is not None:
                 check_int(pad_id, "pad_id", 0, below=vocab, call="pack",
                           hint=f"a token id of dataset {ds.name!r}'s vocabulary")
-        return self._add_accumulator(op, BatchOptions(**{**self._batch.config(), "pad_id": pad_id}))
+        return self._add_accumulator(op, BatchOptions(**{**self._description.batch.config(), "pad_id": pad_id}))
 
     def shuffle(self, buffer_size: int, seed: int | None = None) -> Pipeline:
         """Shuffle each window's samples through a reservoir of ``buffer_size`` (an accumulator).
@@ -371,12 +359,12 @@ class Pipeline:
             >>> pipeline.stateful("dedup", set, push, lambda s: [])  # doctest: +SKIP
         """
         self._check_tokens("stateful")
-        if any(isinstance(op, Stateful) and op.label == name for op in self._accumulators):
+        if any(isinstance(op, Stateful) and op.label == name for op in self._description.accumulators):
             raise ConfigError(f"an accumulator named {name!r} exists already; names are unique")
         return self._add_accumulator(Stateful(name, init, push, flush, version))
 
     def _check_tokens(self, op: str) -> None:
-        if not has_tokens(self._source, self._record_ops):
+        if not has_tokens(self._source, self._description.record_ops):
             raise ConfigError(
                 f".{op}() needs token ids: call .tokenize(...) first (or read a token store "
                 "with Dataset.from_tokens)"
@@ -414,7 +402,7 @@ class Pipeline:
             >>> pipeline.batch(8, labels=True)  # doctest: +SKIP
         """
         if self._batched:
-            old = self._batch
+            old = self._description.batch
             raise ConfigError(
                 f".batch({microbatch_size!r}) follows .batch({old.microbatch_size!r}): the batch shape "
                 "is set once; call .batch() once, with every argument (on the pipeline before it, to "
@@ -424,7 +412,7 @@ class Pipeline:
                             ("cu_seqlens", cu_seqlens)):
             check_bool(value, flag, call="batch")
         return self._derive(batch=BatchOptions(microbatch_size, drop_last, labels, ignore_index,
-                                               mask_document_boundaries, cu_seqlens, self._batch.pad_id),
+                                               mask_document_boundaries, cu_seqlens, self._description.batch.pad_id),
                             batched=True)
 
     def options(self, **settings: Any) -> Pipeline:
@@ -449,34 +437,24 @@ class Pipeline:
             >>> pipeline.options(canonical_replicas=8, prefetch_windows=6)  # doctest: +SKIP
         """
         checked = check_options(settings)
-        merged = {**self._settings, **checked}
+        merged = {**self._description.settings, **checked}
         if checked.get("global_batches_per_step") is not None:
             steps.check_global(checked["global_batches_per_step"], merged["canonical_replicas"])
         return self._derive(settings=merged)
 
     @property
-    def settings(self) -> Mapping[str, Any]:
-        """Every option's value (read-only): data, step and execution settings.
+    def description(self) -> Description:
+        """What this pipeline was built with besides its work source: record operators,
+        accumulators, batch shape and settings (a frozen value; see :mod:`.description`).
 
         Returns:
-            A read-only mapping of option name to value; unset options hold their
-            defaults from :data:`zephon_dask.options.OPTIONS`.
+            A :class:`~zephon_dask.pipeline.description.Description`.
 
         Example:
-            >>> pipeline.settings["canonical_replicas"]  # doctest: +SKIP
+            >>> pipeline.description.settings["canonical_replicas"]  # doctest: +SKIP
             8
         """
-        return self._settings
-
-    @property
-    def batch_options(self) -> BatchOptions:
-        """The batch shape and fields set by :meth:`batch` (a frozen value).
-
-        Returns:
-            The :class:`~zephon_dask.consumer.BatchOptions` (microbatch size,
-            ``drop_last``, labels, padding id, ...).
-        """
-        return self._batch
+        return self._description
 
     @property
     def work_source(self) -> MixtureWorkSource:
@@ -494,15 +472,7 @@ class Pipeline:
         Raises:
             ConfigError: the schedule's phases cannot start at distinct whole chunk blocks.
         """
-        source = self._session.source
-        if source.phases is None:
-            return source
-        shape = self.step_shape()
-        key = (shape.global_batches, self._batch.microbatch_size)
-        if self._resolved is None or self._resolved[0] is not source or self._resolved[1] != key:
-            resolved = phases.resolve(self._spec_of(source), *key, known=dict(enumerate(source.phase_chunks or ())))
-            self._resolved = (source, key, resolved)
-        return self._resolved[2]
+        return self._session.work_source()
 
     def phase_plan(self, estimate: bool = True) -> list[phases.PhasePlan]:
         """Where each schedule phase begins: requested step, chunk block, and the global step
@@ -522,26 +492,8 @@ class Pipeline:
         if source.phases is None:
             return []
         shape = self.step_shape()
-        return phases.plan(self._spec_of(source), shape.global_batches, self._batch.microbatch_size,
+        return phases.plan(self.spec, shape.global_batches, self._description.batch.microbatch_size,
                            dict(enumerate(source.phase_chunks or ())), estimate)
-
-    @property
-    def record_ops(self) -> tuple[RecordOp, ...]:
-        """The record operators (``map``, ``filter``, ``tokenize``, ...), in order.
-
-        Returns:
-            A tuple of :class:`~zephon_dask.operators.RecordOp`, each run per chunk.
-        """
-        return self._record_ops
-
-    @property
-    def accumulators(self) -> tuple[Accumulator, ...]:
-        """The window accumulators (``shuffle``, ``pack``, ``stateful``), in order.
-
-        Returns:
-            A tuple of :class:`~zephon_dask.operators.Accumulator`, each run per window.
-        """
-        return self._accumulators
 
     @property
     def session(self) -> Session:
@@ -561,10 +513,7 @@ class Pipeline:
         Returns:
             A :class:`~zephon_dask.core.PipelineSpec`; its ``fingerprint`` is :meth:`fingerprint`.
         """
-        return self._spec_of(self.work_source)
-
-    def _spec_of(self, source: MixtureWorkSource) -> PipelineSpec:
-        return PipelineSpec.of(source, self._record_ops, self._accumulators, self._settings)
+        return self._session.spec()
 
     def fingerprint(self) -> str:
         """SHA-256 of every data-defining setting (execution options never change it).
@@ -612,7 +561,7 @@ class Pipeline:
             >>> pipeline.options(dp_degree=2, dp_group_id=1).identity()  # doctest: +SKIP
             (2, 1)
         """
-        return dp_identity(self._settings)
+        return dp_identity(self._description.settings)
 
     def owned_lanes(self) -> list[int]:
         """The lanes this DP group owns.
@@ -627,7 +576,7 @@ class Pipeline:
             >>> pipeline.options(canonical_replicas=8, dp_degree=2, dp_group_id=0).owned_lanes()  # doctest: +SKIP
             [0, 1, 2, 3]
         """
-        return group_owned_lanes(self._settings)
+        return group_owned_lanes(self._description.settings)
 
     # -- execution ------------------------------------------------------------------------
 
@@ -829,31 +778,7 @@ class Pipeline:
             ConfigError: the step settings make steps depend on the topology.
             StateError: they would change a loaded state's global step.
         """
-        degree, _ = self.identity()
-        return self.shape_for(self._session.resume, degree)
-
-    def shape_for(self, state: State | None, degree: int) -> StepShape:
-        """The global step at ``degree`` for a resume from ``state`` (``None``: a fresh start).
-
-        Args:
-            state: a checked :class:`~zephon_dask.state.State`, or ``None``.
-            degree: the data-parallel degree.
-
-        Returns:
-            A :class:`~zephon_dask.state.progress.StepShape`.
-
-        Raises:
-            ConfigError: the step settings make steps depend on the topology.
-            StateError: they would change the state's global step.
-        """
-        saved = state.step if state is not None else None
-        with warnings.catch_warnings():  # uneven groups are warned where the lanes are served, after a bad step
-            warnings.simplefilter("ignore", ZephonWarning)
-            owned = len(self.owned_lanes())
-        return steps.step_shape(self._settings["canonical_replicas"], degree, owned,
-                                self._settings["batches_per_step"], self._settings["global_batches_per_step"],
-                                saved.global_batches if saved is not None else None, self._batch.microbatch_size,
-                                saved.microbatch_size if saved is not None else 0)
+        return self._session.step_shape()
 
     def state_dict(self, *, ahead: int | None = None, at_step: int | None = None) -> dict:
         """Progress of what this group's iteration delivered to the caller: a plain ``dict``.
@@ -924,7 +849,7 @@ class Pipeline:
         Example:
             >>> pipeline.load_state_dict(zephon_dask.load_state("ckpt/data.json"))  # doctest: +SKIP
         """
-        resumed = check_resume(self, state, stacklevel=2)
+        resumed = check_resume(self._session, state, stacklevel=2)
         self._session.load(resumed.state, resumed.source)
         return self
 
@@ -945,12 +870,6 @@ class Pipeline:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-    def __del__(self):
-        try:
-            self._session.close()
-        except Exception:  # interpreter shutdown, or a half-built object: best effort
-            pass
 
     # -- inspection: the inspect package draws them (it reads the pipeline, never imports it) --
 

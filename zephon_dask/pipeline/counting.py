@@ -93,8 +93,8 @@ def step_count(pipeline, compute: bool = True) -> StepCount | None:
         warnings.simplefilter("ignore", ZephonWarning)  # uneven groups: warned where they run
         shape = pipeline.step_shape()
         replicas, degree = spec.canonical_replicas, shape.dp_degree
-        groups = group_lanes(replicas, degree, pipeline.settings["mapping_strategy"])
+        groups = group_lanes(replicas, degree, pipeline.description.settings["mapping_strategy"])
     per_rank = [len(lanes) if replicas % degree else shape.per_rank for lanes in groups]
-    batch = pipeline.batch_options
+    batch = pipeline.description.batch
     return count_steps(rows, batch.microbatch_size, batch.drop_last, groups, per_rank,
                        counted=not one_to_one(spec.record_ops, spec.accumulators))

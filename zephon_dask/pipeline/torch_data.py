@@ -142,13 +142,13 @@ class PipelineDataset(IterableDataset):
 
     def _begin(self) -> tuple[Progress | None, State | None]:
         """This process's progress (``None`` for a worker serving no lane) and its start state."""
-        lanes, resume, first = self._serving()
+        lanes, start, first = self._serving()
         if not lanes:
             return None, None
         pipe = self._pipe()
-        group = pipe.shape_for(resume, pipe.identity()[0])  # a loaded state's G, kept
+        group = resume.shape_for(pipe.description, start, pipe.identity()[0])  # a loaded state's G, kept
         shape = loader_shape(group, lanes, len(pipe.owned_lanes()))
-        return Progress(pipe.spec, lanes, resume, shape, first_lane=first), resume
+        return Progress(pipe.spec, lanes, start, shape, first_lane=first), start
 
     def __iter__(self):
         refuse_resharding()  # a framework wrapper splitting these rank-split lanes again
@@ -235,7 +235,7 @@ class PipelineDataset(IterableDataset):
         lanes = _served(lanes, inner, owned)
         if version < DATASET_VERSION:  # it recorded no G: the pipeline's, the worker's count recounted
             inner = replace(inner, step=share_step(inner.step, loader_shape(pipe.step_shape(), lanes, len(owned))))
-        resumed = resume.check(pipe, inner, lanes)  # other data, positions past the end, a changed G
+        resumed = resume.check(pipe.session, inner, lanes)  # other data, positions past the end, a changed G
         if workers:
             self._check_later_passes(resumed.state)
         pipe.session.source = resumed.source  # the state's seed wins, as in Pipeline.load_state_dict
