@@ -13,7 +13,7 @@ from ..core.spec import has_tokens
 from ..errors import ConfigError, ZephonError
 from ..execution import choose_runner
 from ..state.schema import LANE_FIELDS, STATE_KEYS, State
-from .explain import Section, steps_in_a_pass
+from .explain import Section, lanes_of, steps_in_a_pass
 from .render import html_block, html_pairs, html_table, html_title, span
 
 SHARDS_SHOWN = 20
@@ -85,7 +85,7 @@ def source_html(source) -> str:
 def _identity(pipeline) -> str:
     try:
         degree, group = pipeline.identity()
-        lanes = pipeline.owned_lanes()
+        lanes = lanes_of(pipeline)
     except ConfigError as exc:  # a repr never raises: show what is wrong instead
         return f"invalid ({exc})"
     return f"dp_degree={degree}, dp_group_id={group}, lanes {lanes}"

@@ -13,10 +13,13 @@ pipeline owns one, and ``iter()``, ``state_dict()``, ``load_state_dict()``
 and ``close()`` act on it. A pipeline derived from one with a loaded state
 carries that state on (checked again when the data changed).
 
-The class keeps building and identity; the rest are one-line calls into
-their homes: :mod:`.ranks` (DP identity, lanes), :mod:`.counting` (step
-counts), :mod:`.torch_data` (torch adapters), :mod:`zephon_dask.inspect`
-(views) and :mod:`zephon_dask.recipe` (``from_config``).
+The class keeps building and identity (``description``, ``spec``,
+``fingerprint``, ``identity``, ``step_shape``); the rest are one-line calls
+into their homes: the session (iteration, checkpoints, the runner:
+``pipeline.session.runner()``), :mod:`.ranks` (DP identity, lanes:
+``ranks.owned_lanes(pipeline.description.settings)``), :mod:`.resume`,
+:mod:`.torch_data` (torch adapters), :mod:`zephon_dask.inspect` (views, step
+counts, phase plans) and :mod:`zephon_dask.recipe` (``from_config``).
 """
 
 from __future__ import annotations
@@ -29,7 +32,6 @@ from typing import Any
 from .. import inspect as inspection
 from ..consumer.batch import BatchOptions
 from ..core.spec import PipelineSpec, has_tokens
-from ..core.window import WindowOutput, compute_window
 from ..curriculum import MixtureWorkSource
 from ..data import fields as record_fields
 from ..errors import ConfigError, UnsizedPipelineError
@@ -47,11 +49,9 @@ from ..state import steps
 from ..state.progress import StepShape
 from ..state.schema import State
 from ..validate import check_bool, check_int
-from . import counting, phases
 from .description import Description
 from .guard import refuse_fetching_ahead
 from .ranks import dp_identity
-from .ranks import owned_lanes as group_owned_lanes
 from .resume import check as check_resume
 from .session import Session
 
@@ -457,45 +457,6 @@ class Pipeline:
         return self._description
 
     @property
-    def work_source(self) -> MixtureWorkSource:
-        """The work source: this pipeline's, or after ``load_state_dict`` one with the state's seed;
-        a schedule given in global steps has its phases resolved to chunk blocks (see
-        :mod:`.phases`; after ``load_state_dict``, the checkpoint's).
-
-        With ``weight_by="tokens"`` and no ``tokens_per_sample``, the first access measures
-        them with this pipeline's record operators (see :mod:`zephon_dask.pipeline.measure`);
-        after ``load_state_dict`` they are the checkpoint's.
-
-        Returns:
-            The :class:`~zephon_dask.curriculum.MixtureWorkSource` the batches come from.
-
-        Raises:
-            ConfigError: the schedule's phases cannot start at distinct whole chunk blocks.
-        """
-        return self._session.work_source()
-
-    def phase_plan(self, estimate: bool = True) -> list[phases.PhasePlan]:
-        """Where each schedule phase begins: requested step, chunk block, and the global step
-        (exact when rows are samples in stream order, else estimated; see ``docs/concepts.md``).
-
-        Args:
-            estimate: measure every phase's rows per sample, so each begin step is set.
-
-        Returns:
-            A list of :class:`~zephon_dask.pipeline.phases.PhasePlan` (empty without a schedule).
-
-        Example:
-            >>> [(p.step, p.block, p.begin_step) for p in pipeline.phase_plan()]  # doctest: +SKIP
-            [(0, 0, Fraction(0, 1)), (50000, 4883, Fraction(50000, 1))]
-        """
-        source = self.work_source
-        if source.phases is None:
-            return []
-        shape = self.step_shape()
-        return phases.plan(self.spec, shape.global_batches, self._description.batch.microbatch_size,
-                           dict(enumerate(source.phase_chunks or ())), estimate)
-
-    @property
     def session(self) -> Session:
         """The runtime: runner, iteration, resume point (see :mod:`.session`).
 
@@ -510,8 +471,19 @@ class Pipeline:
     def spec(self) -> PipelineSpec:
         """The data definition: work source, operators, lanes and window size.
 
+        ``spec.source`` is the work source the batches come from: this pipeline's, or after
+        ``load_state_dict`` one with the state's seed; a schedule given in global steps has its
+        phases resolved to chunk blocks (see :mod:`zephon_dask.core.phases`; after
+        ``load_state_dict``, the checkpoint's). With ``weight_by="tokens"`` and no
+        ``tokens_per_sample``, the first access measures them with this pipeline's record
+        operators (see :mod:`zephon_dask.pipeline.measure`); after ``load_state_dict`` they are
+        the checkpoint's. One window is ``zephon_dask.compute_window(pipeline.spec, lane, window)``.
+
         Returns:
             A :class:`~zephon_dask.core.PipelineSpec`; its ``fingerprint`` is :meth:`fingerprint`.
+
+        Raises:
+            ConfigError: the schedule's phases cannot start at distinct whole chunk blocks.
         """
         return self._session.spec()
 
@@ -527,25 +499,6 @@ class Pipeline:
         """
         return self.spec.fingerprint
 
-    def compute_window(self, lane: int, window: int) -> WindowOutput:
-        """One window, computed here without Dask (for notebooks and tests).
-
-        Args:
-            lane: the lane, in ``[0, canonical_replicas)``.
-            window: the window's index within the lane.
-
-        Returns:
-            The window's samples and counters, a :class:`~zephon_dask.core.WindowOutput`.
-
-        Raises:
-            ChunkOutOfRangeError: the lane has no such window.
-
-        Example:
-            >>> len(pipeline.compute_window(lane=0, window=0))  # doctest: +SKIP
-            48
-        """
-        return compute_window(self.spec, lane, window)
-
     # -- identity -----------------------------------------------------------------------
 
     def identity(self) -> tuple[int, int]:
@@ -560,37 +513,12 @@ class Pipeline:
         Example:
             >>> pipeline.options(dp_degree=2, dp_group_id=1).identity()  # doctest: +SKIP
             (2, 1)
+            >>> ranks.owned_lanes(pipeline.description.settings)  # its lanes; doctest: +SKIP
+            [4, 5, 6, 7]
         """
         return dp_identity(self._description.settings)
 
-    def owned_lanes(self) -> list[int]:
-        """The lanes this DP group owns.
-
-        Returns:
-            Lane ids, in the order the round-robin visits them.
-
-        Raises:
-            ConfigError: the DP identity is invalid (see :meth:`identity`).
-
-        Example:
-            >>> pipeline.options(canonical_replicas=8, dp_degree=2, dp_group_id=0).owned_lanes()  # doctest: +SKIP
-            [0, 1, 2, 3]
-        """
-        return group_owned_lanes(self._description.settings)
-
     # -- execution ------------------------------------------------------------------------
-
-    def runner(self):
-        """The started runner (started on first use, reused after; closed by :meth:`close`).
-
-        Returns:
-            A :class:`~zephon_dask.execution.base.Runner` (the one ``options(runner=...)`` chooses).
-
-        Raises:
-            ClosedError: the pipeline was closed.
-            ClusterError: the distributed runner could not reach or start its cluster.
-        """
-        return self._session.runner()
 
     def __iter__(self):
         """Batches of this group's lanes, in strict round-robin.
@@ -643,7 +571,7 @@ class Pipeline:
         computed here once, in this process (the whole stream is read, tokenized
         and packed; cached for the data config). It counts a whole pass from the
         start, not what is left after a loaded state; batches after the last full
-        step are in :meth:`step_count`.
+        step are in :func:`zephon_dask.inspect.step_count`.
 
         Returns:
             The global steps every DP group completes (``zephon-dask run --steps``
@@ -657,31 +585,9 @@ class Pipeline:
             >>> pipeline.num_steps()  # doctest: +SKIP
             53
         """
-        count = self.step_count()
+        count = inspection.step_count(self)
         assert count is not None
         return count.steps
-
-    def step_count(self, compute: bool = True) -> counting.StepCount | None:
-        """One pass's :class:`~zephon_dask.pipeline.counting.StepCount`: full global steps,
-        batches, and those left after the last full step (see :meth:`num_steps`).
-
-        Args:
-            compute: compute the windows when the count needs them; ``False``
-                returns ``None`` then (what ``repr`` and ``explain()`` do).
-
-        Returns:
-            A ``StepCount`` (``steps``, ``batches``, ``left``, ``counted``), or
-            ``None`` with ``compute=False`` when the windows would be needed.
-
-        Raises:
-            EndlessStreamError: the stream never ends.
-            ConfigError: the step settings are invalid at this degree.
-
-        Example:
-            >>> pipeline.step_count()  # doctest: +SKIP
-            StepCount(steps=53, batches=213, left=1, counted=True)
-        """
-        return counting.step_count(self, compute)
 
     def __bool__(self) -> bool:
         """Always true (``__len__`` would raise)."""

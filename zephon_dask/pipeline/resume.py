@@ -24,6 +24,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Any
 
+from ..core import phases
 from ..core.spec import PipelineSpec
 from ..curriculum import MixtureWorkSource
 from ..errors import ConfigError, StateError, ZephonWarning
@@ -32,7 +33,6 @@ from ..operators.identity import sha256_json
 from ..state import steps
 from ..state.progress import StepShape
 from ..state.schema import State, config_diff, describe_diff
-from . import phases
 from .ranks import dp_identity, owned_lanes
 
 

@@ -25,7 +25,7 @@ A session never sees its pipeline: it receives the pipeline's
 :class:`~.description.Description` (record operators, accumulators, batch
 shape, settings) and the work source, and derives from them and its own
 loaded state the spec (:meth:`Session.spec`, a schedule resolved for the
-global step by :mod:`.phases`, cached) and the step shape
+global step by :mod:`zephon_dask.core.phases`, cached) and the step shape
 (:meth:`Session.step_shape`, a checkpoint's G kept; :func:`.resume.shape_for`).
 The DP identity and rank come from the settings (:mod:`.ranks`).
 
@@ -39,6 +39,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import replace
 
 from ..consumer.stream import BatchStream
+from ..core import phases
 from ..core.spec import PipelineSpec, has_tokens
 from ..curriculum import MixtureWorkSource
 from ..errors import ClosedError, ConfigError, StateError
@@ -46,7 +47,6 @@ from ..execution import Runner, make_runner
 from ..state.ledger import LedgerWriter
 from ..state.progress import Progress, StepShape, resume_point
 from ..state.schema import State, StepProgress
-from . import phases
 from .description import Description
 from .measure import measured
 from .ranks import dp_identity, owned_lanes, process_rank
