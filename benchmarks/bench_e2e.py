@@ -317,7 +317,7 @@ def all_windows(spec) -> list[tuple[int, int]]:
 
 def run_single(pipe: Pipeline, limit: int | None = None) -> dict:
     """Every batch (the first ``limit`` only, if given) computed in this process, in delivery order."""
-    spec, opts = pipe.spec, pipe.batch_options
+    spec, opts = pipe.spec, pipe.description.batch
     tally = Tally()
     t0 = time.perf_counter()
     nxt = dict.fromkeys(range(spec.canonical_replicas), 0)
@@ -359,7 +359,7 @@ def _pool_ready(_):
 
 def run_pool(pipe: Pipeline, workers: int) -> dict:
     """All windows on a process pool (results come back pickled, batches cut here)."""
-    spec, opts = pipe.spec, pipe.batch_options
+    spec, opts = pipe.spec, pipe.description.batch
     pairs = all_windows(spec)
     tally = Tally()
     t0 = time.perf_counter()
@@ -476,7 +476,7 @@ def _cluster_cpu(pipe: Pipeline) -> dict[str, float]:
     scheduler process, the workers' threads by role (:func:`_worker_threads`), anything else."""
     import psutil
 
-    runner = pipe.runner()
+    runner = pipe.session.runner()
     out = {"scheduler": 0.0, "other processes": 0.0}
     workers = runner.client.run(_worker_threads)
     for threads in workers.values():
@@ -600,7 +600,7 @@ def _wait_idle(pipe: Pipeline, timeout: float = 300.0) -> float:
     """Wait until the pipeline computes nothing: every window in flight finished (its result held
     on a worker) and no task anywhere on the cluster, seen on three polls 0.1 s apart; the
     seconds waited."""
-    client = pipe.runner().client
+    client = pipe.session.runner().client
     t0, quiet = time.perf_counter(), 0
     while quiet < 3:
         if time.perf_counter() - t0 > timeout:
@@ -663,7 +663,7 @@ def pipeline_child(args) -> None:
             print(json.dumps(_train_child(pipe, args.steps, args.rounds)), flush=True)
         else:
             cold = _timed_pass(pipe, first_only=args.mode == "first")
-            runner = pipe.runner()
+            runner = pipe.session.runner()
             answer = {"cold": cold}
             if args.mode == "full":
                 # The head start may compute the whole cold pass in this process: the workers'

@@ -339,7 +339,7 @@ def case_lost(args, work) -> None:
             with p:
                 stream = iter(p)
                 next(stream)
-                inflight, watch = p.session.stream.fetcher.inflight, p.runner().watch
+                inflight, watch = p.session.stream.fetcher.inflight, p.session.runner().watch
                 deadline = time.monotonic() + 60
                 while sum(h.done() for h in list(inflight.values())) < 3 and time.monotonic() < deadline:
                     time.sleep(0.05)

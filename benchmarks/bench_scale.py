@@ -332,7 +332,7 @@ def run_config(data_dir: str, lanes: int, workers: int, batches: int, check: int
             it = iter(pipe)
             tally.add(next(it))
             first = time.perf_counter() - t_start
-            prefetch = pipe.settings["prefetch_windows"] or pipe.runner().default_prefetch()
+            prefetch = pipe.description.settings["prefetch_windows"] or pipe.session.runner().default_prefetch()
             done0 = client.run_on_scheduler(plugin_counts)[0]
             sched0, work0, threads0, busy0 = proc_cpu(scheduler), proc_cpu(worker_proc), thread_cpu(), machine_busy()
             (tasks0, _), = client.run(worker_threads_cpu, workers=one).values()

@@ -108,7 +108,7 @@ def soak(seconds: float, every: float, n_workers: int = 1, workdir: str | None =
         with pipe:
             batches = iter(pipe)
             next(batches)
-            client = pipe.runner().client
+            client = pipe.session.runner().client
             names = {"trainer": "trainer", "scheduler": "scheduler"}
             pids = {"trainer": os.getpid(), "scheduler": client.run_on_scheduler(os.getpid)}
             for i, (address, pid) in enumerate(sorted(client.run(os.getpid).items(), key=lambda kv: kv[1])):

@@ -61,7 +61,7 @@ def one_pass(root: str, tokenizer: str, weight_by: str, workers: int) -> dict:
     pipe = (Pipeline(source).tokenize(tokenizer).pack(2048).batch(8)
             .options(canonical_replicas=8, flush_every_k_chunks=4, runner="threads", n_workers=workers))
     t0 = time.perf_counter()
-    measured = pipe.work_source  # weight_by="tokens": the measurement happens here, once
+    measured = pipe.spec.source  # weight_by="tokens": the measurement happens here, once
     measure_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     for _ in pipe:

@@ -44,6 +44,7 @@ from zephon_dask import (
     save_state,
     verify_ledgers,
 )
+from zephon_dask.pipeline.ranks import owned_lanes
 from zephon_dask.state import read_ledger
 
 REPLICAS = 4  # lanes: a run may resume on any DP degree dividing it
@@ -239,7 +240,7 @@ def run(workdir: str = ".zephon-demo", steps: int = 40, resume_at: int | None = 
     with ExitStack() as stack:
         pipe = stack.enter_context(make_pipeline(corpus, tokenizer, batches_per_step=REPLICAS,
                                                  ledger=str(elastic)))
-        runner = pipe.runner()  # starts the embedded LocalCluster (the first windows are computed here meanwhile)
+        runner = pipe.session.runner()  # starts the embedded LocalCluster (the first windows are computed here meanwhile)
         print(f"pipeline {pipe.fingerprint()[:16]}: {REPLICAS} lanes, rows of {SEQ_LEN} tokens, "
               f"global step = {REPLICAS} batches x {MICROBATCH} rows")
         vocab = Tokenizer.from_file(str(tokenizer)).get_vocab_size()
@@ -277,7 +278,7 @@ def run(workdir: str = ".zephon-demo", steps: int = 40, resume_at: int | None = 
         model.load_state_dict(saved["model"])
         optimizer.load_state_dict(saved["optimizer"])
         print(f"resume on dp={dp_after}: groups own lanes "
-              + " | ".join(str(g.owned_lanes()) for g in groups))
+              + " | ".join(str(owned_lanes(g.description.settings)) for g in groups))
         train(model, optimizer, global_batches(groups, REPLICAS // dp_after), steps - resume_at,
               f"train dp={dp_after}")
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 
 import zephon_dask as z
+from zephon_dask import compute_window
 
 CHATML = (
     "{% for message in messages %}"
@@ -39,7 +40,7 @@ def main(loss_on: str = "assistant") -> None:
     source = z.MixtureWorkSource([data], chunk_size=8, seed=0)
     pipeline = (z.Pipeline(source).tokenize_chat("bytes", chat_template=CHATML, loss_on=loss_on)
                 .options(canonical_replicas=1, runner="synchronous"))
-    table = pipeline.compute_window(0, 0).table
+    table = compute_window(pipeline.spec, 0, 0).table
     for i in range(len(table)):
         a, b = table.offsets[i], table.offsets[i + 1]
         print(f"--- conversation {i} ({int(table.loss_mask[a:b].sum())} of {b - a} tokens trained)")

@@ -22,6 +22,7 @@ from tests.helpers.oracles import batch_rows, ref_group_stream
 from tests.helpers.pipelines import build, child_pids, wait_until_no_new_processes
 from zephon_dask.curriculum import group_lanes
 from zephon_dask.errors import ElasticityWarning
+from zephon_dask.pipeline.ranks import owned_lanes
 
 
 def stream(pipeline):
@@ -30,7 +31,7 @@ def stream(pipeline):
 
 
 def reference(pipeline):
-    return ref_group_stream(pipeline.spec, pipeline.owned_lanes(), pipeline.batch_options.microbatch_size)
+    return ref_group_stream(pipeline.spec, owned_lanes(pipeline.description.settings), pipeline.description.batch.microbatch_size)
 
 
 @pytest.fixture(scope="module")
@@ -80,7 +81,7 @@ def test_embedded_local_cluster_one_worker_and_close(corpus_dir):
     with p:
         for b in p:
             got.append(batch_rows(b))
-        assert "distributed" in p.runner().describe()
+        assert "distributed" in p.session.runner().describe()
     assert got == truth
     wait_until_no_new_processes(before)  # no worker process left behind (a start still running ends)
 
@@ -101,14 +102,14 @@ def test_embedded_cluster_settings_spare_the_training_cores_unless_the_user_set_
     monkeypatch.delenv("MALLOC_ARENA_MAX", raising=False)
     with build(corpus_dir, n_workers=1) as p:
         next(iter(p))
-        got = p.runner().client.run(_worker_settings)
+        got = p.session.runner().client.run(_worker_settings)
     assert list(got.values()) == [(None, "1", "1s", "100ms")]
     # nor is this process's environment changed
     assert "MALLOC_TRIM_THRESHOLD_" not in os.environ and "MALLOC_ARENA_MAX" not in os.environ
     monkeypatch.setenv("MALLOC_ARENA_MAX", "4")
     with dask.config.set({"distributed.worker.profile.interval": "20ms"}), build(corpus_dir, n_workers=1) as p:
         next(iter(p))
-        got = p.runner().client.run(_worker_settings)
+        got = p.session.runner().client.run(_worker_settings)
     assert list(got.values()) == [(None, "4", "1s", "20ms")]
 
 
@@ -145,7 +146,7 @@ def test_embedded_cluster_workers_and_the_consumer_give_freed_memory_back(corpus
     assert memory.trim_freed_memory()  # glibc on the machines we test on
     with build(corpus_dir, n_workers=1) as p:
         next(iter(p))
-        assert TrimFreedMemory.name in next(iter(p.runner().client.run(_plugins).values()))
+        assert TrimFreedMemory.name in next(iter(p.session.runner().client.run(_plugins).values()))
     trims = []
     monkeypatch.setattr(memory, "trim_freed_memory", lambda: trims.append(1) or True)
     now = [100.0]
@@ -226,7 +227,7 @@ def test_embedded_cluster_keeps_dasks_per_window_records_bounded(corpus_dir):
     with build(corpus_dir, n_workers=1, head_start=False) as p:
         for _ in range(3):  # every task done between two passes
             assert len(list(p)) > 4
-        client = p.runner().client
+        client = p.session.runner().client
         assert client.scheduler_comm.recent_message_log.maxlen == 300
         plugins, names, collections, spans, ours, dead, computations, kept = client.run_on_scheduler(_scheduler_records)
         assert TrimSchedulerRecords.name in plugins  # it trims every 30 s: sizes depend on when it last ran
@@ -273,7 +274,7 @@ def test_starting_the_embedded_cluster_leaves_this_process_environment_as_it_was
     with build(corpus_dir, n_workers=1) as p:
         next(iter(p))
         assert dict(os.environ) == before
-        worker_env = list(p.runner().client.run(lambda: os.environ.get("OMP_NUM_THREADS")).values())
+        worker_env = list(p.session.runner().client.run(lambda: os.environ.get("OMP_NUM_THREADS")).values())
     assert worker_env == ["1"]  # the workers still get theirs
     assert dict(os.environ) == before
 
@@ -319,7 +320,7 @@ def digest(pipeline):
 truth = digest(build(runner="synchronous"))
 with build(n_workers=1) as p:  # no `if __name__ == "__main__":` guard anywhere
     got = digest(p)
-    torch_in_workers = list(p.runner().client.run(lambda: "torch" in sys.modules).values())
+    torch_in_workers = list(p.session.runner().client.run(lambda: "torch" in sys.modules).values())
 print(json.dumps({"same": got == truth, "torch_in_workers": torch_in_workers, "file": __file__}))
 """
 
@@ -377,7 +378,7 @@ def test_garbage_collection_stops_the_cluster(corpus_dir):
     before = child_pids()
     p = build(corpus_dir, n_workers=1)
     next(iter(p))
-    p.runner().worker_pids()  # the cluster has started (the first windows may come from this process)
+    p.session.runner().worker_pids()  # the cluster has started (the first windows may come from this process)
     assert child_pids() - before
     del p
     gc.collect()
@@ -709,8 +710,8 @@ def test_cluster_by_address_matches_reference(corpus_dir, address_cluster):
 
 def test_degree_warning_and_identity_errors(corpus_dir):
     with pytest.warns(ElasticityWarning):
-        build(corpus_dir, dp_degree=3, dp_group_id=0).owned_lanes()
+        owned_lanes(build(corpus_dir, dp_degree=3, dp_group_id=0).description.settings)
     with pytest.raises(z.ConfigError, match="dp_group_id=2 must be < dp_degree=2"):
-        build(corpus_dir, dp_degree=2, dp_group_id=2).owned_lanes()
+        owned_lanes(build(corpus_dir, dp_degree=2, dp_group_id=2).description.settings)
     with pytest.raises(z.ConfigError, match="runner='spark'"):
         build(corpus_dir, runner="spark")

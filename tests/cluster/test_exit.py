@@ -127,7 +127,7 @@ def test_close_returns_while_the_cluster_starts_and_the_start_is_undone(corpus_d
     p = build(corpus_dir, n_workers=1)
     try:
         next(iter(p))  # from the head start
-        runner = p.runner()
+        runner = p.session.runner()
         assert runner.starting
         assert "starting" in str(p.explain()) and "starting" in repr(p)  # inspection says so, never waits
         p.close()
@@ -143,7 +143,7 @@ def test_a_pipeline_closed_before_its_cluster_was_needed_starts_none(corpus_dir,
     started = []
     monkeypatch.setattr(cluster_mod, "local_cluster", lambda *args, **kwargs: started.append(args))
     p = build(corpus_dir, n_workers=1)
-    runner = p.runner()  # nothing iterated: the start waits
+    runner = p.session.runner()  # nothing iterated: the start waits
     p.close()
     deadline = time.monotonic() + 30
     while runner.starting and time.monotonic() < deadline:

@@ -23,6 +23,7 @@ import pytest
 from tests.helpers.oracles import batch_rows, ref_group_stream
 from tests.helpers.pipelines import build
 from zephon_dask.errors import ClusterError, ClusterStallError, ConfigError, ZephonError
+from zephon_dask.pipeline.ranks import owned_lanes
 
 DASK = str(Path(sys.executable).parent / "dask")
 pytestmark = pytest.mark.timeout(120)
@@ -71,7 +72,7 @@ def dask_cluster(tmp_path, n_workers: int):
 
 
 def reference(pipeline):
-    return ref_group_stream(pipeline.spec, pipeline.owned_lanes(), pipeline.batch_options.microbatch_size)
+    return ref_group_stream(pipeline.spec, owned_lanes(pipeline.description.settings), pipeline.description.batch.microbatch_size)
 
 
 def _consume_after(pipeline, fault) -> tuple[list, BaseException | None]:
@@ -210,7 +211,7 @@ def test_all_workers_lost_mid_stream_raises_without_spinning(corpus_dir, tmp_pat
         with p:
             stream = iter(p)
             next(stream)
-            watch, inflight = p.runner().watch, p.session.stream.fetcher.inflight
+            watch, inflight = p.session.runner().watch, p.session.stream.fetcher.inflight
             _wait_for(lambda: sum(h.done() for h in list(inflight.values())) >= 3, "3 windows computed ahead")
             for w in workers:
                 w.send_signal(signal.SIGKILL)

@@ -20,10 +20,11 @@ from zephon_dask.execution import cluster as cluster_mod
 from zephon_dask.execution.head_start import HeadStart
 from zephon_dask.execution.local import SynchronousRunner
 from zephon_dask.graph import window_graph
+from zephon_dask.pipeline.ranks import owned_lanes
 
 
 def reference(pipeline):
-    return ref_group_stream(pipeline.spec, pipeline.owned_lanes(), pipeline.batch_options.microbatch_size)
+    return ref_group_stream(pipeline.spec, owned_lanes(pipeline.description.settings), pipeline.description.batch.microbatch_size)
 
 
 def same_window(a, b) -> bool:
@@ -40,7 +41,7 @@ def test_embedded_cluster_with_and_without_head_start_matches_reference(corpus_d
               head_start=head_start, windows_per_task=per_task)
     with p:
         got = [batch_rows(b) for b in p]
-        here = p.runner().computed_here
+        here = p.session.runner().computed_here
     assert got == reference(p)
     if head_start:
         assert here and here[0] == (0, 0)  # the first window the stream needs came from this process
@@ -173,7 +174,7 @@ def test_a_cluster_that_does_not_start_in_time_is_a_cluster_error(corpus_dir, mo
     p = build(corpus_dir, n_workers=2, prefetch_windows=1, cluster_timeout=1.5)
     try:
         with pytest.raises(ClusterError, match="did not start within 1.5 s"):
-            p.runner().worker_pids()
+            p.session.runner().worker_pids()
         assert started.is_set()
     finally:
         released.set()
@@ -201,7 +202,7 @@ def test_a_cluster_that_starts_after_close_gave_up_on_it_is_closed(corpus_dir, m
     p = build(corpus_dir, n_workers=1, cluster_timeout=1.0)
     next(iter(p))  # the first window, computed here, lets the start begin (a runner closed before starts nothing)
     with pytest.raises(ClusterError, match="did not start within 1 s"):
-        p.runner().worker_pids()
+        p.session.runner().worker_pids()
     p.close()  # does not wait for the start
     gave_up.set()
     deadline = time.monotonic() + 30
@@ -225,7 +226,7 @@ def test_the_embedded_cluster_starts_within_the_pipelines_cluster_timeout(corpus
     monkeypatch.setattr(cluster_mod, "local_cluster", record)
     p = build(corpus_dir, n_workers=1, cluster_timeout=120.0)
     with pytest.raises(OSError, match="recorded"), p:
-        p.runner().worker_pids()
+        p.session.runner().worker_pids()
     assert asked == [120.0]  # the scheduler process gets as long to start as the pipeline waits
 
 

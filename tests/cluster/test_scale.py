@@ -16,6 +16,7 @@ from tests.helpers.pipelines import FakeSpec
 from zephon_dask.consumer.fetcher import WindowFetcher
 from zephon_dask.errors import ClusterStallError
 from zephon_dask.execution.watch import POLL
+from zephon_dask.pipeline.ranks import owned_lanes
 
 
 class Handle:
@@ -121,8 +122,8 @@ def test_ranks_sharing_a_cluster_split_its_threads_for_prefetch(tmp_path):
         whole = build(tmp_path, R=8, client=client)
         group = build(tmp_path, R=8, client=client, dp_degree=4, dp_group_id=1)
         with whole, group:
-            assert whole.runner().default_prefetch(8) == 2 * 8 + 4
-            assert group.runner().default_prefetch(len(group.owned_lanes())) == 2 * 2 + 4
+            assert whole.session.runner().default_prefetch(8) == 2 * 8 + 4
+            assert group.session.runner().default_prefetch(len(owned_lanes(group.description.settings))) == 2 * 2 + 4
             next(iter(group))
             assert 0 < group.stats().windows_in_flight <= 2 * 2 + 4
             assert "auto: 8 " in str(group.explain())

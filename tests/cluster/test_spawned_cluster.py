@@ -30,7 +30,7 @@ from tests.helpers.pipelines import build
 
 p = build(Path({corpus!r}), runner="distributed", n_workers=1)
 next(iter(p))
-runner = p.runner()
+runner = p.session.runner()
 pid, scheduler_file = runner.client.run_on_scheduler(lambda dask_scheduler: (__import__("os").getpid(),
                                                                             dask_scheduler.scheduler_file))
 print(json.dumps({{"pids": [pid, *runner.worker_pids().values()], "scheduler_file": scheduler_file}}), flush=True)
@@ -58,7 +58,7 @@ def test_scheduler_runs_apart_with_the_embedded_settings_and_the_users_config(co
     before = child_pids()
     with dask.config.set({"distributed.scheduler.worker-saturation": 2.5}), build(corpus_dir, n_workers=1) as p:
         next(iter(p))
-        pid, scheduler_file, tick, saturation = p.runner().client.run_on_scheduler(_scheduler_settings)
+        pid, scheduler_file, tick, saturation = p.session.runner().client.run_on_scheduler(_scheduler_settings)
         assert Path(scheduler_file).exists()
     assert pid != os.getpid() and pid in before | {pid}
     assert (tick, saturation) == ("1s", 2.5)

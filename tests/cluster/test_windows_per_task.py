@@ -23,6 +23,7 @@ from zephon_dask.errors import ClosedError
 from zephon_dask.execution.base import GroupResult, MemberHandle, WindowHandle
 from zephon_dask.graph import group_graph, window_graph
 from zephon_dask.graph.keys import windows_key
+from zephon_dask.pipeline.ranks import owned_lanes
 
 
 class Handle:
@@ -168,7 +169,7 @@ def test_groups_on_a_cluster_give_the_reference_batches_across_resume(corpus_dir
     group = seed % degree
     opts = dict(seed=seed % 4, client=cluster, dp_degree=degree, dp_group_id=group, k=1)
     first = build(corpus_dir, prefetch_windows=prefetch, windows_per_task=size, **opts)
-    truth = ref_group_stream(first.spec, first.owned_lanes(), first.batch_options.microbatch_size)
+    truth = ref_group_stream(first.spec, owned_lanes(first.description.settings), first.description.batch.microbatch_size)
     with first:
         it = iter(first)
         got = [batch_rows(b) for _, b in zip(range(cut), it, strict=False)]
@@ -188,7 +189,7 @@ def test_worker_killed_mid_group_changes_nothing(corpus_dir):
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0") as lc, \
             Client(lc, set_as_default=False) as client:
         p = build(corpus_dir, client=client, prefetch_windows=9, windows_per_task=3, retries=0, k=1)
-        truth = ref_group_stream(p.spec, p.owned_lanes(), p.batch_options.microbatch_size)
+        truth = ref_group_stream(p.spec, owned_lanes(p.description.settings), p.description.batch.microbatch_size)
         with get_task_stream(client=client) as ts:
             it = iter(p)
             got = [batch_rows(next(it))]
@@ -209,7 +210,7 @@ def test_automatic_windows_per_task_leaves_two_tasks_per_worker_thread(corpus_di
     runner = DistributedRunner(build(corpus_dir).spec, client=cluster)
     assert [runner.windows_per_task(n) for n in (1, 4, 7, 8, 12, 100)] == [1, 1, 1, 2, 3, 4]
     runner.close()
-    assert build(corpus_dir).settings["windows_per_task"] == 1  # the default: one window per task
+    assert build(corpus_dir).description.settings["windows_per_task"] == 1  # the default: one window per task
     p = build(corpus_dir, client=cluster, windows_per_task=None)
     assert "auto: as many as leave 2 tasks" in str(p.explain())
     with p:

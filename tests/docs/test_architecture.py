@@ -145,14 +145,21 @@ def test_every_option_is_validated(name, bad):
         z.Pipeline(ws).options(**{name: bad})
 
 
+def test_the_facade_keeps_building_and_identity():
+    """``Pipeline`` has at most 30 public attributes (docs/architecture.md, the facade): iteration,
+    resume, rank lookup, step counts and windows live in their own homes."""
+    public = [n for n in dir(z.Pipeline) if not n.startswith("_")]
+    assert len(public) <= 30, public
+
+
 def test_builder_methods_return_new_pipelines():
     ws = z.MixtureWorkSource([z.Dataset.from_records("d", ["a b c", "d e"])], chunk_size=1)
     base = z.Pipeline(ws).tokenize("bytes")
     a, b = base.pack(8), base.pack(16)  # side by side: neither "already packs"
-    assert a is not base and b is not base and base.accumulators == ()
+    assert a is not base and b is not base and base.description.accumulators == ()
     assert a.fingerprint() != b.fingerprint() != base.fingerprint()
     fast = a.options(runner="synchronous")
-    assert a.settings["runner"] == "distributed" and fast.settings["runner"] == "synchronous"
+    assert a.description.settings["runner"] == "distributed" and fast.description.settings["runner"] == "synchronous"
     assert fast.fingerprint() == a.fingerprint()
 
 

@@ -10,11 +10,12 @@ import sys
 
 import zephon_dask as z
 from zephon_dask import options as options_module
+from zephon_dask.core import phases
 from zephon_dask.core import spec as spec_module
 from zephon_dask.core.spec import PipelineSpec
 from zephon_dask.execution import RUNNERS, Runner, WindowHandle
+from zephon_dask.inspect import counting
 from zephon_dask.operators.base import RecordOp
-from zephon_dask.pipeline import counting, phases
 from zephon_dask.validate import check_choice
 
 
@@ -67,7 +68,7 @@ def test_a_new_runner_needs_its_class_and_a_registry_entry(monkeypatch):
     with base.options(runner="synchronous") as reference, base.options(runner="inline") as mine:
         want = [b["tokens"].tobytes() for b in reference]
         assert [b["tokens"].tobytes() for b in mine] == want and want
-        assert isinstance(mine.runner(), Inline)
+        assert isinstance(mine.session.runner(), Inline)
     assert "no Dask dashboard" in str(base.options(runner="inline").explain())
 
 

@@ -311,7 +311,7 @@ def test_credentials_never_leave_the_storage_options(s3, bucket, tmp_path, caplo
             pass
         seen = [json.dumps(remote.state_dict()), str(remote.explain()), repr(remote), str(remote.stats()),
                 remote.fingerprint()]
-    ds = remote.work_source.datasets[0]
+    ds = remote.spec.source.datasets[0]
     seen += [repr(ds), ds._repr_html_(), ds.chosen_files(), json.dumps(ds.identity()), caplog.text]
     seen += [p.read_text() for p in (tmp_path / "ledger").iterdir()]
     fs = s3.filesystem()

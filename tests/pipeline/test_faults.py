@@ -271,7 +271,7 @@ def test_callable_tokenizer_output_is_checked_never_cast(tmp_path, output, match
 
 def test_special_and_pad_ids_are_checked_against_the_vocabulary(tmp_path):
     p = _pipeline(tmp_path, [{"text": "a"}])
-    pipe = z.Pipeline(p.work_source)
+    pipe = z.Pipeline(p.spec.source)
     with pytest.raises(ConfigError, match="eos_id=-7"):
         pipe.tokenize("bytes", eos_id=-7)
     with pytest.raises(ConfigError, match=r"bos_id=True"):
@@ -279,8 +279,8 @@ def test_special_and_pad_ids_are_checked_against_the_vocabulary(tmp_path):
     with pytest.raises(ConfigError, match=r"\[0, 258\)"):
         pipe.tokenize("bytes", eos_id=258)
     with pytest.raises(ConfigError, match="pad_id=1000000"):
-        z.Pipeline(p.work_source).tokenize("bytes").pack(16, pad_id=10**6)
-    z.Pipeline(p.work_source).tokenize("bytes").pack(16, pad_id=257)
+        z.Pipeline(p.spec.source).tokenize("bytes").pack(16, pad_id=10**6)
+    z.Pipeline(p.spec.source).tokenize("bytes").pack(16, pad_id=257)
 
 
 @pytest.mark.parametrize("value", [7, None, ["a", "b"], {"t": 1}])
@@ -309,7 +309,7 @@ def test_lone_surrogate_names_the_record_and_survives_pickling(tmp_path):
 
 def test_filter_dropping_everything_on_a_repeating_source_stops(tmp_path):
     p = _pipeline(tmp_path, [{"text": f"doc {i}"} for i in range(8)], exhausted_policy="repeat")
-    p = z.Pipeline(p.work_source).filter(lambda r: False).tokenize().pack(16).batch(1).options(
+    p = z.Pipeline(p.spec.source).filter(lambda r: False).tokenize().pack(16).batch(1).options(
         runner="synchronous", canonical_replicas=1, flush_every_k_chunks=1)
     with pytest.raises(EmptyDatasetError, match="no sample") as info, p:
         next(iter(p))

@@ -108,7 +108,7 @@ def test_explain_names_the_plan_and_starts_nothing(corpus):
                      "synchronous (not started", "no Dask dashboard", "warnings: none"):
         assert fragment in text, fragment
     lanes = dict(e.section("lanes and windows").pairs)
-    chunks = [len(p.work_source.lane_chunks(lane, 4)) for lane in range(4)]
+    chunks = [len(p.spec.source.lane_chunks(lane, 4)) for lane in range(4)]
     assert lanes["chunks per lane"] in {str(min(chunks)), f"{min(chunks)}-{max(chunks)}"}
     assert p.session.started_runner is None and e.warnings == ()
     html = Tables(e._repr_html_())
@@ -117,13 +117,13 @@ def test_explain_names_the_plan_and_starts_nothing(corpus):
     datasets = next(t for t in html.tables if t[0][:2] == ["name", "format"])
     assert [row[0] for row in datasets[1:]] == ["web", "code"]
     files = dict(e.section("datasets").notes)  # the files each dataset chose, one line each
-    assert files == {f"{d.name} files": d.chosen_files() for d in p.work_source.datasets}
+    assert files == {f"{d.name} files": d.chosen_files() for d in p.spec.source.datasets}
     assert files["web files"].startswith(f"3 files from {str(corpus / 'web')!r}: part-0.jsonl")
     assert all(line in text for line in files.values())
     assert any(t == [["web files", files["web files"]], ["code files", files["code files"]]]
                for t in html.tables)
     with p:
-        p.runner()  # a started runner is described, with its dashboard if it has one
+        p.session.runner()  # a started runner is described, with its dashboard if it has one
         execution = dict(explain(p).section("execution (never changes the data)").pairs)
         assert execution["runner"] == "synchronous" and execution["dashboard"].startswith("none")
 
@@ -153,11 +153,11 @@ def test_explain_reports_lanes_without_chunks(corpus):
 
 def test_dataset_and_source_html(corpus):
     p = pipeline(corpus)
-    web = p.work_source.datasets[0]
+    web = p.spec.source.datasets[0]
     shards = Tables(web._repr_html_()).tables[-1]
     assert [r[1] for r in shards[1:]] == [s.shard_id for s in web.shards]
     assert [r[2] for r in shards[1:]] == ["20"] * 3
-    source = Tables(p.work_source._repr_html_()).tables[-1]
+    source = Tables(p.spec.source._repr_html_()).tables[-1]
     assert [r[:3] for r in source[1:]] == [["web", "60", "3/5"], ["code", "40", "2/5"]]
     weird = z.Dataset.from_records("<b>x</b>", ["a <i>b</i>"])
     html = weird._repr_html_()
@@ -167,8 +167,8 @@ def test_dataset_and_source_html(corpus):
 
 def test_batch_html_lists_rows_and_sources(corpus):
     p = pipeline(corpus)
-    out = p.compute_window(0, 0)
-    batch = make_batch(out.table.slice(0, 3), 0, 0, p.batch_options, p.work_source.names)
+    out = compute_window(p.spec, 0, 0)
+    batch = make_batch(out.table.slice(0, 3), 0, 0, p.description.batch, p.spec.source.names)
     tables = Tables(batch._repr_html_()).tables
     fields = {row[0] for row in tables[1][1:]}
     assert {"tokens", "labels", "document_ids"} <= fields
@@ -260,7 +260,7 @@ def test_state_html_is_a_lane_table_and_tolerates_extra_keys():
 
 
 def source_tokens(p, doc):
-    dataset = p.work_source.datasets[p.work_source.names.index(doc.dataset)]
+    dataset = p.spec.source.datasets[p.spec.source.names.index(doc.dataset)]
     text = dataset.read(doc.shard, [doc.offset])[0]["text"]
     tok = p.spec.record_ops[0]
     ids = [tok.bos_id, *ByteTokenizer().encode_batch([text])[0].tolist(), tok.eos_id]
@@ -274,7 +274,7 @@ def test_preview_decodes_rows_back_to_the_source_documents(corpus, algorithm):
     assert len(pv.rows) == 4 and pv.rows[0].lane == 1
     whole = 0
     for row in pv.rows:
-        table = p.compute_window(1, row.window).table
+        table = compute_window(p.spec, 1, row.window).table
         assert len(row.documents) == len(table.sample_lineage(row.sample))
         assert sum(d.token_count for d in row.documents) + row.padding == row.length == 96
         for doc in row.documents:

@@ -18,9 +18,11 @@ from hypothesis import strategies as st
 import zephon_dask as z
 from tests.helpers.oracles import batch_rows, ref_group_stream
 from tests.helpers.pipelines import build
+from zephon_dask import compute_window
 from zephon_dask.cli import main as cli
 from zephon_dask.errors import ConfigError, StateError, ZephonWarning
 from zephon_dask.inspect import state_html
+from zephon_dask.pipeline.ranks import owned_lanes
 
 SLOW = settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
@@ -74,7 +76,7 @@ def test_resume_at_random_points_equals_uninterrupted(tmp_path, corpus_dir, seed
     opts = dict(seed=seed, R=R, k=k, microbatch=microbatch, algorithm=algorithm, runner=runner,
                 prefetch_windows=prefetch, dp_degree=2, dp_group_id=group)
     first = build(corpus_dir, **opts)
-    truth = ref_group_stream(first.spec, first.owned_lanes(), microbatch)
+    truth = ref_group_stream(first.spec, owned_lanes(first.description.settings), microbatch)
     got, state = [], None
     for cut in sorted(cuts) + [None]:  # successive resumes, each in a fresh pipeline
         pipe = build(corpus_dir, **{**opts, "prefetch_windows": data.draw(st.integers(1, 6))})
@@ -90,7 +92,7 @@ def test_resume_at_random_points_equals_uninterrupted(tmp_path, corpus_dir, seed
 
 def test_to_torch_state_counts_delivered_not_staged(corpus_dir):
     pipe = build(corpus_dir, runner="synchronous")
-    truth = ref_group_stream(pipe.spec, pipe.owned_lanes(), 3)
+    truth = ref_group_stream(pipe.spec, owned_lanes(pipe.description.settings), 3)
     it = pipe.to_torch(prefetch=4)
     got = [next(it) for _ in range(7)]
     state = pipe.state_dict()  # four more batches are staged ahead; they must not count
@@ -103,7 +105,7 @@ def test_to_torch_state_counts_delivered_not_staged(corpus_dir):
 def test_dataloader_worker_count_change(corpus_dir, before, after):
     """A DataLoader cut at any batch resumes exactly under another worker count."""
     pipe = build(corpus_dir, runner="threads")
-    truth = ref_group_stream(pipe.spec, pipe.owned_lanes(), 3)
+    truth = ref_group_stream(pipe.spec, owned_lanes(pipe.description.settings), 3)
     got = []
     for t in pipe.to_torch_loader(num_workers=before):
         rows = [row[:n].tolist() for row, n in zip(t["tokens"], t["lengths"], strict=True)]
@@ -129,7 +131,7 @@ def test_resume_on_distributed_runner(corpus_dir, tmp_path):
     with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=":0") as lc, \
             Client(lc, set_as_default=False) as client:
         pipe = build(corpus_dir, client=client)
-        truth = ref_group_stream(pipe.spec, pipe.owned_lanes(), 3)
+        truth = ref_group_stream(pipe.spec, owned_lanes(pipe.description.settings), 3)
         head = take(pipe, 40)
         state = via_file(tmp_path, pipe.state_dict())
         pipe.close()
@@ -231,7 +233,7 @@ def test_pointer_recomputed_from_lane_progress(corpus_dir):
 
 def test_state_schema_and_seed_from_checkpoint(corpus_dir, tmp_path):
     pipe = build(corpus_dir, seed=5, runner="synchronous")
-    truth = ref_group_stream(pipe.spec, pipe.owned_lanes(), 3)
+    truth = ref_group_stream(pipe.spec, owned_lanes(pipe.description.settings), 3)
     take(pipe, 9)
     state = pipe.state_dict()
     assert json.loads(json.dumps(state)) == state  # JSON-native
@@ -252,7 +254,7 @@ def test_state_schema_and_seed_from_checkpoint(corpus_dir, tmp_path):
 
 def test_finished_lanes_are_recorded_and_skipped(corpus_dir):
     pipe = build(corpus_dir, microbatch=None, runner="synchronous").batch(3, drop_last=False)
-    truth = ref_group_stream(pipe.spec, pipe.owned_lanes(), 3, drop_last=False)
+    truth = ref_group_stream(pipe.spec, owned_lanes(pipe.description.settings), 3, drop_last=False)
     cut = len(truth) - 5  # lane 2 (69 batches) has finished by then
     head = take(pipe, cut)
     state = pipe.state_dict()
@@ -361,13 +363,13 @@ def test_resume_far_into_an_endless_stream(corpus_dir):
     for progress in state["lanes"].values():
         progress.update(window=1_000_000, offset=3, batches_delivered=5_000_000)
     first = next(iter(build_like(pipe).load_state_dict(state)))
-    window = pipe.compute_window(0, 1_000_000).table
+    window = compute_window(pipe.spec, 0, 1_000_000).table
     assert first.lane == 0 and first.index_in_lane == 5_000_000
     assert first["tokens"][0, : first["lengths"][0]].tolist() == window.slice(3, 4).tokens.tolist()
 
 
 def build_like(pipe):
-    return z.Pipeline(pipe.work_source).tokenize().pack(64).batch(2).options(canonical_replicas=4,
+    return z.Pipeline(pipe.spec.source).tokenize().pack(64).batch(2).options(canonical_replicas=4,
                                                                            runner="synchronous")
 
 

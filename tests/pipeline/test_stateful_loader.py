@@ -20,6 +20,7 @@ from tests.helpers.oracles import batch_rows, ref_group_stream
 from tests.helpers.pipelines import build
 from zephon_dask.consumer import fetcher as fetcher_module
 from zephon_dask.errors import StateError
+from zephon_dask.pipeline.ranks import owned_lanes
 from zephon_dask.pipeline.torch_data import PipelineDataset, PipelineLoader
 
 StatefulDataLoader = pytest.importorskip("torchdata.stateful_dataloader").StatefulDataLoader
@@ -71,7 +72,7 @@ def test_stateful_dataloader_resumes_exactly_and_in_constant_time(corpus_dir, wo
     with build(corpus_dir, runner="synchronous") as pipe:
         full = [rows(item) for item in loader(pipe, workers)]
         if workers == 0:
-            assert full == ref_group_stream(pipe.spec, pipe.owned_lanes(), 3)
+            assert full == ref_group_stream(pipe.spec, owned_lanes(pipe.description.settings), 3)
     windows_log()
     last = len(full)
     for k in (0, 1, 7, last - 1, last):
@@ -153,7 +154,7 @@ def test_stateful_dataloader_refuses_another_worker_count(corpus_dir):
 
 def test_to_torch_loader_is_a_dataloader_with_the_pipelines_state(corpus_dir):
     with build(corpus_dir, runner="synchronous") as pipe:
-        truth = ref_group_stream(pipe.spec, pipe.owned_lanes(), 3)
+        truth = ref_group_stream(pipe.spec, owned_lanes(pipe.description.settings), 3)
         dl = pipe.to_torch_loader(num_workers=2)
         assert isinstance(dl, torch.utils.data.DataLoader) and isinstance(dl.dataset, PipelineDataset)
         head = []
@@ -220,7 +221,7 @@ def framework_loop(source, steps, per_step, ahead, how, pipe):
 def test_state_after_step_n_resumes_at_step_n_plus_1(corpus_dir, ahead, how, via):
     opts = dict(runner="synchronous", batches_per_step=4)
     with build(corpus_dir, **opts) as pipe:
-        truth = ref_group_stream(pipe.spec, pipe.owned_lanes(), 3)
+        truth = ref_group_stream(pipe.spec, owned_lanes(pipe.description.settings), 3)
         source = pipe if via == "iter" else pipe.to_torch_loader()
         consumed, state = framework_loop(source, 5, 4, ahead, how, pipe)
     got = [rows(b) if via == "loader" else batch_rows(b) for b in consumed]
@@ -300,7 +301,7 @@ def test_endless_stream_cannot_be_finished(corpus_dir):
 
 def test_a_newer_iterator_supersedes_the_older(corpus_dir, tmp_path):
     with build(corpus_dir, runner="synchronous", ledger=str(tmp_path / "ledger")) as pipe:
-        truth = ref_group_stream(pipe.spec, pipe.owned_lanes(), 3)
+        truth = ref_group_stream(pipe.spec, owned_lanes(pipe.description.settings), 3)
         first = iter(pipe)
         next(first), next(first)
         second = iter(pipe)

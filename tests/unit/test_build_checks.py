@@ -91,12 +91,12 @@ def test_batch_needs_tokens_and_is_set_once(tmp_path):
         base.batch(2)
     with pytest.raises(ConfigError, match=r"\.batch\(4\) follows \.batch\(2\).*call \.batch\(\) once"):
         base.tokenize().batch(2).batch(4)
-    assert base.tokenize().pack(8).batch(2).batch_options.microbatch_size == 2
+    assert base.tokenize().pack(8).batch(2).description.batch.microbatch_size == 2
     (tmp_path / "d.jsonl").write_text(jsonl([{"text": "hello"}] * 4).decode())
     (tmp_path / "r.toml").write_text('[[datasets]]\nname = "d"\npath = "d.jsonl"\n[tokenize]\n'
                                      '[batch]\nmicrobatch_size = 2\n')
     recipe = z.Pipeline.from_config(tmp_path / "r.toml")  # a recipe's [batch] is a default
-    assert recipe.batch(1, labels="hf").batch_options.labels == "hf"
+    assert recipe.batch(1, labels="hf").description.batch.labels == "hf"
     with pytest.raises(ConfigError, match="follows"):
         recipe.batch(1).batch(3)
 

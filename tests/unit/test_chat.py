@@ -245,7 +245,7 @@ def test_bad_conversations_raise_typed_errors_naming_the_record(conversation, er
     ds = z.Dataset.from_records("convs", records, text_field="messages")
     pipe = one_lane(ds).tokenize_chat("bytes", chat_template=CHATML)
     with pytest.raises(error) as info:
-        pipe.compute_window(0, 0)
+        compute_window(pipe.spec, 0, 0)
     assert isinstance(info.value, ZephonError) and isinstance(info.value, builtin)
     assert "dataset 'convs', shard 1, offset 1" in str(info.value) and words in str(info.value)
 
@@ -256,7 +256,7 @@ def test_missing_field_and_bad_settings():
         one_lane(ds).tokenize_chat("bytes", chat_template=CHATML)  # at build time: the fields are known
     pipe = one_lane(ds).map(lambda r: r, version=1).tokenize_chat("bytes", chat_template=CHATML)
     with pytest.raises(MissingFieldError, match="offset 0 .*no field 'messages'"):
-        pipe.compute_window(0, 0)  # after a map, at run time, naming the record
+        compute_window(pipe.spec, 0, 0)  # after a map, at run time, naming the record
     base = one_lane(ds)
     with pytest.raises(ConfigError, match="no chat template"):
         base.tokenize_chat("bytes")
@@ -315,7 +315,7 @@ def chat_pipeline(chat_dir, bpe, algorithm="best_fit", labels=True, loss_on="ass
 def reference_batch(batch, pipeline, hf):
     """Slow oracle: each row's tokens and mask rebuilt from its lineage and transformers, then the
     labels per token from their definition."""
-    datasets = {d.name: d for d in pipeline.work_source.datasets}
+    datasets = {d.name: d for d in pipeline.spec.source.datasets}
     b, width = batch["tokens"].shape
     tokens = np.zeros((b, width), np.int64)
     mask = np.zeros((b, width), np.int64)

@@ -10,6 +10,7 @@ import fsspec
 import pytest
 
 import zephon_dask as z
+from zephon_dask import compute_window
 from zephon_dask.errors import (
     ConfigError,
     RecipeError,
@@ -98,9 +99,9 @@ def test_recipe_and_hand_built_pipeline_agree(corpus):
     p = z.Pipeline.from_config(recipe(corpus, BASE))
     q = hand_built(corpus)
     assert p.fingerprint() == q.fingerprint()
-    assert p.batch_options == q.batch_options
-    assert p.settings == q.settings
-    assert p.compute_window(1, 0).digest() == q.compute_window(1, 0).digest()
+    assert p.description.batch == q.description.batch
+    assert p.description.settings == q.description.settings
+    assert compute_window(p.spec, 1, 0).digest() == compute_window(q.spec, 1, 0).digest()
 
 
 def test_paths_are_relative_to_the_recipe_folder_not_the_cwd(corpus, tmp_path, monkeypatch):
@@ -110,7 +111,7 @@ def test_paths_are_relative_to_the_recipe_folder_not_the_cwd(corpus, tmp_path, m
     assert r.datasets[0].path == str(corpus / "data" / "prose.jsonl")
     assert r.datasets[1] == DatasetEntry("code", str(corpus / "data" / "code"), "jsonl", "text", 1)
     assert r.weights == {"prose": 2, "code": 1}
-    assert z.Pipeline.from_config(r).work_source.names == ("prose", "code")
+    assert z.Pipeline.from_config(r).spec.source.names == ("prose", "code")
 
 
 def test_urls_are_used_as_written(tmp_path):
@@ -129,7 +130,7 @@ def test_urls_are_used_as_written(tmp_path):
     r = load_recipe(path)
     assert r.datasets[0].path == "memory://zephon-recipe-test/web.jsonl"
     assert r.weights is None
-    assert len(z.Pipeline.from_config(r).work_source) == 5
+    assert len(z.Pipeline.from_config(r).spec.source) == 5
 
 
 def test_hf_tokenizer_path_is_resolved_against_the_recipe(corpus):
@@ -151,8 +152,8 @@ def test_hf_tokenizer_path_is_resolved_against_the_recipe(corpus):
 
 def test_the_example_recipe_builds():
     p = z.Pipeline.from_config(EXAMPLE)
-    assert p.work_source.names == ("prose", "code")
-    assert [d.num_samples for d in p.work_source.datasets] == [50, 50]
+    assert p.spec.source.names == ("prose", "code")
+    assert [d.num_samples for d in p.spec.source.datasets] == [50, 50]
     assert "pack" in str(p.explain())
 
 

@@ -17,6 +17,7 @@ from tests.helpers.pipelines import write_corpus
 from zephon_dask.curriculum import MixtureWorkSource
 from zephon_dask.curriculum.schedule import min_chunk_size
 from zephon_dask.errors import ConfigError, StateError
+from zephon_dask.inspect import phase_plan
 from zephon_dask.pipeline import resume
 from zephon_dask.state import State
 from zephon_dask.state.ledger import verify_ledgers
@@ -175,8 +176,8 @@ def run_steps(pipe, steps):
 def test_step_starts_resolve_to_blocks_and_begin_exactly_when_rows_are_samples(corpus):
     pipe = pipeline(corpus)
     # a lane gives G x MB / R = 3 samples per step; step 6 is lane sample 18, chunk block 3
-    assert pipe.work_source.phase_chunks == (0, 12)
-    plan = pipe.phase_plan()
+    assert pipe.spec.source.phase_chunks == (0, 12)
+    plan = phase_plan(pipe)
     assert [(p.step, p.block, p.begin_step, p.exact) for p in plan] == [(0, 0, 0, True), (6, 3, 6, True)]
     _, batches = run_steps(pipe, 10)
     first_math = min(i // R for i, b in enumerate(batches) if b.dataset_tokens()[2] > 0)  # math: phase 1 only
@@ -186,12 +187,12 @@ def test_step_starts_resolve_to_blocks_and_begin_exactly_when_rows_are_samples(c
 
 def test_packed_pipelines_estimate_the_step_deterministically(corpus):
     pipe = pipeline(corpus, pack=True)
-    plan = pipe.phase_plan()
+    plan = phase_plan(pipe)
     assert not plan[1].exact and plan[0].rows_per_sample > 1  # documents wrap over several rows
     # phase 1 starts at the block nearest to step 6's estimated lane sample
     q = Fraction(R * MB, R)
     assert plan[1].block == round(6 * q / plan[0].rows_per_sample / 6)
-    assert pipeline(corpus, pack=True).work_source.phase_chunks == pipe.work_source.phase_chunks
+    assert pipeline(corpus, pack=True).spec.source.phase_chunks == pipe.spec.source.phase_chunks
 
 
 def test_chunk_starts_must_be_whole_blocks(corpus):
@@ -199,12 +200,12 @@ def test_chunk_starts_must_be_whole_blocks(corpus):
                                  schedule_unit="chunk",
                                  chunk_size=6)
     with pytest.raises(ConfigError, match="use chunk 4 or 8"):
-        z.Pipeline(source).tokenize().batch(MB).options(canonical_replicas=R).phase_plan()
+        phase_plan(z.Pipeline(source).tokenize().batch(MB).options(canonical_replicas=R))
 
 
 def test_steps_too_close_for_distinct_blocks_are_refused(corpus):
     with pytest.raises(ConfigError, match="same chunk block"):
-        pipeline(corpus, [SCHEDULE[0], (5, {"web": 1}), (6, SCHEDULE[1][1])]).phase_plan()  # blocks 2.5, 3
+        phase_plan(pipeline(corpus, [SCHEDULE[0], (5, {"web": 1}), (6, SCHEDULE[1][1])]))  # blocks 2.5, 3
 
 
 def test_elastic_resume_across_the_boundary_verifies_against_an_uninterrupted_run(corpus, tmp_path):
@@ -214,7 +215,7 @@ def test_elastic_resume_across_the_boundary_verifies_against_an_uninterrupted_ru
     for pack in (False, True):
         a, b = tmp_path / f"a{pack}", tmp_path / f"b{pack}"
         whole = pipeline(corpus, pack=pack, ledger=str(a))
-        begin = whole.phase_plan()[1].begin_step
+        begin = phase_plan(whole)[1].begin_step
         assert 4 < begin < 10
         run_steps(whole, 16)
         state, _ = run_steps(pipeline(corpus, pack=pack, ledger=str(b)), 4)
@@ -223,7 +224,7 @@ def test_elastic_resume_across_the_boundary_verifies_against_an_uninterrupted_ru
             p = pipeline(corpus, pack=pack, ledger=str(b), dp_degree=2, dp_group_id=group).load_state_dict(state)
             parts.append(run_steps(p, 6)[0])
         merged = z.merge_states(parts)
-        assert resume.frontier(State.from_dict(merged), K) > whole.work_source.phase_chunks[1] // R  # crossed
+        assert resume.frontier(State.from_dict(merged), K) > whole.spec.source.phase_chunks[1] // R  # crossed
         for group in range(4):
             p = pipeline(corpus, pack=pack, ledger=str(b), dp_degree=4, dp_group_id=group).load_state_dict(merged)
             run_steps(p, 6)
@@ -252,13 +253,13 @@ def test_changing_a_started_phase_is_refused_with_the_diff(corpus, crossed):
 def test_appending_a_future_phase_keeps_the_steps_before_it(corpus, crossed, tmp_path):
     later = [*SCHEDULE, (14, {"web": 1, "code": 1, "math": 2})]
     resumed = pipeline(corpus, later).load_state_dict(crossed)
-    assert resumed.work_source.phase_chunks[:2] == (0, 12)
+    assert resumed.spec.source.phase_chunks[:2] == (0, 12)
     ahead = run_steps(resumed, 4)[1]
     truth = run_steps(pipeline(corpus), 14)[1][10 * R:]
     assert [b["tokens"].tobytes() for b in ahead] == [b["tokens"].tobytes() for b in truth]
     # a phase not started yet may be edited; once its first window is begun it may not
     edited = [*SCHEDULE, (16, {"web": 1, "code": 2, "math": 2})]
-    assert pipeline(corpus, edited).load_state_dict(crossed).work_source.phase_chunks == (0, 12, 32)
+    assert pipeline(corpus, edited).load_state_dict(crossed).spec.source.phase_chunks == (0, 12, 32)
     with pytest.raises(StateError, match=r"schedule\[2\]\.start: checkpoint \('step', 14\), pipeline \('step', 16\)"):
         pipeline(corpus, edited).load_state_dict(resumed.state_dict())  # step 14: block 7's window begun
     with pytest.raises(StateError, match="already delivered samples up to block 6"):
@@ -271,7 +272,7 @@ def test_a_schedule_may_be_appended_to_a_run_without_one(corpus):
                                                           runner="synchronous")
     state, _ = run_steps(pipe, 2)
     later = pipeline(corpus, [(0, {"web": 3, "code": 1, "math": 1}), (20, {"web": 1, "code": 1, "math": 1})])
-    assert later.load_state_dict(state).work_source.phase_chunks == (0, 20 * R * MB // 6 // R * R)
+    assert later.load_state_dict(state).spec.source.phase_chunks == (0, 20 * R * MB // 6 // R * R)
 
 
 def test_explain_plan_and_stats_show_the_phases(corpus):
@@ -351,7 +352,7 @@ def test_cli_chain_dp1_dp2_dp4_across_a_phase_boundary_verifies(tmp_path, capsys
     recipe = tmp_path / "recipe.toml"
     recipe.write_text(text + "\n[[mixture.schedule]]\nstep = 0\nweights = { prose = 0.6, code = 0.4 }\n"
                       "[[mixture.schedule]]\nstep = 14\nweights = { prose = 0.1, code = 0.9 }\n")
-    phase = z.Pipeline.from_config(recipe).phase_plan()[1]
+    phase = phase_plan(z.Pipeline.from_config(recipe))[1]
     assert 10 < phase.begin_step < 20
 
     def run(*args):

@@ -16,6 +16,7 @@ import zephon_dask as z
 from tests.helpers.pipelines import build
 from zephon_dask.cli import main as cli
 from zephon_dask.errors import ConfigError, StateError
+from zephon_dask.pipeline.ranks import owned_lanes
 from zephon_dask.state import steps
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "recipe.toml"
@@ -162,7 +163,7 @@ def test_v1_checkpoint_written_by_the_previous_release_resumes_exactly(corpus_di
     assert state["step"] == {"global_step": 2, "batches_in_step": 2, "batches_per_step": 4, "dp_degree": 1,
                              "global_batches": 4, "microbatch_size": 0}
     pipe = build(corpus_dir, runner="synchronous", batches_per_step=4)
-    truth = ref_group_stream(pipe.spec, pipe.owned_lanes(), 3)
+    truth = ref_group_stream(pipe.spec, owned_lanes(pipe.description.settings), 3)
     pipe.load_state_dict(state)
     assert [batch_rows(b) for b in pipe] == truth[10:]
     assert pipe.state_dict()["step"]["global_step"] == (len(truth) - 10 + 2) // 4 + 2

@@ -23,10 +23,12 @@ from hypothesis import strategies as st
 
 import zephon_dask as z
 from tests.helpers.oracles import batch_rows, ref_stream, ref_token_allocation
+from zephon_dask.core import phases
 from zephon_dask.curriculum import MixtureWorkSource
 from zephon_dask.curriculum.mixture import Mixture
 from zephon_dask.errors import ConfigError, StateError, ZephonWarning
-from zephon_dask.pipeline import measure, phases, resume
+from zephon_dask.inspect import phase_plan
+from zephon_dask.pipeline import measure, resume
 from zephon_dask.state import State
 
 WORDS = "a bb ccc dddd eeeee".split()
@@ -69,7 +71,7 @@ def pipeline(root, weights=None, R=2, k=4, seed=0, weight_by="tokens", **options
 
 def test_full_pass_token_shares_are_within_two_points_of_the_target(skewed):
     pipe = pipeline(skewed)
-    tps = dict(zip(pipe.work_source.names, pipe.work_source.tokens_per_sample))
+    tps = dict(zip(pipe.spec.source.names, pipe.spec.source.tokens_per_sample))
     assert 8 < tps["long"] / tps["short"] < 12  # the corpus is skewed tenfold
     for _ in pipe:
         pass
@@ -110,24 +112,24 @@ def test_measurement_is_a_seeded_sample_through_the_record_operators(skewed):
     source = z.MixtureWorkSource([short, long], {"short": 1, "long": 1}, chunk_size=16, seed=7,
                                  weight_by="tokens")
     pipe = z.Pipeline(source).tokenize()
-    assert dict(zip(source.names, pipe.work_source.tokens_per_sample)) == expected
-    assert z.Pipeline(source).tokenize().work_source.tokens_per_sample == pipe.work_source.tokens_per_sample
+    assert dict(zip(source.names, pipe.spec.source.tokens_per_sample)) == expected
+    assert z.Pipeline(source).tokenize().spec.source.tokens_per_sample == pipe.spec.source.tokens_per_sample
     # the pipeline's own operators: a filter's dropped records count as zero tokens
     odd = z.Pipeline(source).filter(lambda r: r["i"] % 2 == 1, version=1).tokenize()
-    assert all(a < b for a, b in zip(odd.work_source.tokens_per_sample, pipe.work_source.tokens_per_sample))
-    assert source.unmeasured and pipe.work_source is pipe.work_source  # measured once, on a new source
+    assert all(a < b for a, b in zip(odd.spec.source.tokens_per_sample, pipe.spec.source.tokens_per_sample))
+    assert source.unmeasured and pipe.spec.source is pipe.spec.source  # measured once, on a new source
     with pytest.raises(ConfigError, match="not measured"):
         len(source)
     with pytest.raises(ConfigError, match="positive number"):  # every record filtered out
-        _ = z.Pipeline(source).filter(lambda r: False, version=1).tokenize().work_source
+        _ = z.Pipeline(source).filter(lambda r: False, version=1).tokenize().spec.source
 
 
 def test_derived_pipelines_measure_with_their_own_operators(skewed):
     source = z.MixtureWorkSource(datasets(skewed), {"short": 1, "long": 1}, chunk_size=16, weight_by="tokens")
     base = z.Pipeline(source).tokenize(eos=False)
-    first = base.work_source.tokens_per_sample  # measured with tokenize only
+    first = base.spec.source.tokens_per_sample  # measured with tokenize only
     longer = base.map(lambda r: {**r, "tokens": list(r["tokens"]) * 2}, version=1)
-    assert longer.work_source.tokens_per_sample == tuple(2 * t for t in first)
+    assert longer.spec.source.tokens_per_sample == tuple(2 * t for t in first)
 
 
 # -- identity and checkpoints -------------------------------------------------------------------
@@ -138,7 +140,7 @@ def test_config_and_fingerprint_carry_weight_by_and_the_numbers(skewed):
     cfg = tokens.spec.config()["source"]
     assert cfg["weight_by"] == "tokens" and cfg["weights"] == {"short": "3/10", "long": "7/10"}
     assert cfg["tokens_per_sample"] == {n: f"{v.numerator}/{v.denominator}" for n, v in
-                                        zip(tokens.work_source.names, tokens.work_source.tokens_per_sample)}
+                                        zip(tokens.spec.source.names, tokens.spec.source.tokens_per_sample)}
     assert "weight_by" not in samples.spec.config()["source"]  # as before weight_by existed
     assert tokens.fingerprint() != samples.fingerprint()
     given = z.MixtureWorkSource(datasets(skewed), {"short": 0.3, "long": 0.7}, chunk_size=16, weight_by="tokens",
@@ -170,9 +172,9 @@ def test_resume_reuses_the_checkpoint_measurement(skewed, monkeypatch):
     first = pipeline(skewed)
     head = take(first, 12)
     state = z.load_state(z.save_state(skewed / "state.json", first.state_dict()))
-    saved = first.work_source.tokens_per_sample
+    saved = first.spec.source.tokens_per_sample
     monkeypatch.setattr(measure, "SAMPLE_SIZE", 5)  # a measurement now gives other numbers...
-    assert pipeline(skewed).work_source.tokens_per_sample != saved
+    assert pipeline(skewed).spec.source.tokens_per_sample != saved
     resumed = pipeline(skewed)
 
     def never(*args):
@@ -180,7 +182,7 @@ def test_resume_reuses_the_checkpoint_measurement(skewed, monkeypatch):
 
     monkeypatch.setattr(measure, "measure_tokens_per_sample", never)  # ...and is never made
     resumed.load_state_dict(state)
-    assert resumed.work_source.tokens_per_sample == saved
+    assert resumed.spec.source.tokens_per_sample == saved
     assert head + take(resumed, 18) == truth
     given = z.MixtureWorkSource(datasets(skewed), {"short": 0.3, "long": 0.7}, chunk_size=16, weight_by="tokens",
                                 tokens_per_sample={"short": 1, "long": 2})
@@ -226,7 +228,7 @@ def test_each_schedule_phase_meets_its_token_shares_over_a_pass(skewed):
     converted with the same measured tokens per sample. Rows are samples here, so each phase's
     steps are exact and its realized token shares are compared with its own targets."""
     pipe = scheduled(skewed, [(0, {"short": 0.3, "long": 0.7}), (30, {"short": 0.7, "long": 0.3})])
-    source = pipe.work_source
+    source = pipe.spec.source
     tps = source.tokens_per_sample
     assert source.phase_chunks == (0, 30) and 8 < tps[1] / tps[0] < 12  # 30 steps x 16 samples = 30 chunks
     for p, phase in enumerate(source.phases):
@@ -269,7 +271,7 @@ def test_resume_across_the_phase_boundary_reuses_the_measurement(skewed, monkeyp
                 for _ in range(steps)]
 
     whole = make(batches_per_step=4)
-    begin = whole.phase_plan()[1].begin_step
+    begin = phase_plan(whole)[1].begin_step
     assert 3 < begin < 10
     truth = run([whole], 10, 4)
     one = make(batches_per_step=4)
@@ -277,8 +279,8 @@ def test_resume_across_the_phase_boundary_reuses_the_measurement(skewed, monkeyp
     state = z.load_state(z.save_state(skewed / "sched-state.json", one.state_dict()))
     saved = state["config"]["source"]
     assert saved["tokens_per_sample"] and [ph["chunk"] for ph in saved["schedule"]] == list(
-        whole.work_source.phase_chunks)
-    assert resume.frontier(State.from_dict(state), 2) <= whole.work_source.phase_chunks[1] // 4  # phase 1 not started yet
+        whole.spec.source.phase_chunks)
+    assert resume.frontier(State.from_dict(state), 2) <= whole.spec.source.phase_chunks[1] // 4  # phase 1 not started yet
 
     def never(*args):
         raise AssertionError("a resume must not measure")
@@ -286,10 +288,10 @@ def test_resume_across_the_phase_boundary_reuses_the_measurement(skewed, monkeyp
     monkeypatch.setattr(measure, "measure_tokens_per_sample", never)
     monkeypatch.setattr(phases, "rows_per_sample", never)  # the phase starts come from the checkpoint too
     two = [make(dp_degree=2, dp_group_id=g, batches_per_step=2).load_state_dict(state) for g in range(2)]
-    assert all(p.work_source.tokens_per_sample == whole.work_source.tokens_per_sample for p in two)
+    assert all(p.spec.source.tokens_per_sample == whole.spec.source.tokens_per_sample for p in two)
     assert head + run(two, 7, 2) == truth
     merged = z.merge_states([p.state_dict() for p in two])
-    assert resume.frontier(State.from_dict(merged), 2) > whole.work_source.phase_chunks[1] // 4  # the dp 2 leg crossed
+    assert resume.frontier(State.from_dict(merged), 2) > whole.spec.source.phase_chunks[1] // 4  # the dp 2 leg crossed
     assert merged["fingerprint"] == whole.fingerprint()
 
 
@@ -320,8 +322,8 @@ def test_stateful_dataloader_resumes_a_token_schedule_across_its_boundary(skewed
 
     whole, loader = fresh()
     truth = items(loader, total)
-    saved = whole.work_source.tokens_per_sample
-    assert whole.work_source.phase_chunks == (0, 4) and whole.phase_plan()[1].begin_step == 4
+    saved = whole.spec.source.tokens_per_sample
+    assert whole.spec.source.phase_chunks == (0, 4) and phase_plan(whole)[1].begin_step == 4
     assert whole.step_shape().global_batches == 2  # phase 1 begins at item 4 x 2 = 8
     heads, states = {}, {}
     for k in cuts:
@@ -333,7 +335,7 @@ def test_stateful_dataloader_resumes_a_token_schedule_across_its_boundary(skewed
 
     monkeypatch.setattr(measure, "SAMPLE_SIZE", 5)  # a measurement now gives other numbers...
     drifted, loader = fresh()
-    assert drifted.work_source.tokens_per_sample != saved
+    assert drifted.spec.source.tokens_per_sample != saved
     drift = items(loader, total)
 
     def never(*args):
@@ -345,7 +347,7 @@ def test_stateful_dataloader_resumes_a_token_schedule_across_its_boundary(skewed
             m.setattr(measure, "measure_tokens_per_sample", never)  # ...and none is made on resume
             resumed.load_state_dict(states[k])
             tail = items(resumed, total - k)
-            assert pipe.work_source.tokens_per_sample == saved
+            assert pipe.spec.source.tokens_per_sample == saved
         assert heads[k] + tail == truth, f"cut at item {k}"
         assert drift[k:] != truth[k:]  # a resume on the fresh numbers would have been caught
 
@@ -391,7 +393,7 @@ def test_stateful_dataloader_state_records_the_global_step_of_a_schedule(skewed,
                                   multiprocessing_context="fork" if workers else None)
 
     whole, loader = fresh()
-    plan = whole.phase_plan()
+    plan = phase_plan(whole)
     assert plan[1].exact and plan[1].begin_step == 2 and whole.step_shape().global_batches == per_step
     truth, states = loader_items(loader, total, cuts)
     del loader

@@ -381,7 +381,7 @@ class MixtureWorkSource:
         if self.unmeasured:
             raise ConfigError(
                 "this MixtureWorkSource weighs by tokens and its tokens per sample are not measured: "
-                "a Pipeline measures them on first use (use pipeline.work_source), or pass "
+                "a Pipeline measures them on first use (use pipeline.spec.source), or pass "
                 "tokens_per_sample={name: tokens} to MixtureWorkSource"
             )
 
@@ -407,7 +407,7 @@ class MixtureWorkSource:
         if self.schedule is None:
             raise ConfigError(
                 "this source's schedule starts at global steps, which depend on the batch shape: a "
-                "Pipeline converts them into chunk starts (pipeline.work_source is resolved), or give "
+                "Pipeline converts them into chunk starts (pipeline.spec.source is resolved), or give "
                 "phase_chunks=[...] / schedule_unit='chunk' (see docs/concepts.md, mixture schedules)"
             )
         return self.schedule

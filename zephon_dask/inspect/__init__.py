@@ -3,7 +3,9 @@
 Every function here is pure: it reads a pipeline (or a dataset, work source,
 batch or state dict) and returns text, HTML or a small value object. Nothing
 here starts a runner or a cluster; :func:`preview` computes windows in this
-process with ``pipeline.compute_window``.
+process with :func:`zephon_dask.compute_window`. :func:`step_count` (how many global steps
+a finite stream gives, :mod:`.counting`) and :func:`phase_plan` (where a mixture
+schedule's phases begin) return values instead of views.
 
 This package lies below :mod:`zephon_dask.pipeline`: ``Pipeline.explain()``,
 ``preview()``, ``plan()``, ``window_graph()``, ``stats()`` and its ``repr``
@@ -13,9 +15,10 @@ states) reach their HTML through :mod:`zephon_dask.views`, where :mod:`.reprs`
 registers it.
 """
 
+from .counting import StepCount, step_count
 from .explain import Explanation, Section, explain
 from .graph import WindowGraphView, window_graph
-from .plans import PlanEntry, PlanTable, lane_plans, plan_table
+from .plans import PlanEntry, PlanTable, lane_plans, phase_plan, plan_table
 from .plots import plot_mixture, plot_packing
 from .preview import Preview, PreviewDocument, PreviewRow, preview
 from .reprs import (
@@ -38,6 +41,7 @@ __all__ = [
     "PreviewDocument",
     "PreviewRow",
     "Section",
+    "StepCount",
     "WindowGraphView",
     "batch_html",
     "dataset_html",
@@ -46,6 +50,7 @@ __all__ = [
     "pipeline_html",
     "pipeline_summary",
     "pipeline_text",
+    "phase_plan",
     "plan_table",
     "plot_mixture",
     "plot_packing",
@@ -53,5 +58,6 @@ __all__ = [
     "source_html",
     "state_html",
     "stats",
+    "step_count",
     "window_graph",
 ]

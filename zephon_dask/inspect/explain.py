@@ -9,7 +9,7 @@ sample are not measured yet is measured first (once per pipeline; see
 :mod:`zephon_dask.pipeline.measure`), and for a mixture schedule in global steps
 in a pipeline whose rows are not samples (``pack``, ``filter``, ...) each phase's
 rows per sample are measured once on lane 0's first window (see
-:mod:`zephon_dask.pipeline.phases`).
+:mod:`zephon_dask.core.phases`).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from ..errors import ClusterError, ConfigError, ElasticityWarning, NotFoundError
 from ..execution import RUNNERS, choose_runner
 from ..graph.keys import FP_CHARS
 from ..state import steps
+from .counting import step_count
 from .plans import PHASE_HEADERS, phase_rows
 from .render import (
     html_block,
@@ -222,12 +223,23 @@ def _group(pipeline, replicas: int, options: dict) -> tuple[Section, list[str]]:
     return Section("this DP group", pairs=tuple(pairs)), notes
 
 
+def lanes_of(pipeline) -> list[int]:
+    """The lanes ``pipeline``'s DP group owns: its identity's share of the curriculum's mapping.
+
+    Raises:
+        ConfigError: the DP identity is invalid.
+    """
+    degree, group = pipeline.identity()
+    settings = pipeline.description.settings
+    return routing.group_lanes(settings["canonical_replicas"], degree, settings["mapping_strategy"])[group]
+
+
 def steps_in_a_pass(pipeline) -> str:
     """The step count of one pass when it is known without computing a window (rows are
     samples, or ``num_steps()`` counted them), else how to count it; ``endless``."""
     if pipeline.spec.source.num_chunks is None:
         return "endless"
-    count = pipeline.step_count(compute=False)
+    count = step_count(pipeline, compute=False)
     if count is None:
         return "finite; pipeline.num_steps() counts them (computes every window once, here)"
     return count.describe() + (", counted" if count.counted else ", exact from the curriculum")
@@ -254,7 +266,7 @@ def _prefetch(given: int | None, runner, pipeline) -> str:
     if runner is None:
         return f"auto: {per}"
     try:
-        return f"auto: {runner.default_prefetch(len(pipeline.owned_lanes()))} ({per})"
+        return f"auto: {runner.default_prefetch(len(lanes_of(pipeline)))} ({per})"
     except ClusterError:
         return f"auto: {per} (the cluster does not answer)"
 
@@ -267,7 +279,7 @@ def _windows_per_task(given: int | None, options: dict, runner, pipeline) -> str
     rule = "as many as leave 2 tasks in flight per worker thread, at most 4; in-process runners: 1"
     if runner is None:
         return f"auto: {rule}"
-    lanes = len(pipeline.owned_lanes())
+    lanes = len(lanes_of(pipeline))
     try:
         prefetch = options["prefetch_windows"] or runner.default_prefetch(lanes)
         return f"auto: {runner.windows_per_task(prefetch, lanes)} ({rule})"
@@ -316,11 +328,11 @@ def _execution(pipeline, options: dict, fingerprint: str) -> Section:
 def explain(pipeline) -> Explanation:
     """The plan of ``pipeline`` (see the module docstring for what it touches)."""
     spec = pipeline.spec
-    options = pipeline.settings
+    options = pipeline.description.settings
     fingerprint = spec.fingerprint
     lanes, lane_notes = _lanes(spec)
     group, group_notes = _group(pipeline, spec.canonical_replicas, options)
-    batch = Section("batches", pairs=tuple((k, str(v)) for k, v in pipeline.batch_options.config().items()))
+    batch = Section("batches", pairs=tuple((k, str(v)) for k, v in pipeline.description.batch.config().items()))
     schedule = phase_rows(pipeline)
     phases = (Section("mixture schedule", headers=PHASE_HEADERS, rows=schedule),) if schedule else ()
     sections = (_datasets(spec.source), _mixture(spec.source), *phases, lanes, group, _operators(spec), batch,

@@ -81,6 +81,6 @@ def window_graph(pipeline, lane: int, window: int, fused: bool | None = None) ->
     """Lane ``lane``'s window ``window`` as a graph; ``fused=None`` follows the ``fuse`` option."""
     spec = pipeline.spec
     if fused is None:
-        fused = bool(pipeline.settings["fuse"])
+        fused = bool(pipeline.description.settings["fuse"])
     graph = build_window_graph(spec, lane, window, fused)
     return WindowGraphView(**{f.name: getattr(graph, f.name) for f in fields(graph)}, spec=spec)

@@ -15,6 +15,7 @@ import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
+from ..core import phases
 from ..curriculum import routing
 from ..errors import ConfigError, ElasticityWarning
 from ..state import steps
@@ -96,11 +97,35 @@ def _begins(plan) -> str:
     return f"{whole:,}" if whole == plan.begin_step else f"{whole:,} (mid-step)"
 
 
+def phase_plan(pipeline, estimate: bool = True) -> list[phases.PhasePlan]:
+    """Where each schedule phase of ``pipeline`` begins: requested step, chunk block, and the
+    global step (exact when rows are samples in stream order, else estimated; see
+    ``docs/concepts.md``).
+
+    Args:
+        pipeline: a :class:`~zephon_dask.Pipeline`.
+        estimate: measure every phase's rows per sample, so each begin step is set.
+
+    Returns:
+        A list of :class:`~zephon_dask.core.phases.PhasePlan` (empty without a schedule).
+
+    Example:
+        >>> [(p.step, p.block, p.begin_step) for p in zephon_dask.inspect.phase_plan(pipeline)]  # doctest: +SKIP
+        [(0, 0, Fraction(0, 1)), (50000, 4883, Fraction(50000, 1))]
+    """
+    spec = pipeline.spec
+    source = spec.source
+    if source.phases is None:
+        return []
+    return phases.plan(spec, pipeline.step_shape().global_batches, pipeline.description.batch.microbatch_size,
+                       dict(enumerate(source.phase_chunks or ())), estimate)
+
+
 def phase_rows(pipeline) -> tuple[tuple[str, ...], ...]:
     """One row per schedule phase of ``pipeline`` (none without a schedule)."""
-    source = pipeline.work_source
+    source = pipeline.spec.source
     rows = []
-    for plan in pipeline.phase_plan():
+    for plan in phase_plan(pipeline):
         assert source.phases is not None
         requested = f"step {plan.step:,}" if plan.step is not None else f"chunk {source.phases[plan.phase].start:,}"
         weights = ", ".join(f"{n} {float(w):.3g}" for n, w in zip(source.names, source.phases[plan.phase].weights,
@@ -159,10 +184,10 @@ def plan_table(pipeline, dp_degrees: Iterable[int] = (1, 2, 4, 8),
                mappings: Sequence[str] = routing.MAPPING_STRATEGIES) -> PlanTable:
     """:func:`lane_plans` for a pipeline's ``canonical_replicas`` and ``batches_per_step``, with its
     mixture's weights (and, weighted by tokens, the tokens per sample) in a header line."""
-    options = pipeline.settings
+    options = pipeline.description.settings
     table = lane_plans(options["canonical_replicas"], dp_degrees, mappings, options.get("batches_per_step"),
                        options.get("global_batches_per_step"))
-    return replace(table, mixture=mixture_line(pipeline.work_source), phases=phase_rows(pipeline))
+    return replace(table, mixture=mixture_line(pipeline.spec.source), phases=phase_rows(pipeline))
 
 
 def mixture_line(source) -> str:

@@ -1,6 +1,6 @@
 """``preview(pipeline, n, lane)``: the first rows of a lane decoded back to text. Pure.
 
-Windows are computed here with ``pipeline.compute_window`` (no Dask, no
+Windows are computed here with ``zephon_dask.compute_window`` (no Dask, no
 cluster). Each row is split at its document boundaries (runs of one
 ``document_ids`` value; padding is ``-1``); each segment is paired with its
 lineage row ``(dataset, shard, offset, token_start, token_count)`` and decoded
@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..core.window import compute_window
 from ..operators.tokenize import Tokenize
 from ..validate import check_int
 from .render import esc, html_block, html_table, html_title, shorten
@@ -153,7 +154,7 @@ def preview(pipeline, n: int = 3, lane: int = 0, max_windows: int = 16) -> Previ
     rows: list[PreviewRow] = []
     window = 0
     while len(rows) < n and window < limit:
-        table = pipeline.compute_window(lane, window).table
+        table = compute_window(spec, lane, window).table
         for i in range(min(len(table), n - len(rows))):
             start, stop = int(table.offsets[i]), int(table.offsets[i + 1])
             tokens, doc_ids = table.tokens[start:stop], table.document_ids[start:stop]

@@ -13,7 +13,7 @@ from ..core.spec import has_tokens
 from ..errors import ConfigError, ZephonError
 from ..execution import choose_runner
 from ..state.schema import LANE_FIELDS, STATE_KEYS, State
-from .explain import Section, steps_in_a_pass
+from .explain import Section, lanes_of, steps_in_a_pass
 from .render import html_block, html_pairs, html_table, html_title, span
 
 SHARDS_SHOWN = 20
@@ -85,7 +85,7 @@ def source_html(source) -> str:
 def _identity(pipeline) -> str:
     try:
         degree, group = pipeline.identity()
-        lanes = pipeline.owned_lanes()
+        lanes = lanes_of(pipeline)
     except ConfigError as exc:  # a repr never raises: show what is wrong instead
         return f"invalid ({exc})"
     return f"dp_degree={degree}, dp_group_id={group}, lanes {lanes}"
@@ -95,7 +95,7 @@ def _runner(pipeline) -> str:
     runner = pipeline.session.started_runner  # only a runner already started; never start one
     if runner is not None:
         return runner.describe()
-    return f"{choose_runner(pipeline.settings)} (starts on the first iteration)"
+    return f"{choose_runner(pipeline.description.settings)} (starts on the first iteration)"
 
 
 def _short(op) -> str:
@@ -127,7 +127,7 @@ def _unmeasured_summary(pipeline) -> Section:
     return Section("zephon_dask Pipeline", pairs=(
         ("fingerprint", "not yet: weight_by='tokens' measures tokens per sample once the pipeline tokenizes"),
         ("datasets", datasets),
-        ("operators", " -> ".join(_short(op) for op in pipeline.record_ops) or "none"),
+        ("operators", " -> ".join(_short(op) for op in pipeline.description.record_ops) or "none"),
         ("identity", _identity(pipeline)),
         ("runner", _runner(pipeline)),
     ))
@@ -136,7 +136,7 @@ def _unmeasured_summary(pipeline) -> Section:
 def pipeline_summary(pipeline) -> Section:
     """One screen about ``pipeline``: fingerprint, datasets with sizes, stream, lanes and
     windows, operators, batch shape, DP identity and runner (reads only; starts nothing)."""
-    if pipeline.session.base_source.unmeasured and not has_tokens(pipeline.session.base_source, pipeline.record_ops):
+    if pipeline.session.base_source.unmeasured and not has_tokens(pipeline.session.base_source, pipeline.description.record_ops):
         return _unmeasured_summary(pipeline)
     spec = pipeline.spec
     source = spec.source
@@ -152,7 +152,7 @@ def pipeline_summary(pipeline) -> Section:
     else:
         windows = span([spec.num_windows(lane) for lane in range(replicas)])
     ops = " -> ".join(_short(op) for op in (*spec.record_ops, *spec.accumulators)) or "none"
-    batch = pipeline.batch_options
+    batch = pipeline.description.batch
     pairs = (
         ("fingerprint", spec.fingerprint[:16]),
         ("datasets", datasets),

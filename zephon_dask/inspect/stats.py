@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import plots
+from .plans import phase_plan
 from .render import html_block, html_pairs, html_table, html_title, text_pairs, text_table
 
 
@@ -184,8 +185,8 @@ def _phases(pipeline, history: list[dict]) -> list[dict]:
     """The realized mixture per schedule phase, over the history steps each phase covers: sample
     and token shares against the phase's sample and token targets (the latter with
     ``weight_by="tokens"``; the headline ``target``/``realized`` in the ``weight_by`` unit)."""
-    source = pipeline.work_source
-    plans = pipeline.phase_plan()
+    source = pipeline.spec.source
+    plans = phase_plan(pipeline)
     unit = "token" if source.weight_by == "tokens" else "sample"
     out = []
     for i, plan in enumerate(plans):
@@ -232,7 +233,7 @@ def stats(pipeline) -> PipelineStats:
     """Snapshot the pipeline's current (or last) iteration; zeros before the first."""
     progress = pipeline.session.current_progress()
     stream = pipeline.session.stream
-    source = pipeline.work_source
+    source = pipeline.spec.source
     pack = stream.stats if stream is not None else {}
     fetcher = stream.fetcher if stream is not None else None
     history = [{"global_step": h["global_step"], "tokens": h["tokens"], "slots": h["slots"],
@@ -249,7 +250,7 @@ def stats(pipeline) -> PipelineStats:
     for c, row in enumerate(mixture):
         row["whole_window_share"] = int(whole[1][c]) / whole_total if whole_total else None
         row["held"] = int(held[c])
-    packs = [a for a in pipeline.accumulators if a.name == "pack"]
+    packs = [a for a in pipeline.description.accumulators if a.name == "pack"]
     return PipelineStats(
         lanes=[{"lane": lane, **progress.lane[lane].to_dict()} for lane in progress.lanes],
         global_step=progress.global_step,

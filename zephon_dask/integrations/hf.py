@@ -80,7 +80,7 @@ def pipeline_of(obj, where: str = "train_dataset"):
 
 def check_hf_labels(pipeline, where: str) -> None:
     """Refuse a pipeline whose labels a Hugging Face model cannot take."""
-    options = pipeline.batch_options
+    options = pipeline.description.batch
     if options.label_convention != "hf":
         raise ConfigError(
             f"the {where} pipeline's batches have labels={options.labels!r}; Hugging Face models "
@@ -267,7 +267,7 @@ class ZephonTrainerMixin(_TrainerBase):
         if pipeline.session.resume is not None:
             raise ConfigError(f"{where} has a loaded state, but every evaluation reads its pipeline from the "
                               "beginning: evaluate on a pipeline without load_state_dict()")
-        replicas = pipeline.settings["canonical_replicas"]
+        replicas = pipeline.description.settings["canonical_replicas"]
         if any(pipeline.spec.num_windows(lane) is None for lane in range(replicas)):
             raise ConfigError(f"the {where} pipeline never ends (exhausted_policy='repeat'), so an evaluation "
                               "would not either: evaluate a finite stream, e.g. MixtureWorkSource(..., "
@@ -294,8 +294,8 @@ class ZephonTrainerMixin(_TrainerBase):
             logger.info("gradient_accumulation_steps = %d: the pipeline's batches per rank per global step",
                         shape.per_rank)
         self.args.gradient_accumulation_steps = shape.per_rank
-        self.args.per_device_train_batch_size = self.pipeline.batch_options.microbatch_size
-        self._train_batch_size = self.pipeline.batch_options.microbatch_size  # what Trainer logs and counts
+        self.args.per_device_train_batch_size = self.pipeline.description.batch.microbatch_size
+        self._train_batch_size = self.pipeline.description.batch.microbatch_size  # what Trainer logs and counts
 
     def get_train_dataloader(self):
         """The pipeline's loader, unprepared (never re-sharded), yielding the model's fields."""

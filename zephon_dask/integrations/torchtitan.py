@@ -119,7 +119,7 @@ class ZephonDataLoader(BaseDataLoader):
                           "e.g. ZephonDataLoader.Config(recipe='recipe.toml')")
 
     def _check_batches(self) -> None:
-        options = self.pipeline.batch_options
+        options = self.pipeline.description.batch
         if options.label_convention != "shifted":
             raise ConfigError(f"the pipeline's batches have labels={options.labels!r}; TorchTitan's loss "
                               "takes next-token targets: .batch(n, labels=True)")
@@ -133,7 +133,7 @@ class ZephonDataLoader(BaseDataLoader):
                 f"hold {options.microbatch_size} (.batch({options.microbatch_size})): make them equal, "
                 "e.g. with zephon_dask.integrations.torchtitan.configure(config, pipeline)"
             )
-        longest = max((op.max_length for op in self.pipeline.accumulators if hasattr(op, "max_length")),
+        longest = max((op.max_length for op in self.pipeline.description.accumulators if hasattr(op, "max_length")),
                       default=None)
         if longest is not None and longest > self.seq_len:
             raise ConfigError(f"the pipeline packs rows of {longest} tokens (.pack({longest})) but "
@@ -154,7 +154,7 @@ class ZephonDataLoader(BaseDataLoader):
                               f"training.seq_len={self.seq_len}: pack rows to at most seq_len (.pack(n))")
         pad = self.seq_len - width
         if pad:
-            pad_id = self.pipeline.batch_options.pad_id
+            pad_id = self.pipeline.description.batch.pad_id
             tokens = torch.nn.functional.pad(tokens, (0, pad), value=pad_id)
             positions = torch.nn.functional.pad(positions, (0, pad), value=0)
             labels = torch.nn.functional.pad(labels, (0, pad), value=IGNORE_INDEX)
@@ -231,14 +231,14 @@ def configure(config, pipeline: Pipeline, num_workers: int = 0):
         >>> from zephon_dask.integrations.torchtitan import configure  # doctest: +SKIP
         >>> config = configure(llama3_debugmodel(), pipeline)  # doctest: +SKIP
     """
-    if pipeline.settings["batches_per_step"] is not None:
+    if pipeline.description.settings["batches_per_step"] is not None:
         raise ConfigError("configure() needs a global step that is the same at every DP degree: set "
                           ".options(global_batches_per_step=G) instead of batches_per_step")
     if config.parallelism.pipeline_parallel_degree > 1:
         raise ConfigError("with pipeline parallelism TorchTitan reads micro-batches of parallelism."
                           "pipeline_parallel_microbatch_size: set it to the pipeline's micro-batch size and "
                           "training.global_batch_size to G x that size yourself")
-    microbatch = pipeline.batch_options.microbatch_size
+    microbatch = pipeline.description.batch.microbatch_size
     config.dataloader = ZephonDataLoader.Config(pipeline=pipeline, num_workers=num_workers)
     config.training.local_batch_size = microbatch
     config.training.global_batch_size = pipeline.step_shape().global_batches * microbatch

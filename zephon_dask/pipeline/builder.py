@@ -13,28 +13,28 @@ pipeline owns one, and ``iter()``, ``state_dict()``, ``load_state_dict()``
 and ``close()`` act on it. A pipeline derived from one with a loaded state
 carries that state on (checked again when the data changed).
 
-The class keeps building and identity; the rest are one-line calls into
-their homes: :mod:`.ranks` (DP identity, lanes), :mod:`.counting` (step
-counts), :mod:`.torch_data` (torch adapters), :mod:`zephon_dask.inspect`
-(views) and :mod:`zephon_dask.recipe` (``from_config``).
+The class keeps building and identity (``description``, ``spec``,
+``fingerprint``, ``identity``, ``step_shape``); the rest are one-line calls
+into their homes: the session (iteration, checkpoints, the runner:
+``pipeline.session.runner()``), :mod:`.ranks` (DP identity, lanes:
+``ranks.owned_lanes(pipeline.description.settings)``), :mod:`.resume`,
+:mod:`.torch_data` (torch adapters), :mod:`zephon_dask.inspect` (views, step
+counts, phase plans) and :mod:`zephon_dask.recipe` (``from_config``).
 """
 
 from __future__ import annotations
 
 import inspect
-import warnings
-from collections.abc import Mapping
-from functools import partial
+from dataclasses import replace
 from types import MappingProxyType
 from typing import Any
 
 from .. import inspect as inspection
 from ..consumer.batch import BatchOptions
 from ..core.spec import PipelineSpec, has_tokens
-from ..core.window import WindowOutput, compute_window
 from ..curriculum import MixtureWorkSource
 from ..data import fields as record_fields
-from ..errors import ConfigError, UnsizedPipelineError, ZephonWarning
+from ..errors import ConfigError, UnsizedPipelineError
 from ..operators.base import Accumulator, RecordOp
 from ..operators.chat import ROLES, TokenizeChat
 from ..operators.pack import Pack
@@ -49,10 +49,9 @@ from ..state import steps
 from ..state.progress import StepShape
 from ..state.schema import State
 from ..validate import check_bool, check_int
-from . import counting, phases
+from .description import Description
 from .guard import refuse_fetching_ahead
 from .ranks import dp_identity
-from .ranks import owned_lanes as group_owned_lanes
 from .resume import check as check_resume
 from .session import Session
 
@@ -78,26 +77,21 @@ class Pipeline:
                 "wrap datasets as MixtureWorkSource([dataset, ...])"
             )
         self._source = work_source
-        self._record_ops: tuple[RecordOp, ...] = ()
-        self._accumulators: tuple[Accumulator, ...] = ()
-        self._batch = BatchOptions()
+        self._description = Description((), (), BatchOptions(), MappingProxyType(dict(DEFAULTS)))
         self._batched = False  # .batch() was called: it sets the shape once
-        self._settings: Mapping[str, Any] = MappingProxyType(dict(DEFAULTS))
-        self._session = self._new_session(work_source)
-        self._resolved: tuple | None = None  # (source, (G, microbatch), its schedule resolved)
+        self._session = Session(work_source, self._description)
 
     def _derive(self, **changes) -> Pipeline:
-        """A new pipeline: this description with ``changes`` (``record_ops``, ``accumulators``,
-        ``batch``, ``settings``), a fresh session, and this one's loaded state carried on."""
+        """A new pipeline: this description with ``changes`` (fields of :class:`Description`, and
+        ``batched``), a fresh session, and this one's loaded state carried on."""
         new = object.__new__(Pipeline)
         new._source = self._source
-        new._record_ops = changes.get("record_ops", self._record_ops)
-        new._accumulators = changes.get("accumulators", self._accumulators)
-        new._batch = changes.get("batch", self._batch)
-        new._batched = changes.get("batched", self._batched)
-        new._settings = MappingProxyType(dict(changes.get("settings", self._settings)))
-        new._session = new._new_session(self._session.base_source, self._source)  # measured again if its operators need it
-        new._resolved = None
+        new._batched = changes.pop("batched", self._batched)
+        if "settings" in changes:
+            changes["settings"] = MappingProxyType(dict(changes["settings"]))
+        new._description = replace(self._description, **changes)
+        # the session never sees the pipeline; its source is measured again if its operators need it
+        new._session = Session(self._session.base_source, new._description, built=self._source)
         resume = self._session.resume
         if resume is not None:
             if new.spec.fingerprint == self.spec.fingerprint:
@@ -106,21 +100,15 @@ class Pipeline:
                 new.load_state_dict(resume)
         return new
 
-    def _new_session(self, source: MixtureWorkSource, built: MixtureWorkSource | None = None) -> Session:
-        """A session running this description over ``source`` (``built``: the source as built, if
-        another); it never sees the pipeline."""
-        return Session(source, self._record_ops, self._settings, self._batch,
-                       spec=partial(getattr, self, "spec"), step_shape=self.step_shape, built=built)  # picklable
-
     # -- stateless ------------------------------------------------------------------
 
     def _add_record_op(self, op: RecordOp) -> Pipeline:
-        if self._accumulators:
+        if self._description.accumulators:
             raise ConfigError(
-                f".{op.name}() comes after .{self._accumulators[-1].name}(): stateless operators "
+                f".{op.name}() comes after .{self._description.accumulators[-1].name}(): stateless operators "
                 "run per chunk, before the accumulators; move it earlier in the chain"
             )
-        return self._derive(record_ops=(*self._record_ops, op))
+        return self._derive(record_ops=(*self._description.record_ops, op))
 
     def map(self, fn, name: str | None = None, version=None) -> Pipeline:
         """Apply ``fn(record) -> record`` to every record, in its chunk task (stateless).
@@ -218,7 +206,7 @@ class Pipeline:
         Example:
             >>> pipeline.tokenize("tokenizer.json", bos=True, eos=True)  # doctest: +SKIP
         """
-        if any(op.makes_tokens for op in self._record_ops):
+        if any(op.makes_tokens for op in self._description.record_ops):
             raise ConfigError("the pipeline already tokenizes; call .tokenize() once")
         op = Tokenize(tokenizer, field, bos, eos, max_length, split_long, bos_id, eos_id, name, version)
         self._check_field("tokenize", op.field)
@@ -265,7 +253,7 @@ class Pipeline:
         Example:
             >>> pipeline.tokenize_chat("tok/tokenizer.json", loss_on="last")  # doctest: +SKIP
         """
-        if any(op.makes_tokens for op in self._record_ops):
+        if any(op.makes_tokens for op in self._description.record_ops):
             raise ConfigError("the pipeline already tokenizes; call .tokenize() or .tokenize_chat() once")
         op = TokenizeChat(tokenizer, field, chat_template, loss_on, max_length, bos_token, eos_token, roles)
         self._check_field("tokenize_chat", op.field)
@@ -274,7 +262,7 @@ class Pipeline:
     def _check_field(self, call: str, field: str) -> None:
         """``field`` must be among each dataset's known fields (``Dataset.fields``) when the records
         reach ``call`` unchanged: no ``map``/``filter`` before it, which could add or drop fields."""
-        if any(not isinstance(op, DecodeText) for op in self._record_ops):
+        if any(not isinstance(op, DecodeText) for op in self._description.record_ops):
             return
         for ds in self._source.datasets:
             known = getattr(ds, "fields", None)
@@ -286,7 +274,7 @@ class Pipeline:
     # -- accumulators ---------------------------------------------------------------
 
     def _add_accumulator(self, op: Accumulator, batch: BatchOptions | None = None) -> Pipeline:
-        return self._derive(accumulators=(*self._accumulators, op), batch=batch or self._batch)
+        return self._derive(accumulators=(*self._description.accumulators, op), batch=batch or self._description.batch)
 
     def pack(self, max_length: int, algorithm: str = "wrap", pad_id: int = 0,
              num_bins: int | None = None) -> Pipeline:
@@ -313,18 +301,18 @@ class Pipeline:
         Example:
             >>> pipeline.pack(2048, algorithm="best_fit")  # doctest: +SKIP
         """
-        if any(isinstance(op, Pack) for op in self._accumulators):
+        if any(isinstance(op, Pack) for op in self._description.accumulators):
             raise ConfigError("the pipeline already packs; call .pack() once")
         self._check_tokens("pack")
         op = Pack(max_length, algorithm, pad_id, num_bins)
-        for tok in (o for o in self._record_ops if isinstance(o, Tokenize)):
+        for tok in (o for o in self._description.record_ops if isinstance(o, Tokenize)):
             tok.check_id(pad_id, "pad_id")  # a pad id outside the vocabulary breaks the embedding
         for ds in self._source.datasets:  # token stores: their vocabulary, when known
             vocab = getattr(ds, "vocab_size", None)
             if vocab is not None:
                 check_int(pad_id, "pad_id", 0, below=vocab, call="pack",
                           hint=f"a token id of dataset {ds.name!r}'s vocabulary")
-        return self._add_accumulator(op, BatchOptions(**{**self._batch.config(), "pad_id": pad_id}))
+        return self._add_accumulator(op, BatchOptions(**{**self._description.batch.config(), "pad_id": pad_id}))
 
     def shuffle(self, buffer_size: int, seed: int | None = None) -> Pipeline:
         """Shuffle each window's samples through a reservoir of ``buffer_size`` (an accumulator).
@@ -371,12 +359,12 @@ class Pipeline:
             >>> pipeline.stateful("dedup", set, push, lambda s: [])  # doctest: +SKIP
         """
         self._check_tokens("stateful")
-        if any(isinstance(op, Stateful) and op.label == name for op in self._accumulators):
+        if any(isinstance(op, Stateful) and op.label == name for op in self._description.accumulators):
             raise ConfigError(f"an accumulator named {name!r} exists already; names are unique")
         return self._add_accumulator(Stateful(name, init, push, flush, version))
 
     def _check_tokens(self, op: str) -> None:
-        if not has_tokens(self._source, self._record_ops):
+        if not has_tokens(self._source, self._description.record_ops):
             raise ConfigError(
                 f".{op}() needs token ids: call .tokenize(...) first (or read a token store "
                 "with Dataset.from_tokens)"
@@ -414,7 +402,7 @@ class Pipeline:
             >>> pipeline.batch(8, labels=True)  # doctest: +SKIP
         """
         if self._batched:
-            old = self._batch
+            old = self._description.batch
             raise ConfigError(
                 f".batch({microbatch_size!r}) follows .batch({old.microbatch_size!r}): the batch shape "
                 "is set once; call .batch() once, with every argument (on the pipeline before it, to "
@@ -424,7 +412,7 @@ class Pipeline:
                             ("cu_seqlens", cu_seqlens)):
             check_bool(value, flag, call="batch")
         return self._derive(batch=BatchOptions(microbatch_size, drop_last, labels, ignore_index,
-                                               mask_document_boundaries, cu_seqlens, self._batch.pad_id),
+                                               mask_document_boundaries, cu_seqlens, self._description.batch.pad_id),
                             batched=True)
 
     def options(self, **settings: Any) -> Pipeline:
@@ -449,99 +437,24 @@ class Pipeline:
             >>> pipeline.options(canonical_replicas=8, prefetch_windows=6)  # doctest: +SKIP
         """
         checked = check_options(settings)
-        merged = {**self._settings, **checked}
+        merged = {**self._description.settings, **checked}
         if checked.get("global_batches_per_step") is not None:
             steps.check_global(checked["global_batches_per_step"], merged["canonical_replicas"])
         return self._derive(settings=merged)
 
     @property
-    def settings(self) -> Mapping[str, Any]:
-        """Every option's value (read-only): data, step and execution settings.
+    def description(self) -> Description:
+        """What this pipeline was built with besides its work source: record operators,
+        accumulators, batch shape and settings (a frozen value; see :mod:`.description`).
 
         Returns:
-            A read-only mapping of option name to value; unset options hold their
-            defaults from :data:`zephon_dask.options.OPTIONS`.
+            A :class:`~zephon_dask.pipeline.description.Description`.
 
         Example:
-            >>> pipeline.settings["canonical_replicas"]  # doctest: +SKIP
+            >>> pipeline.description.settings["canonical_replicas"]  # doctest: +SKIP
             8
         """
-        return self._settings
-
-    @property
-    def batch_options(self) -> BatchOptions:
-        """The batch shape and fields set by :meth:`batch` (a frozen value).
-
-        Returns:
-            The :class:`~zephon_dask.consumer.BatchOptions` (microbatch size,
-            ``drop_last``, labels, padding id, ...).
-        """
-        return self._batch
-
-    @property
-    def work_source(self) -> MixtureWorkSource:
-        """The work source: this pipeline's, or after ``load_state_dict`` one with the state's seed;
-        a schedule given in global steps has its phases resolved to chunk blocks (see
-        :mod:`.phases`; after ``load_state_dict``, the checkpoint's).
-
-        With ``weight_by="tokens"`` and no ``tokens_per_sample``, the first access measures
-        them with this pipeline's record operators (see :mod:`zephon_dask.pipeline.measure`);
-        after ``load_state_dict`` they are the checkpoint's.
-
-        Returns:
-            The :class:`~zephon_dask.curriculum.MixtureWorkSource` the batches come from.
-
-        Raises:
-            ConfigError: the schedule's phases cannot start at distinct whole chunk blocks.
-        """
-        source = self._session.source
-        if source.phases is None:
-            return source
-        shape = self.step_shape()
-        key = (shape.global_batches, self._batch.microbatch_size)
-        if self._resolved is None or self._resolved[0] is not source or self._resolved[1] != key:
-            resolved = phases.resolve(self._spec_of(source), *key, known=dict(enumerate(source.phase_chunks or ())))
-            self._resolved = (source, key, resolved)
-        return self._resolved[2]
-
-    def phase_plan(self, estimate: bool = True) -> list[phases.PhasePlan]:
-        """Where each schedule phase begins: requested step, chunk block, and the global step
-        (exact when rows are samples in stream order, else estimated; see ``docs/concepts.md``).
-
-        Args:
-            estimate: measure every phase's rows per sample, so each begin step is set.
-
-        Returns:
-            A list of :class:`~zephon_dask.pipeline.phases.PhasePlan` (empty without a schedule).
-
-        Example:
-            >>> [(p.step, p.block, p.begin_step) for p in pipeline.phase_plan()]  # doctest: +SKIP
-            [(0, 0, Fraction(0, 1)), (50000, 4883, Fraction(50000, 1))]
-        """
-        source = self.work_source
-        if source.phases is None:
-            return []
-        shape = self.step_shape()
-        return phases.plan(self._spec_of(source), shape.global_batches, self._batch.microbatch_size,
-                           dict(enumerate(source.phase_chunks or ())), estimate)
-
-    @property
-    def record_ops(self) -> tuple[RecordOp, ...]:
-        """The record operators (``map``, ``filter``, ``tokenize``, ...), in order.
-
-        Returns:
-            A tuple of :class:`~zephon_dask.operators.RecordOp`, each run per chunk.
-        """
-        return self._record_ops
-
-    @property
-    def accumulators(self) -> tuple[Accumulator, ...]:
-        """The window accumulators (``shuffle``, ``pack``, ``stateful``), in order.
-
-        Returns:
-            A tuple of :class:`~zephon_dask.operators.Accumulator`, each run per window.
-        """
-        return self._accumulators
+        return self._description
 
     @property
     def session(self) -> Session:
@@ -558,13 +471,21 @@ class Pipeline:
     def spec(self) -> PipelineSpec:
         """The data definition: work source, operators, lanes and window size.
 
+        ``spec.source`` is the work source the batches come from: this pipeline's, or after
+        ``load_state_dict`` one with the state's seed; a schedule given in global steps has its
+        phases resolved to chunk blocks (see :mod:`zephon_dask.core.phases`; after
+        ``load_state_dict``, the checkpoint's). With ``weight_by="tokens"`` and no
+        ``tokens_per_sample``, the first access measures them with this pipeline's record
+        operators (see :mod:`zephon_dask.pipeline.measure`); after ``load_state_dict`` they are
+        the checkpoint's. One window is ``zephon_dask.compute_window(pipeline.spec, lane, window)``.
+
         Returns:
             A :class:`~zephon_dask.core.PipelineSpec`; its ``fingerprint`` is :meth:`fingerprint`.
-        """
-        return self._spec_of(self.work_source)
 
-    def _spec_of(self, source: MixtureWorkSource) -> PipelineSpec:
-        return PipelineSpec.of(source, self._record_ops, self._accumulators, self._settings)
+        Raises:
+            ConfigError: the schedule's phases cannot start at distinct whole chunk blocks.
+        """
+        return self._session.spec()
 
     def fingerprint(self) -> str:
         """SHA-256 of every data-defining setting (execution options never change it).
@@ -577,25 +498,6 @@ class Pipeline:
             '3f9a0c1d2b7e4a55'
         """
         return self.spec.fingerprint
-
-    def compute_window(self, lane: int, window: int) -> WindowOutput:
-        """One window, computed here without Dask (for notebooks and tests).
-
-        Args:
-            lane: the lane, in ``[0, canonical_replicas)``.
-            window: the window's index within the lane.
-
-        Returns:
-            The window's samples and counters, a :class:`~zephon_dask.core.WindowOutput`.
-
-        Raises:
-            ChunkOutOfRangeError: the lane has no such window.
-
-        Example:
-            >>> len(pipeline.compute_window(lane=0, window=0))  # doctest: +SKIP
-            48
-        """
-        return compute_window(self.spec, lane, window)
 
     # -- identity -----------------------------------------------------------------------
 
@@ -611,37 +513,12 @@ class Pipeline:
         Example:
             >>> pipeline.options(dp_degree=2, dp_group_id=1).identity()  # doctest: +SKIP
             (2, 1)
+            >>> ranks.owned_lanes(pipeline.description.settings)  # its lanes; doctest: +SKIP
+            [4, 5, 6, 7]
         """
-        return dp_identity(self._settings)
-
-    def owned_lanes(self) -> list[int]:
-        """The lanes this DP group owns.
-
-        Returns:
-            Lane ids, in the order the round-robin visits them.
-
-        Raises:
-            ConfigError: the DP identity is invalid (see :meth:`identity`).
-
-        Example:
-            >>> pipeline.options(canonical_replicas=8, dp_degree=2, dp_group_id=0).owned_lanes()  # doctest: +SKIP
-            [0, 1, 2, 3]
-        """
-        return group_owned_lanes(self._settings)
+        return dp_identity(self._description.settings)
 
     # -- execution ------------------------------------------------------------------------
-
-    def runner(self):
-        """The started runner (started on first use, reused after; closed by :meth:`close`).
-
-        Returns:
-            A :class:`~zephon_dask.execution.base.Runner` (the one ``options(runner=...)`` chooses).
-
-        Raises:
-            ClosedError: the pipeline was closed.
-            ClusterError: the distributed runner could not reach or start its cluster.
-        """
-        return self._session.runner()
 
     def __iter__(self):
         """Batches of this group's lanes, in strict round-robin.
@@ -694,7 +571,7 @@ class Pipeline:
         computed here once, in this process (the whole stream is read, tokenized
         and packed; cached for the data config). It counts a whole pass from the
         start, not what is left after a loaded state; batches after the last full
-        step are in :meth:`step_count`.
+        step are in :func:`zephon_dask.inspect.step_count`.
 
         Returns:
             The global steps every DP group completes (``zephon-dask run --steps``
@@ -708,31 +585,9 @@ class Pipeline:
             >>> pipeline.num_steps()  # doctest: +SKIP
             53
         """
-        count = self.step_count()
+        count = inspection.step_count(self)
         assert count is not None
         return count.steps
-
-    def step_count(self, compute: bool = True) -> counting.StepCount | None:
-        """One pass's :class:`~zephon_dask.pipeline.counting.StepCount`: full global steps,
-        batches, and those left after the last full step (see :meth:`num_steps`).
-
-        Args:
-            compute: compute the windows when the count needs them; ``False``
-                returns ``None`` then (what ``repr`` and ``explain()`` do).
-
-        Returns:
-            A ``StepCount`` (``steps``, ``batches``, ``left``, ``counted``), or
-            ``None`` with ``compute=False`` when the windows would be needed.
-
-        Raises:
-            EndlessStreamError: the stream never ends.
-            ConfigError: the step settings are invalid at this degree.
-
-        Example:
-            >>> pipeline.step_count()  # doctest: +SKIP
-            StepCount(steps=53, batches=213, left=1, counted=True)
-        """
-        return counting.step_count(self, compute)
 
     def __bool__(self) -> bool:
         """Always true (``__len__`` would raise)."""
@@ -829,31 +684,7 @@ class Pipeline:
             ConfigError: the step settings make steps depend on the topology.
             StateError: they would change a loaded state's global step.
         """
-        degree, _ = self.identity()
-        return self.shape_for(self._session.resume, degree)
-
-    def shape_for(self, state: State | None, degree: int) -> StepShape:
-        """The global step at ``degree`` for a resume from ``state`` (``None``: a fresh start).
-
-        Args:
-            state: a checked :class:`~zephon_dask.state.State`, or ``None``.
-            degree: the data-parallel degree.
-
-        Returns:
-            A :class:`~zephon_dask.state.progress.StepShape`.
-
-        Raises:
-            ConfigError: the step settings make steps depend on the topology.
-            StateError: they would change the state's global step.
-        """
-        saved = state.step if state is not None else None
-        with warnings.catch_warnings():  # uneven groups are warned where the lanes are served, after a bad step
-            warnings.simplefilter("ignore", ZephonWarning)
-            owned = len(self.owned_lanes())
-        return steps.step_shape(self._settings["canonical_replicas"], degree, owned,
-                                self._settings["batches_per_step"], self._settings["global_batches_per_step"],
-                                saved.global_batches if saved is not None else None, self._batch.microbatch_size,
-                                saved.microbatch_size if saved is not None else 0)
+        return self._session.step_shape()
 
     def state_dict(self, *, ahead: int | None = None, at_step: int | None = None) -> dict:
         """Progress of what this group's iteration delivered to the caller: a plain ``dict``.
@@ -924,7 +755,7 @@ class Pipeline:
         Example:
             >>> pipeline.load_state_dict(zephon_dask.load_state("ckpt/data.json"))  # doctest: +SKIP
         """
-        resumed = check_resume(self, state, stacklevel=2)
+        resumed = check_resume(self._session, state, stacklevel=2)
         self._session.load(resumed.state, resumed.source)
         return self
 
@@ -945,12 +776,6 @@ class Pipeline:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-    def __del__(self):
-        try:
-            self._session.close()
-        except Exception:  # interpreter shutdown, or a half-built object: best effort
-            pass
 
     # -- inspection: the inspect package draws them (it reads the pipeline, never imports it) --
 

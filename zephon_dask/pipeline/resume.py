@@ -24,14 +24,16 @@ import warnings
 from dataclasses import dataclass
 from typing import Any
 
+from ..core import phases
 from ..core.spec import PipelineSpec
 from ..curriculum import MixtureWorkSource
 from ..errors import ConfigError, StateError, ZephonWarning
 from ..log import logger
 from ..operators.identity import sha256_json
+from ..state import steps
 from ..state.progress import StepShape
 from ..state.schema import State, config_diff, describe_diff
-from . import phases
+from .ranks import dp_identity, owned_lanes
 
 
 @dataclass(frozen=True)
@@ -43,11 +45,12 @@ class Resume:
     shape: StepShape
 
 
-def check(pipeline, state: Any, lanes: list[int] | None = None, *, stacklevel: int | None = None) -> Resume:
-    """``state`` checked for resuming ``lanes`` (default: the group's) of ``pipeline``'s data.
+def check(session, state: Any, lanes: list[int] | None = None, *, stacklevel: int | None = None) -> Resume:
+    """``state`` checked for resuming ``lanes`` (default: the group's) of the data ``session`` runs.
 
     Args:
-        pipeline: the :class:`~zephon_dask.pipeline.Pipeline` to resume.
+        session: the :class:`~zephon_dask.pipeline.session.Session` to resume (its description
+            and work source as built).
         state: a state dict (any version) or a :class:`~zephon_dask.state.State`.
         lanes: the lanes the state must cover.
         stacklevel: when given (a user's ``load_state_dict``), warn where the checkpoint's seed
@@ -62,18 +65,38 @@ def check(pipeline, state: Any, lanes: list[int] | None = None, *, stacklevel: i
             impossible positions, or the settings would change its global step.
     """
     state = State.from_dict(state)
-    lanes = pipeline.owned_lanes() if lanes is None else lanes
-    degree = pipeline.identity()[0]
-    _check_replicas(state, pipeline.settings["canonical_replicas"])
-    source, scheduled = _work_source(pipeline, state, degree)
-    spec = PipelineSpec.of(source, pipeline.record_ops, pipeline.accumulators, pipeline.settings)
+    d = session.description
+    lanes = owned_lanes(d.settings) if lanes is None else lanes
+    degree = dp_identity(d.settings)[0]
+    _check_replicas(state, d.settings["canonical_replicas"])
+    source, scheduled = _work_source(session, state, degree)
+    spec = PipelineSpec.of(source, d.record_ops, d.accumulators, d.settings)
     _check_config(state, spec.config(), scheduled)
     check_covers(state, lanes)
     check_positions(spec, state)
-    shape = pipeline.shape_for(state, degree)  # refuses a setting that would change the state's G
+    shape = shape_for(d, state, degree)  # refuses a setting that would change the state's G
     if stacklevel is not None:
-        _announce(pipeline, state, source, lanes, stacklevel + 2)  # + this frame and _announce's
+        _announce(session.base_source, state, source, lanes, stacklevel + 2)  # + this frame and _announce's
     return Resume(state, source, shape)
+
+
+def shape_for(description, state: State | None, degree: int) -> StepShape:
+    """The global step at ``degree`` for a resume from ``state`` (``None``: a fresh start) of a
+    pipeline with ``description`` (its :class:`~.description.Description`).
+
+    Raises:
+        ConfigError: the step settings make steps depend on the topology.
+        StateError: they would change the state's global step.
+    """
+    settings = description.settings
+    saved = state.step if state is not None else None
+    with warnings.catch_warnings():  # uneven groups are warned where the lanes are served, after a bad step
+        warnings.simplefilter("ignore", ZephonWarning)
+        owned = len(owned_lanes(settings))
+    return steps.step_shape(settings["canonical_replicas"], degree, owned,
+                            settings["batches_per_step"], settings["global_batches_per_step"],
+                            saved.global_batches if saved is not None else None, description.batch.microbatch_size,
+                            saved.microbatch_size if saved is not None else 0)
 
 
 def _check_replicas(state: State, replicas: int) -> None:
@@ -86,20 +109,21 @@ def _check_replicas(state: State, replicas: int) -> None:
         )
 
 
-def _work_source(pipeline, state: State, degree: int) -> tuple[MixtureWorkSource, bool]:
+def _work_source(session, state: State, degree: int) -> tuple[MixtureWorkSource, bool]:
     """The work source to resume with (see the module docstring, step 3), and whether either
     side has a schedule (its phases are then compared by :func:`reconcile`)."""
     saved = state.config.get("source", {})
-    source = pipeline.session.built_source
+    source = session.built_source
     seed = saved.get("seed")
     if isinstance(seed, int) and seed != source.seed:
         source = source.with_seed(seed)
     source = _checkpoint_measurement(source, saved)  # before the phases: they may measure
     scheduled = source.phases is not None or "schedule" in saved
     if scheduled and not source.unmeasured:  # the phases by the schedule's rules, the rest as below
-        shape = pipeline.shape_for(state, degree)
-        spec = PipelineSpec.of(source, pipeline.record_ops, pipeline.accumulators, pipeline.settings)
-        source = reconcile(saved, state, spec, shape.global_batches, pipeline.batch_options.microbatch_size)
+        d = session.description
+        shape = shape_for(d, state, degree)
+        spec = PipelineSpec.of(source, d.record_ops, d.accumulators, d.settings)
+        source = reconcile(saved, state, spec, shape.global_batches, d.batch.microbatch_size)
     return source, scheduled
 
 
@@ -166,10 +190,10 @@ def check_positions(spec: PipelineSpec, state: State) -> None:
                              "batch; the state is corrupted")
 
 
-def _announce(pipeline, state: State, source: MixtureWorkSource, lanes: list[int], stacklevel: int) -> None:
-    """Warn where the checkpoint's seed or tokens per sample override the pipeline's; log where
-    the resume starts."""
-    base = pipeline.session.base_source
+def _announce(base: MixtureWorkSource, state: State, source: MixtureWorkSource, lanes: list[int],
+              stacklevel: int) -> None:
+    """Warn where the checkpoint's seed or tokens per sample override the pipeline's (``base``:
+    its session's source); log where the resume starts."""
     if source.seed != base.seed:
         warnings.warn(f"resuming with the checkpoint's seed {source.seed}, not this pipeline's seed "
                       f"{base.seed}", ZephonWarning, stacklevel=stacklevel)

@@ -21,11 +21,13 @@ session it owns is everything that happens when it runs:
   that starts at a loaded state with nothing left goes on into the next pass
   (:meth:`iterate`).
 
-A session never sees its pipeline: it is given the description's parts that
-do not change (the record operators, the settings, the batch shape) and two
-functions for what depends on its own loaded state, the spec (a schedule
-resolved for the global step) and the step shape (a checkpoint's G). The
-DP identity and rank come from the settings (:mod:`.ranks`).
+A session never sees its pipeline: it receives the pipeline's
+:class:`~.description.Description` (record operators, accumulators, batch
+shape, settings) and the work source, and derives from them and its own
+loaded state the spec (:meth:`Session.spec`, a schedule resolved for the
+global step by :mod:`zephon_dask.core.phases`, cached) and the step shape
+(:meth:`Session.step_shape`, a checkpoint's G kept; :func:`.resume.shape_for`).
+The DP identity and rank come from the settings (:mod:`.ranks`).
 
 The public attributes and methods here are what the torch adapters, the
 inspectors and the CLI read; nothing outside this module touches the rest.
@@ -33,23 +35,22 @@ inspectors and the CLI read; nothing outside this module touches the rest.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from dataclasses import replace
-from typing import Any
 
-from ..consumer.batch import BatchOptions
 from ..consumer.stream import BatchStream
+from ..core import phases
 from ..core.spec import PipelineSpec, has_tokens
 from ..curriculum import MixtureWorkSource
 from ..errors import ClosedError, ConfigError, StateError
 from ..execution import Runner, make_runner
-from ..operators.base import RecordOp
 from ..state.ledger import LedgerWriter
 from ..state.progress import Progress, StepShape, resume_point
 from ..state.schema import State, StepProgress
+from .description import Description
 from .measure import measured
-from .ranks import owned_lanes, process_rank
-from .resume import check_covers
+from .ranks import dp_identity, owned_lanes, process_rank
+from .resume import check_covers, shape_for
 
 _END = object()  # the end of an iterator (next()'s default)
 
@@ -65,11 +66,9 @@ HANDED_OUT = ("this pipeline was handed to a DataLoader by to_torch_dataset(), s
 class Session:
     """The runtime of one :class:`Pipeline` (see the module docstring). Holds state."""
 
-    def __init__(self, source: MixtureWorkSource, record_ops: tuple[RecordOp, ...], settings: Mapping[str, Any],
-                 batch: BatchOptions, spec: Callable[[], PipelineSpec], step_shape: Callable[[], StepShape],
-                 built: MixtureWorkSource | None = None):
-        self.record_ops, self.settings, self.batch = record_ops, settings, batch  # the description's
-        self._spec, self._step_shape = spec, step_shape  # the spec and step for this session's state
+    def __init__(self, source: MixtureWorkSource, description: Description, built: MixtureWorkSource | None = None):
+        self.description = description  # the pipeline's operators, batch shape and settings
+        self._resolved: tuple | None = None  # (source, (G, microbatch), its schedule resolved)
         self.built_source = source if built is None else built  # the pipeline's source as built
         self.base_source = source  # the pipeline's source, or one with a checkpoint's seed and measurement
         self._measured: MixtureWorkSource | None = None  # base_source with its tokens per sample measured, once needed
@@ -92,17 +91,39 @@ class Session:
         """The work source the batches come from: :attr:`base_source`, measured if it weighs by
         tokens and has no tokens per sample yet (measured once per session)."""
         if self._measured is None:
-            if self.base_source.unmeasured and not has_tokens(self.base_source, self.record_ops):
+            if self.base_source.unmeasured and not has_tokens(self.base_source, self.description.record_ops):
                 raise ConfigError(
                     "the work source weighs by tokens (weight_by='tokens'), measured with the pipeline's "
                     "tokenizer: call .tokenize(...) before using the pipeline's data"
                 )
-            self._measured = measured(self.base_source, self.record_ops)
+            self._measured = measured(self.base_source, self.description.record_ops)
         return self._measured
 
     @source.setter
     def source(self, source) -> None:
         self.base_source, self._measured = source, None
+
+    def work_source(self) -> MixtureWorkSource:
+        """The work source the batches come from, a schedule given in global steps resolved to chunk
+        blocks for the current batch shape and global step (cached; after a load, the checkpoint's)."""
+        source = self.source
+        if source.phases is None:
+            return source
+        key = (self.step_shape().global_batches, self.description.batch.microbatch_size)
+        if self._resolved is None or self._resolved[0] is not source or self._resolved[1] != key:
+            spec = PipelineSpec.of(source, self.description.record_ops, self.description.accumulators,
+                                   self.description.settings)
+            self._resolved = (source, key, phases.resolve(spec, *key, known=dict(enumerate(source.phase_chunks or ()))))
+        return self._resolved[2]
+
+    def spec(self) -> PipelineSpec:
+        """The data definition this session runs (see ``Pipeline.spec``)."""
+        d = self.description
+        return PipelineSpec.of(self.work_source(), d.record_ops, d.accumulators, d.settings)
+
+    def step_shape(self) -> StepShape:
+        """The global step at the group's degree, a loaded state's G kept (see ``Pipeline.step_shape``)."""
+        return shape_for(self.description, self.resume, dp_identity(self.description.settings)[0])
 
     # -- the runner ---------------------------------------------------------------------
 
@@ -116,12 +137,12 @@ class Session:
         if self.closed:
             raise ClosedError("this pipeline is closed; build a new one (or use it in a `with` block "
                               "only once) instead of iterating it again from its start")
-        spec = self._spec()
+        spec = self.spec()
         if self._runner is not None and self._runner_fp != spec.fingerprint:  # a checkpoint's seed
             self._runner.close()
             self._runner = None
         if self._runner is None:
-            self._runner = make_runner(spec, dict(self.settings))
+            self._runner = make_runner(spec, dict(self.description.settings))
             self._runner_fp = spec.fingerprint
         return self._runner
 
@@ -131,11 +152,11 @@ class Session:
         """A new stream over ``lanes`` starting at ``resume`` (a state; ``None``: the beginning)."""
         start, _ = resume_point(resume, lanes)
         runner = self.runner()
-        settings = self.settings
+        settings = self.description.settings
         slots = runner.share(len(lanes))  # as many first windows split as the workers compute together
         prefetch = settings["prefetch_windows"] or runner.default_prefetch(len(lanes))
         return BatchStream(
-            self._spec(), self.batch, lanes, runner, prefetch,
+            self.spec(), self.description.batch, lanes, runner, prefetch,
             deterministic=settings["deterministic"], fused=settings["fuse"],
             start=start, first_lane=first_lane, split_first=slots if slots > 1 else 0,
             windows_per_task=settings["windows_per_task"] or runner.windows_per_task(prefetch, len(lanes)),
@@ -160,13 +181,13 @@ class Session:
     def begin(self) -> tuple[Progress, int]:
         """Start a new iteration over the group's lanes (at :meth:`next_start`); it supersedes
         any older one, whose ledger file is closed. Returns its progress and generation."""
-        lanes = owned_lanes(self.settings)
+        lanes = owned_lanes(self.description.settings)
         start = self.next_start(lanes)
-        shape = self._step_shape()
+        shape = self.step_shape()
         self.end_iteration()
-        ledger = self.settings["ledger"]
-        writer = LedgerWriter(ledger, process_rank(self.settings)) if ledger is not None else None
-        self.progress = Progress(self._spec(), lanes, start, shape, writer)
+        ledger = self.description.settings["ledger"]
+        writer = LedgerWriter(ledger, process_rank(self.description.settings)) if ledger is not None else None
+        self.progress = Progress(self.spec(), lanes, start, shape, writer)
         self.start, self.from_loaded, self.pending = start, self.pending, False
         self.handed_out = False
         return self.progress, self.generation
@@ -227,8 +248,8 @@ class Session:
         """The current (or last) iteration's progress; before the first, where one would start."""
         if self.progress is not None:
             return self.progress
-        return Progress(self._spec(), owned_lanes(self.settings), self.resume if self.pending else self.start,
-                        self._step_shape())
+        return Progress(self.spec(), owned_lanes(self.description.settings), self.resume if self.pending else self.start,
+                        self.step_shape())
 
     # -- checkpoints ------------------------------------------------------------------------
 
@@ -270,6 +291,13 @@ class Session:
             finally:
                 if self.progress is not None:
                     self.progress.close()
+
+    def __del__(self):
+        """Close once unreachable (the pipeline and every iterator over it gone); best effort."""
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown, or a half-built object
+            pass
 
     def __getstate__(self) -> dict:
         """A copy for another process (a DataLoader worker): the description, the loaded state

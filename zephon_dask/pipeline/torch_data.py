@@ -26,6 +26,7 @@ from ..state.progress import Progress, resume_point
 from ..state.schema import State, config_diff, describe_diff
 from . import resume
 from .guard import refuse_fetching_ahead, refuse_resharding
+from .ranks import owned_lanes
 from .session import loader_shape, share_step
 
 
@@ -52,8 +53,8 @@ def handed_dataset(pipeline) -> PipelineDataset:
             "copy a to_torch_dataset() afresh at every iteration and would start each one there. "
             "Iterate pipeline.to_torch_loader() (a DataLoader whose state is the pipeline's), or "
             "resume a StatefulDataLoader from its own state_dict() with loader.load_state_dict()")
-    _ = pipeline.work_source  # weight_by="tokens": measured here once, not in every worker
-    dataset = PipelineDataset(pipeline, start=session.next_start(pipeline.owned_lanes()))
+    _ = pipeline.spec.source  # weight_by="tokens": measured here once, not in every worker
+    dataset = PipelineDataset(pipeline, start=session.next_start(owned_lanes(pipeline.description.settings)))
     session.handed_out = True
     return dataset
 
@@ -95,7 +96,7 @@ class PipelineDataset(IterableDataset):
     def __init__(self, pipeline, start: State | None = None):
         pipeline.step_shape()  # its state records the step: bad step settings are refused here, not in a worker
         self.pipeline = pipeline
-        runner = pipeline.runner()
+        runner = pipeline.session.runner()
         client = getattr(runner, "client", None)
         self._address = client.scheduler.address if client is not None else None
         self._identity = pipeline.identity()
@@ -131,7 +132,7 @@ class PipelineDataset(IterableDataset):
         if self._loaded is not None:
             return list(self._loaded[0]), self._loaded[1], None
         pipe = self._pipe()
-        owned = pipe.owned_lanes()
+        owned = owned_lanes(pipe.description.settings)
         start = self._progress.next_pass() if self._progress is not None else self._first
         _, first = resume_point(start, owned)
         lanes = owned[owned.index(first):] + owned[:owned.index(first)]
@@ -142,13 +143,13 @@ class PipelineDataset(IterableDataset):
 
     def _begin(self) -> tuple[Progress | None, State | None]:
         """This process's progress (``None`` for a worker serving no lane) and its start state."""
-        lanes, resume, first = self._serving()
+        lanes, start, first = self._serving()
         if not lanes:
             return None, None
         pipe = self._pipe()
-        group = pipe.shape_for(resume, pipe.identity()[0])  # a loaded state's G, kept
-        shape = loader_shape(group, lanes, len(pipe.owned_lanes()))
-        return Progress(pipe.spec, lanes, resume, shape, first_lane=first), resume
+        group = resume.shape_for(pipe.description, start, pipe.identity()[0])  # a loaded state's G, kept
+        shape = loader_shape(group, lanes, len(owned_lanes(pipe.description.settings)))
+        return Progress(pipe.spec, lanes, start, shape, first_lane=first), start
 
     def __iter__(self):
         refuse_resharding()  # a framework wrapper splitting these rank-split lanes again
@@ -231,11 +232,11 @@ class PipelineDataset(IterableDataset):
             return
         inner = State.from_dict(state.get("state"), where="the dataset state")
         pipe = self._pipe()
-        owned = set(pipe.owned_lanes())
+        owned = set(owned_lanes(pipe.description.settings))
         lanes = _served(lanes, inner, owned)
         if version < DATASET_VERSION:  # it recorded no G: the pipeline's, the worker's count recounted
             inner = replace(inner, step=share_step(inner.step, loader_shape(pipe.step_shape(), lanes, len(owned))))
-        resumed = resume.check(pipe, inner, lanes)  # other data, positions past the end, a changed G
+        resumed = resume.check(pipe.session, inner, lanes)  # other data, positions past the end, a changed G
         if workers:
             self._check_later_passes(resumed.state)
         pipe.session.source = resumed.source  # the state's seed wins, as in Pipeline.load_state_dict
@@ -247,7 +248,7 @@ class PipelineDataset(IterableDataset):
         than the pipeline's own (another seed, a changed schedule): the loader's later iterations, the
         next passes, start in fresh workers from the pipeline as built, which never see the state."""
         spec = self.pipeline.spec
-        if any(spec.num_windows(lane) is None for lane in self.pipeline.owned_lanes()):
+        if any(spec.num_windows(lane) is None for lane in owned_lanes(self.pipeline.description.settings)):
             return  # a stream that never ends has no next pass
         if spec.fingerprint != state.fingerprint:
             raise StateError(

@@ -30,11 +30,11 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from fractions import Fraction
 
-from ..core.spec import PipelineSpec
-from ..core.window import compute_window
 from ..curriculum import MixtureWorkSource
 from ..errors import ConfigError
 from ..operators.base import one_to_one
+from .spec import PipelineSpec
+from .window import compute_window
 
 
 @dataclass(frozen=True)

@@ -82,9 +82,28 @@ def count_steps(rows: Sequence[int], microbatch: int, drop_last: bool, groups: S
 
 
 def step_count(pipeline, compute: bool = True) -> StepCount | None:
-    """``pipeline.step_count(compute)``: one pass's count at the pipeline's DP degree, read from
-    its spec, step shape, settings and batch shape; ``None`` when the windows would be needed
-    and ``compute`` is false."""
+    """One pass's :class:`StepCount` at ``pipeline``'s DP degree: full global steps, batches,
+    and those left after the last full step (``pipeline.num_steps()`` is its ``steps``).
+
+    Read from the pipeline's spec, step shape, settings and batch shape.
+
+    Args:
+        pipeline: a :class:`~zephon_dask.Pipeline`.
+        compute: compute the windows when the count needs them; ``False``
+            returns ``None`` then (what ``repr`` and ``explain()`` do).
+
+    Returns:
+        A ``StepCount`` (``steps``, ``batches``, ``left``, ``counted``), or
+        ``None`` with ``compute=False`` when the windows would be needed.
+
+    Raises:
+        EndlessStreamError: the stream never ends.
+        ConfigError: the step settings are invalid at this degree.
+
+    Example:
+        >>> zephon_dask.inspect.step_count(pipeline)  # doctest: +SKIP
+        StepCount(steps=53, batches=213, left=1, counted=True)
+    """
     spec = pipeline.spec
     rows = lane_rows(spec) if compute else known_rows(spec)
     if rows is None:
@@ -93,8 +112,8 @@ def step_count(pipeline, compute: bool = True) -> StepCount | None:
         warnings.simplefilter("ignore", ZephonWarning)  # uneven groups: warned where they run
         shape = pipeline.step_shape()
         replicas, degree = spec.canonical_replicas, shape.dp_degree
-        groups = group_lanes(replicas, degree, pipeline.settings["mapping_strategy"])
+        groups = group_lanes(replicas, degree, pipeline.description.settings["mapping_strategy"])
     per_rank = [len(lanes) if replicas % degree else shape.per_rank for lanes in groups]
-    batch = pipeline.batch_options
+    batch = pipeline.description.batch
     return count_steps(rows, batch.microbatch_size, batch.drop_last, groups, per_rank,
                        counted=not one_to_one(spec.record_ops, spec.accumulators))
