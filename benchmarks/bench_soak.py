@@ -2,7 +2,8 @@
 
 Samples the training process, the scheduler's process and every worker process (RSS,
 memory in use through ``malloc``, Python's small objects alive and the pymalloc arenas
-holding them, open file descriptors, threads; in workers also the task results held) at a
+holding them, open file descriptors, threads; the windows held: in workers the task results,
+in the training process the windows fetched ahead and those its lanes are cut from) at a
 fixed interval while a repeating pipeline streams batches, then reports the change from the
 end of the warm-up to the last sample, and for memory also between the means of the first
 and last ``--span`` seconds after warm-up. Bounded state means flat curves after warm-up;
@@ -10,7 +11,9 @@ memory in use through ``malloc`` and Python objects alive that stay flat while R
 not arrays, buffers or objects piling up but memory freed and kept by an allocator. A
 worker's results held are the windows computed ahead and not yet fetched (at most
 ``prefetch_windows`` in all): they move with how far the workers run ahead of the training
-loop, so a worker's RSS less them is what shows state that grows.
+loop, so a worker's RSS less them is what shows state that grows. The training process holds
+at most ``prefetch_windows`` windows fetched ahead and one a lane being cut: how many depends on
+how far the cluster is ahead of the loop, so its RSS less them is what shows state that grows.
 
     python benchmarks/bench_soak.py --minutes 30 [--workers 2] [--every 10] [--warmup 360] [--span 300]
                                     [--csv soak.csv] [--png soak.png] [--quick]
@@ -47,7 +50,7 @@ class Sample:
     in_use_mb: dict[str, float]  # through malloc (glibc's mallinfo2); absent where unknown
     py_live_mb: dict[str, float]  # Python's small objects alive (pymalloc); absent where unknown
     py_arenas_mb: dict[str, float]  # pymalloc's arenas holding them; absent where unknown
-    held_mb: dict[str, float]  # task results a worker holds (Dask's managed memory); workers only
+    held_mb: dict[str, float]  # windows held: a worker's task results, the trainer's windows fetched or cut
 
 
 def _corpus(root: Path, files: int = 4, docs: int = 500) -> str:
@@ -76,11 +79,22 @@ def _measure(procs: dict[str, psutil.Process]) -> tuple[dict, dict, dict]:
     return rss, fds, threads
 
 
-def _asked(client, pids: dict[str, str]) -> tuple[dict[str, float], ...]:
+def _held_here(pipe) -> int | None:
+    """Bytes of the windows the training process holds: fetched ahead and not taken, and those
+    its lanes' batchers cut batches from (``None`` between two iterations)."""
+    stream = pipe.session.stream
+    if stream is None:
+        return None
+    ahead = sum(h.held_nbytes for h in list(stream.fetcher.inflight.values()))
+    return ahead + sum(t.__sizeof__() for b in list(stream.batchers.values()) for _, _, t in list(b._tables))
+
+
+def _asked(client, pids: dict[str, str], pipe=None) -> tuple[dict[str, float], ...]:
     """Per process named in ``pids`` ("trainer", "scheduler", worker addresses), asked of each
     process itself: memory in use through ``malloc``, Python's small objects alive, pymalloc's
-    arenas and, for workers, the task results held (MB)."""
-    values = {"trainer": (*allocator_stats(), None)}
+    arenas and the windows held (MB): a worker's task results, the training process's windows
+    (of ``pipe``, when given)."""
+    values = {"trainer": (*allocator_stats(), None if pipe is None else _held_here(pipe))}
     try:
         # a worker's results held: a window's result until the training process has fetched it
         # (as soon as it is computed); a lambda, so that it travels by value (this module is
@@ -119,7 +133,7 @@ def soak(seconds: float, every: float, n_workers: int = 1, workdir: str | None =
             while True:
                 now = time.monotonic()
                 if now >= due:
-                    samples.append(Sample(now - start, n, *_measure(procs), *_asked(client, names)))
+                    samples.append(Sample(now - start, n, *_measure(procs), *_asked(client, names, pipe)))
                     due += every
                     if now - start >= seconds:
                         break
@@ -171,15 +185,14 @@ def read_csv(path: str) -> list[Sample]:
 
 
 def _rss_less_held(s: Sample) -> dict[str, float]:
-    """Per worker, RSS less the task results it holds (MB)."""
+    """Per process that holds windows, RSS less the windows it holds (MB)."""
     return {name: s.rss_mb[name] - held for name, held in s.held_mb.items() if name in s.rss_mb}
 
 
 def plot(samples: list[Sample], warmup: float, png: str) -> None:
-    """Per process over time, warm-up marked: RSS (solid; a worker's less the results it holds:
-    dashed), memory in use through malloc (solid) and the results a worker holds (dashed), Python's
-    small objects (alive: solid; pymalloc's arenas: dashed), fds and threads; a small PNG
-    (matplotlib)."""
+    """Per process over time, warm-up marked: RSS (solid; less the windows it holds: dashed),
+    memory in use through malloc (solid) and the windows it holds (dashed), Python's small objects
+    (alive: solid; pymalloc's arenas: dashed), fds and threads; a small PNG (matplotlib)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -187,8 +200,8 @@ def plot(samples: list[Sample], warmup: float, png: str) -> None:
 
     minutes = [s.seconds / 60 for s in samples]
     fig, axes = plt.subplots(5, 1, figsize=(7, 10), sharex=True, dpi=72)
-    panels = [("RSS; workers' less\nresults held (MB)", (attrgetter("rss_mb"), _rss_less_held)),
-              ("in use via malloc,\nresults held (MB)", (attrgetter("in_use_mb"), attrgetter("held_mb"))),
+    panels = [("RSS; less windows\nheld (MB)", (attrgetter("rss_mb"), _rss_less_held)),
+              ("in use via malloc,\nwindows held (MB)", (attrgetter("in_use_mb"), attrgetter("held_mb"))),
               ("Python small objects:\nalive, arenas (MB)", (attrgetter("py_live_mb"), attrgetter("py_arenas_mb"))),
               ("open fds", (attrgetter("fds"),)), ("threads", (attrgetter("threads"),))]
     for ax, (label, getters) in zip(axes, panels, strict=True):
@@ -272,7 +285,7 @@ def main() -> None:
         print(f"  {name:10s} RSS {s0.rss_mb[name]:7.1f} -> {samples[-1].rss_mb[name]:7.1f} MB ({g['rss']:+.1%}; "
               f"{span:.0f}-s means {means[name]['rss']:+.1%}; in use via malloc {means[name]['in_use']:+.1%}, "
               f"Python objects alive {means[name]['py_live']:+.1%}, arenas {means[name]['py_arenas']:+.1%}"
-              + (f"; RSS less results held {means[name]['rss_less_held']:+.1%}"
+              + (f"; RSS less windows held {means[name]['rss_less_held']:+.1%}"
                  if not math.isnan(means[name]["rss_less_held"]) else "") + "), "
               f"fds {g['fds']:+d}, threads {g['threads']:+d}")
 
