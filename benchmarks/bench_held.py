@@ -46,9 +46,7 @@ def stored_per_worker(dask_scheduler) -> dict[str, int]:
 
 def held_here(stream) -> tuple[int, int]:
     """``(bytes of windows fetched ahead and not taken, bytes of the tables the lanes' batchers hold)``."""
-    ahead = sum(h.held_nbytes for h in list(stream.fetcher.inflight.values()))
-    tables = sum(t.__sizeof__() for b in stream.batchers.values() for _, _, t in list(b._tables))
-    return ahead, tables
+    return stream.fetcher.held_nbytes, sum(b.held_nbytes for b in list(stream.batchers.values()))
 
 
 def sample(pipeline, rows: list, stop: threading.Event, every: float) -> None:

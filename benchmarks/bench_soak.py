@@ -85,8 +85,7 @@ def _held_here(pipe) -> int | None:
     stream = pipe.session.stream
     if stream is None:
         return None
-    ahead = sum(h.held_nbytes for h in list(stream.fetcher.inflight.values()))
-    return ahead + sum(t.__sizeof__() for b in list(stream.batchers.values()) for _, _, t in list(b._tables))
+    return stream.fetcher.held_nbytes + sum(b.held_nbytes for b in list(stream.batchers.values()))
 
 
 def _asked(client, pids: dict[str, str], pipe=None) -> tuple[dict[str, float], ...]:

@@ -47,6 +47,11 @@ class LaneBatcher:
             self._tables.append((window, skip, table))
             self.buffered += len(table)
 
+    @property
+    def held_nbytes(self) -> int:
+        """Bytes of the window tables this lane's batches are cut from."""
+        return sum(t.__sizeof__() for _, _, t in list(self._tables))
+
     def ready(self) -> bool:
         return self.buffered >= self.opts.microbatch_size
 

@@ -140,6 +140,11 @@ class WindowFetcher:
                 return lane, w
         return None
 
+    @property
+    def held_nbytes(self) -> int:
+        """Bytes of the windows in flight already held in this process (fetched ahead, not taken)."""
+        return sum(h.held_nbytes for h in list(self.inflight.values()))
+
     def room(self) -> int:
         """How many windows may be in flight: ``prefetch``, and with ``prefetch_bytes`` no more
         than that many bytes at the mean size of the windows taken so far (at least 1)."""
