@@ -137,7 +137,7 @@ def forget_finished_spans(scheduler, ours: tuple[str, ...], keep: int, quiet: fl
             and now - s.stop >= quiet}
     for span in ext.spans.values():
         if span.name == ours:
-            span.groups.difference_update([tg for tg in span.groups if scheduler.task_groups.get(tg.name) is not tg])
+            span.groups.difference_update([tg for tg in span.groups if id(tg) not in live])
         collections = (span.metadata or {}).get("collections")
         if collections:
             distinct: list = []
