@@ -5,7 +5,6 @@ here, by name. On an in-process cluster (one thread worker) or in a fresh interp
 from __future__ import annotations
 
 import json
-import multiprocessing.spawn
 import random
 import subprocess
 import sys
@@ -193,26 +192,83 @@ def test_distributed_draws_nothing_from_the_global_random():
     assert len(calls) == 3 and random.getstate() == state
 
 
-def test_workers_do_not_import_the_training_script():
-    """``multiprocessing``'s spawn (the nanny's) re-imports ``__main__`` from its ``__spec__`` or
-    ``__file__``; with both hidden, a spawned process is told to import nothing."""
-    def told(data: dict) -> bool:
-        return "init_main_from_path" in data or "init_main_from_name" in data
+def _nanny_from_host(export: bool) -> tuple[int, int, dict, dict]:
+    """Start a scheduler and a nanny here, its worker from a host (inside ``processes_from``):
+    (the worker's parent, the host's pid, this process's environment before, while it ran)."""
+    import asyncio
+    import os
 
-    main = sys.modules["__main__"]
-    saved = main.__dict__.get("__file__"), getattr(main, "__spec__", None)
-    main.__file__ = __file__  # a training script, as multiprocessing sees one
+    import psutil
+    from distributed import Nanny, Scheduler
+
+    from zephon_dask.execution.host import Host
+
+    host = Host(dict(os.environ))
+    before = dict(os.environ)
+
+    async def run() -> tuple[int, dict]:
+        async with Scheduler(host="127.0.0.1", port=0, dashboard=False) as scheduler:
+            nanny = Nanny(scheduler.address, host="127.0.0.1", nthreads=1, dashboard=False)
+            if not export:
+                dask_compat.no_environ_export(nanny)
+            with dask_compat.processes_from(host.context):
+                await nanny
+            try:
+                return psutil.Process(nanny.pid).ppid(), dict(os.environ)
+            finally:
+                await nanny.close(timeout=20)
+
     try:
-        assert told(multiprocessing.spawn.get_preparation_data("zcompat"))
-        with dask_compat.script_not_reimported():
-            assert not told(multiprocessing.spawn.get_preparation_data("zcompat"))
-        assert told(multiprocessing.spawn.get_preparation_data("zcompat"))
+        with dask.config.set({"distributed.nanny.pre-spawn-environ.ZCOMPAT_EXPORTED": "yes"}):
+            parent, during = asyncio.run(asyncio.wait_for(run(), 60))
+        return parent, host.pid, before, during
     finally:
-        if saved[0] is None:
-            del main.__file__
-        else:
-            main.__file__ = saved[0]
-        main.__spec__ = saved[1]
+        host.close(10)
+        for key in set(os.environ) - set(before):  # what a nanny exported
+            del os.environ[key]
+
+
+def test_a_nanny_starts_its_worker_from_the_context_named():
+    """A nanny's worker started inside ``processes_from(context)`` is that context's (forked by the
+    host here); outside it, the nanny's names answer Dask's own context again."""
+    import distributed.nanny
+    import distributed.process
+    import distributed.utils
+
+    parent, host, _, _ = _nanny_from_host(export=False)
+    assert parent == host
+    assert distributed.nanny.enable_proctitle_on_children is dask_compat._enable_proctitle_on_children
+    assert distributed.process.get_mp_context() is distributed.utils.get_mp_context()
+    assert distributed.nanny.get_mp_context() is distributed.utils.get_mp_context()
+
+
+def test_a_nanny_told_so_exports_nothing():
+    """Dask's nanny exports its ``pre-spawn-environ`` into its own process before it starts its
+    worker (``pre_spawn_env``); emptied, this process's environment stays as it was."""
+    _, _, before, during = _nanny_from_host(export=True)
+    assert during.get("ZCOMPAT_EXPORTED") == "yes"  # Dask's behaviour: exported here
+    _, _, before, during = _nanny_from_host(export=False)
+    assert during == before
+
+
+def test_the_worker_environ_is_the_nannys():
+    """``worker_environ(env)`` is the environment a nanny built with ``env`` sets for its worker."""
+    import asyncio
+    import os
+
+    from distributed import Nanny
+
+    settings = {"distributed.nanny.pre-spawn-environ": {"ZCOMPAT_A": "1", "ZCOMPAT_NONE": None},
+                "distributed.nanny.environ": {"ZCOMPAT_B": 2}}
+
+    async def nanny_env() -> dict:
+        nanny = Nanny("tcp://127.0.0.1:1", host="127.0.0.1", env={"ZCOMPAT_C": 3}, dashboard=False)
+        return nanny.env
+
+    with dask.config.set(settings):
+        env = asyncio.run(nanny_env())
+        assert dask_compat.worker_environ({"ZCOMPAT_C": 3}) == {**env, dask_compat.PROCTITLE_ENV: str(os.getpid())}
+    assert {"ZCOMPAT_A": "1", "ZCOMPAT_B": "2", "ZCOMPAT_C": "3"}.items() <= env.items() and "ZCOMPAT_NONE" not in env
 
 
 def _fresh_python(code: str, env: dict | None = None) -> str:

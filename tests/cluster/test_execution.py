@@ -337,43 +337,6 @@ def test_embedded_cluster_workers_do_not_rerun_the_training_script(corpus_dir, t
     assert child_pids() <= before
 
 
-def test_hiding_the_script_restores_it_when_clusters_start_from_two_threads(monkeypatch):
-    import threading
-    import types
-
-    from zephon_dask.execution.cluster import script_not_reimported
-
-    main = types.ModuleType("__main__")
-    main.__file__, main.__spec__ = "/jobs/train.py", types.SimpleNamespace(name="jobs.train")
-    spec = main.__spec__
-    monkeypatch.setitem(sys.modules, "__main__", main)
-    first_inside, second_inside, first_left = threading.Event(), threading.Event(), threading.Event()
-    seen = []
-
-    def first():
-        with script_not_reimported():
-            seen.append((getattr(main, "__file__", None), main.__spec__))
-            first_inside.set()
-            second_inside.wait(30)  # both inside at once
-        first_left.set()
-
-    def second():
-        first_inside.wait(30)
-        with script_not_reimported():
-            seen.append((getattr(main, "__file__", None), main.__spec__))
-            second_inside.set()
-            first_left.wait(30)  # leaves after the first thread: restores last
-
-    threads = [threading.Thread(target=first), threading.Thread(target=second)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    assert first_left.is_set() and not any(t.is_alive() for t in threads)
-    assert seen == [(None, None), (None, None)]
-    assert (main.__file__, main.__spec__) == ("/jobs/train.py", spec)
-
-
 def test_garbage_collection_stops_the_cluster(corpus_dir):
     before = child_pids()
     p = build(corpus_dir, n_workers=1)

@@ -1,6 +1,6 @@
 """The embedded cluster's scheduler runs in a process of its own (execution/spawned.py): it gets
 the embedded settings and the user's Dask config, writes to this process's stderr, and neither
-it, its workers nor its scheduler file outlive the training process, closed or killed (that it
+it, its workers, their host nor its scheduler file outlive the training process, closed or killed (that it
 listens on 127.0.0.1 only: test_faults_cluster.py); the nannies here skip their own housekeeping."""
 
 from __future__ import annotations
@@ -31,9 +31,10 @@ from tests.helpers.pipelines import build
 p = build(Path({corpus!r}), runner="distributed", n_workers=1)
 next(iter(p))
 runner = p.session.runner()
-pid, scheduler_file = runner.client.run_on_scheduler(lambda dask_scheduler: (__import__("os").getpid(),
-                                                                            dask_scheduler.scheduler_file))
-print(json.dumps({{"pids": [pid, *runner.worker_pids().values()], "scheduler_file": scheduler_file}}), flush=True)
+pid, host, scheduler_file = runner.client.run_on_scheduler(
+    lambda dask_scheduler: (__import__("os").getpid(), __import__("os").getppid(), dask_scheduler.scheduler_file))
+print(json.dumps({{"pids": [host, pid, *runner.worker_pids().values()], "scheduler_file": scheduler_file}}),
+      flush=True)
 sys.stdin.read()  # until killed
 """
 
@@ -76,7 +77,7 @@ def test_killed_training_process_leaves_no_process_nor_scheduler_file(corpus_dir
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)
     pids, scheduler_file = started["pids"], Path(started["scheduler_file"])
-    assert len(pids) == 2 and os.getpid() not in pids
+    assert len(set(pids)) == 3 and os.getpid() not in pids  # the host, the scheduler and the worker
     deadline = time.monotonic() + 30
     while not all(map(_gone, pids)) and time.monotonic() < deadline:
         time.sleep(0.2)

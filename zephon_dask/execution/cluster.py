@@ -1,10 +1,10 @@
 """The ``distributed`` runner: windows as Dask tasks on a cluster. Holds the client.
 
 This module starts and talks to clusters (:mod:`.watch` waits on them, :mod:`.spawned`
-starts the embedded one's scheduler). By default the runner
+starts the embedded one's processes). By default the runner
 starts an embedded cluster (worker processes with one thread each, so a
 Hugging Face tokenizer never oversubscribes a core; its scheduler in a process
-of its own, see :mod:`.spawned`), fetches windows straight from the workers
+of its own, it and the workers forked from one host process, see :mod:`.spawned`), fetches windows straight from the workers
 and closes it on ``close()``; an existing cluster is reached with ``client=`` or ``address=``
 and left running. :func:`connect` and :func:`each_completed` do the same for
 jobs other than the pipeline (``prepare_tokens``).
@@ -48,10 +48,10 @@ from ..graph import GroupGraph, WindowGraph, group_graph
 from ..graph import keys as graph_keys
 from . import dask_compat
 from .base import GroupResult, MemberHandle, Runner, WindowHandle
-from .dask_compat import environment_kept, forget_key_names, script_not_reimported
+from .dask_compat import forget_key_names
 from .head_start import HEAD_START_ALONE, Boot, HeadStart
 from .memory import TRIM_EVERY, trim_freed_memory
-from .spawned import spawned_cluster, stop_schedulers
+from .spawned import SchedulerProcess, spawned_cluster, stop_schedulers
 from .task_errors import raise_if_failed, settled
 from .watch import (
     DEFAULT_STALL,
@@ -116,9 +116,9 @@ def embedded_config() -> dict[str, Any]:
 def local_cluster(n_workers: int | None, threads_per_worker: int = 1, processes: bool = True,
                   dashboard_address: str | None = f"{LOCAL_HOST}:0", timeout: float = DEFAULT_TIMEOUT) -> SpecCluster:
     """The embedded cluster: ``n_workers`` (default: one per core) with quiet logs and
-    :func:`embedded_config`. With ``processes``, worker processes get :data:`WORKER_ENV` and do
-    not import the training script, and the scheduler runs in a process of its own
-    (:mod:`.spawned`, ``timeout`` seconds to start); otherwise a ``LocalCluster`` of threads of
+    :func:`embedded_config`. With ``processes``, the scheduler and the workers run in processes
+    forked from one host (:mod:`.spawned`, ``timeout`` seconds for the scheduler to start), the
+    workers with :data:`WORKER_ENV`, none importing the training script; otherwise a ``LocalCluster`` of threads of
     this process (sharing its env). The scheduler, the workers and the dashboard (``dashboard_address``; ``None``: no dashboard)
     listen on 127.0.0.1 only, unless ``dashboard_address`` names another interface."""
     n = n_workers or os.cpu_count() or 1
@@ -126,8 +126,7 @@ def local_cluster(n_workers: int | None, threads_per_worker: int = 1, processes:
         if not processes:  # threads talk in-process
             return LocalCluster(n_workers=n, threads_per_worker=threads_per_worker, processes=False,
                                 dashboard_address=dashboard_address, silence_logs=logging.ERROR)
-        with script_not_reimported(), environment_kept():
-            return spawned_cluster(n, threads_per_worker, LOCAL_HOST, dashboard_address, WORKER_ENV, timeout)
+        return spawned_cluster(n, threads_per_worker, LOCAL_HOST, dashboard_address, WORKER_ENV, timeout)
 
 
 class TrimFreedMemory(WorkerPlugin):
@@ -231,10 +230,10 @@ class QuietClose(WorkerPlugin):
 
 
 def embedded_pids(cluster: SpecCluster) -> list[int]:
-    """The processes of the embedded ``cluster`` still running: its scheduler's (:mod:`.spawned`)
-    and its workers' (one per nanny)."""
-    process = getattr(cluster.scheduler, "process", None)
-    pids = [process.pid] if process is not None and process.returncode is None else []
+    """The processes of the embedded ``cluster`` still running: its scheduler's and its host's
+    (:mod:`.spawned`) and its workers' (one per nanny)."""
+    scheduler = cluster.scheduler
+    pids = scheduler.pids() if isinstance(scheduler, SchedulerProcess) else []
     return pids + [nanny.pid for nanny in list(cluster.workers.values()) if getattr(nanny, "pid", None)]
 
 

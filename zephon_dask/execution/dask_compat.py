@@ -1,5 +1,7 @@
-"""Every use of Dask's private APIs and undocumented behaviours, in one module. Module state: none of
-its own (:func:`isolate_jitter` gives two of ``distributed``'s modules a generator of their own).
+"""Every use of Dask's private APIs and undocumented behaviours, in one module. Module state: the
+context :func:`processes_from` names (a ``ContextVar``); :func:`isolate_jitter` gives two of
+``distributed``'s modules a generator of their own, :func:`processes_from` two of them a
+``get_mp_context`` of ours.
 
 The rest of the package uses Dask's public API only: ``tests/docs/test_architecture.py`` refuses a
 private Dask name, a private keyword or an internal ``distributed`` module anywhere else. Each item
@@ -13,19 +15,23 @@ from __future__ import annotations
 
 import os
 import random
-import sys
-import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from contextvars import ContextVar
 
 import dask
 import distributed.comm.core
+import distributed.nanny
+import distributed.process
+import distributed.proctitle
+import distributed.utils
 import distributed.utils_comm
 from dask._expr import LLGExpr
 from dask.task_spec import Task
 from dask.utils import key_split
 from distributed.client import FIRST_COMPLETED, _wait
+from distributed.nanny import _get_env_variables
 
 # -- tasks and submission ------------------------------------------------------------------------
 
@@ -180,54 +186,82 @@ def isolate_jitter() -> None:
 isolate_jitter()
 
 
-_MAIN_HIDDEN = threading.Lock()
+# -- the embedded cluster's processes -------------------------------------------------------------
+
+_PROCESSES_FROM: ContextVar = ContextVar("zephon_dask_processes_from", default=None)
+
+
+def _get_mp_context():
+    """``distributed.utils.get_mp_context``, unless :func:`processes_from` names another context."""
+    return _PROCESSES_FROM.get() or distributed.utils.get_mp_context()
+
+
+def _enable_proctitle_on_children() -> None:
+    """``distributed.proctitle.enable_proctitle_on_children``, outside :func:`processes_from`."""
+    if _PROCESSES_FROM.get() is None:
+        distributed.proctitle.enable_proctitle_on_children()
+
+
+# the variable by which Dask's processes know they are a nanny's child (their title is then set)
+PROCTITLE_ENV = "__DASK_PARENT_PID"
 
 
 @contextmanager
-def script_not_reimported() -> Iterator[None]:
-    """While worker processes are spawned, hide the training script from ``multiprocessing``.
+def processes_from(context) -> Iterator[None]:
+    """The worker processes a nanny starts in this block (its coroutines included, and what they
+    start) come from the ``multiprocessing`` context ``context`` (the embedded cluster's host).
 
-    Why: a spawned process re-imports the parent's ``__main__`` (as ``__mp_main__``) when it has a
-    ``__spec__`` or ``__file__``: every worker would import torch and whatever else the script
-    imports (1.1 s longer to start and 190 MB more per worker with torch alone), and a script
-    without an ``if __name__ == "__main__":`` guard would run again in each worker. Workers never
-    need it: ``distributed`` pickles anything defined in ``__main__`` by value. A worker its nanny
-    restarts later imports the script as Dask usually does. Relies on the nanny spawning its
-    worker while this block runs (``SpecCluster``'s start). If that changes: workers import the
-    script again, no error (``test_workers_do_not_import_the_training_script``)."""
-    main = sys.modules.get("__main__")
-    if main is None:
-        yield
-        return
-    with _MAIN_HIDDEN:  # clusters started from two threads at once restore what they found
-        hidden = {k: main.__dict__.pop(k) for k in ("__file__",) if k in main.__dict__}
-        spec = getattr(main, "__spec__", None)
-        main.__spec__ = None
-        try:
-            yield
-        finally:
-            main.__dict__.update(hidden)
-            main.__spec__ = spec
-
-
-@contextmanager
-def environment_kept() -> Iterator[None]:
-    """Give this process its environment back once the workers are spawned.
-
-    Why: Dask's nanny exports its ``pre-spawn-environ`` (``OMP_NUM_THREADS=1``, ``PYTHONHASHSEED``,
-    ...) into the spawning process so the worker inherits them; left there, every process the
-    training script starts later would inherit them too. A worker its nanny restarts later exports
-    them again (Dask's behaviour). If the nanny stops writing them here, this is moot (checked
-    end to end by ``test_starting_the_embedded_cluster_leaves_this_process_environment_as_it_was``)."""
-    before = dict(os.environ)
+    Why: a nanny takes its context from ``distributed.worker.multiprocessing-method``, a global
+    setting naming one of Python's own (``spawn``, ``fork``, ``forkserver``); our host is a fork
+    server of our own, for our nannies only. The nanny (``WorkerProcess.start``) and
+    ``AsyncProcess`` call ``get_mp_context`` by the name they imported; those two names are
+    replaced, once, by one that answers ``context`` inside this block and Dask's context elsewhere
+    (other clusters in this process are unaffected). The nanny also marks this process's
+    environment (``enable_proctitle_on_children``: :data:`PROCTITLE_ENV`, this process's pid) so
+    that its worker sets its title; inside this block it does not (:func:`worker_environ` gives the
+    host that variable). If Dask renames or moves these: ``AttributeError`` here; if it stops calling
+    them: workers are spawned as Dask's own, or this process's environment changes, no error
+    (``test_a_nanny_starts_its_worker_from_the_context_named``)."""
+    for module in (distributed.nanny, distributed.process):
+        if module.get_mp_context is not _get_mp_context:
+            module.get_mp_context = _get_mp_context
+    distributed.nanny.enable_proctitle_on_children = _enable_proctitle_on_children
+    token = _PROCESSES_FROM.set(context)
     try:
         yield
     finally:
-        for key in sorted(set(os.environ) - set(before)):
-            del os.environ[key]
-        for key, value in sorted(before.items()):
-            if os.environ.get(key) != value:
-                os.environ[key] = value
+        _PROCESSES_FROM.reset(token)
+
+
+def worker_environ(env: dict[str, str]) -> dict[str, str]:
+    """The environment variables Dask's nanny sets for its worker with ``env``: its
+    ``pre-spawn-environ`` (the variables exported before the process starts, ``PYTHONHASHSEED``
+    fixed), then ``distributed.nanny.environ``, then ``env``; a variable exported here wins over
+    the config, as in the nanny; and :data:`PROCTITLE_ENV` (see :func:`processes_from`).
+
+    Why: a worker forked from the embedded cluster's host inherits the host's environment, and
+    what acts only at a process's start (glibc's ``MALLOC_*``, ``PYTHONHASHSEED``) must be there
+    when the host starts; the nanny computes these in its constructor
+    (``distributed.nanny._get_env_variables`` and its ``PYTHONHASHSEED`` default). If that changes:
+    ``ImportError``, or the host's environment differs from a nanny's
+    (``test_the_worker_environ_is_the_nannys``)."""
+    pre_spawn = _get_env_variables("distributed.nanny.pre-spawn-environ")
+    if pre_spawn.get("PYTHONHASHSEED") in (None, "0"):
+        pre_spawn["PYTHONHASHSEED"] = "6640"
+    return {**pre_spawn, **_get_env_variables("distributed.nanny.environ"), **{k: str(v) for k, v in env.items()},
+            PROCTITLE_ENV: str(os.getpid())}
+
+
+def no_environ_export(nanny) -> None:
+    """Keep ``nanny`` from exporting its ``pre-spawn-environ`` into this process.
+
+    Why: Dask's nanny exports it (``OMP_NUM_THREADS=1``, ``PYTHONHASHSEED``, ...) into the process
+    it runs in, before each start of its worker, so that a spawned worker inherits it; every process
+    the training script started afterwards would inherit it too. Our workers are forked from a
+    host that has these from its start (:func:`worker_environ`); the nanny still sets its ``env``
+    in the worker. Relies on the attribute ``pre_spawn_env``. If it is renamed: this process's
+    environment changes again, no error (``test_a_nanny_told_so_exports_nothing``)."""
+    nanny.pre_spawn_env = {}
 
 
 def leave_to_us_at_exit(cluster) -> None:
@@ -239,8 +273,8 @@ def leave_to_us_at_exit(cluster) -> None:
     cluster.shutdown_on_close = False
 
 
-# Read by dask.config when a process starts: the serialized config the embedded cluster's scheduler
-# process inherits (dask.config.serialize). If it is renamed, the scheduler process starts with
+# Read by dask.config when a process starts: the serialized config the embedded cluster's host
+# (and so its scheduler) inherits (dask.config.serialize). If it is renamed, the scheduler process starts with
 # Dask's defaults, not the embedded ones (test_a_process_inherits_the_serialized_config).
 INHERIT_CONFIG_ENV = "DASK_INTERNAL_INHERIT_CONFIG"
 

@@ -1,24 +1,28 @@
-"""A Dask cluster whose scheduler runs in a process of its own; its nannies run here.
+"""A Dask cluster whose scheduler and workers are forked from one host process; its nannies run here.
 
 With ``LocalCluster`` the scheduler's event loop shares the training process's: every
 task update, heartbeat and result relay costs the training process CPU. Here a
-``SpecCluster`` starts the scheduler with Dask's own ``dask spec`` command
-(:class:`SchedulerProcess`, on 127.0.0.1) and the nannies in this process (:class:`QuietNanny`:
-without the housekeeping only a nanny's own dashboard would use), which
-spawn the worker processes as ``LocalCluster``'s do (so the caller's environment
-and ``__main__`` handling apply to them). The scheduler process gets this
-process's Dask config and the :mod:`.lifeline` preload (it closes when this
-process is gone; the workers exit with their nanny), through an environment of
-its own (this process's is never changed; its ``PYTHONPATH`` is this process's
-``sys.path``). Its stderr is this process's. Its
-scheduler file lives in the temporary directory and is removed on close.
+``SpecCluster`` runs the scheduler in a process of its own (:class:`SchedulerProcess`, on
+127.0.0.1) and the nannies in this process (:class:`QuietNanny`: without the housekeeping only
+a nanny's own dashboard would use). The scheduler's process and the worker processes are forked
+from the cluster's :class:`~.host.Host`, started first, which imported ``distributed`` and what a
+worker needs once (instead of a fresh interpreter importing them for each process, all at once),
+and owns their environment: this process's, the worker environment and the nanny's
+``pre-spawn-environ`` (:func:`~.dask_compat.worker_environ`), this process's Dask config and
+``PYTHONPATH`` (this process's ``sys.path``: the scheduler unpickles the graph). This process's
+own environment is never changed, and no process of the cluster imports the training script.
+Their stderr is this process's. The scheduler file lives in the temporary directory and is
+removed on close.
+
+Lifelines: a worker exits when its nanny is gone (Dask's), the scheduler when this process is
+gone (:func:`run_scheduler`), the host when this process and every process forked from it are
+gone, or when the scheduler is closed (:meth:`SchedulerProcess.close` closes the host last).
 
 A terminal's Ctrl-C goes to every process of its foreground group; the training process
-alone decides what an interrupt means (a checkpoint, then ``close()``). So the scheduler
-runs in a session of its own and the workers ignore SIGINT (:class:`QuietWorker`, from the
-moment the worker is built: a worker process still importing its libraries takes it).
-SIGTERM keeps its default in the workers: Python's exit terminates leftover worker
-processes with it and then waits for them.
+alone decides what an interrupt means (a checkpoint, then ``close()``). So the host, and every
+process forked from it, runs in a session of its own, and the workers ignore SIGINT
+(:class:`QuietWorker`). SIGTERM keeps its default in the workers: Python's exit terminates
+leftover worker processes with it and then waits for them.
 
 Module state: :data:`RUNNING`, the scheduler processes not closed yet, which
 :func:`stop_schedulers` stops at interpreter exit.
@@ -41,30 +45,38 @@ import weakref
 from pathlib import Path
 
 import dask
-from distributed import Nanny, SpecCluster, Worker
+from distributed import Nanny, Scheduler, SpecCluster, Worker
 from distributed.deploy.spec import ProcessInterface
 
 from ..errors import ClusterError
-from . import lifeline
-from .dask_compat import INHERIT_CONFIG_ENV
+from .dask_compat import INHERIT_CONFIG_ENV, no_environ_export, processes_from, worker_environ
+from .host import Host, training_process_gone
 
 SYNC_INTERVAL_S = 10  # the cluster's name and type, for the dashboard, resent every (Dask: 1 s)
-CLOSE_WAIT_S = 5.0  # seconds a closing scheduler process gets before it is killed
+CLOSE_WAIT_S = 5.0  # seconds a closing scheduler process (or host) gets before it is killed
 # a nanny's periodic callbacks that serve only its own (absent) dashboard and diagnostics; in the
 # training process they cost ~1 ms of CPU a second with two nannies (psutil samples of this process)
 NANNY_QUIET = ("monitor", "tick", "ticks", "shift_counters")
 
 
 class QuietNanny(Nanny):
-    """A nanny in this process without a server's own housekeeping: its system monitor
-    (psutil samples of this process, every 2 s, for a dashboard a nanny does not have), its
-    event-loop tick measurement and its counters (:data:`NANNY_QUIET`). It still restarts its
-    worker and enforces the worker's memory limit (its memory monitor)."""
+    """A nanny in this process whose worker is forked from ``forked_from`` (when it starts and each time
+    it restarts it), without a server's own housekeeping: its system monitor (psutil samples of
+    this process, every 2 s, for a dashboard a nanny does not have), its event-loop tick
+    measurement and its counters (:data:`NANNY_QUIET`); it exports nothing into this process's
+    environment. It still restarts its worker and enforces the worker's memory limit (its memory
+    monitor)."""
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args, forked_from: Host, **kwargs):
         super().__init__(*args, **kwargs)
+        self.forked_from = forked_from
+        no_environ_export(self)
         for name in NANNY_QUIET:
             self.periodic_callbacks.pop(name, None)
+
+    async def instantiate(self):
+        with processes_from(self.forked_from.context):
+            return await super().instantiate()
 
 
 def _not_a_dropped_fetch(record: logging.LogRecord) -> bool:
@@ -84,42 +96,87 @@ class QuietWorker(Worker):
         super().__init__(*args, **kwargs)
 
 
-class SchedulerProcess(ProcessInterface):
-    """``python -m dask spec`` running a ``distributed.Scheduler(**options)`` with environment
-    ``env``; its address is read from the scheduler file it writes. Holds the process."""
+def run_scheduler(options: dict) -> None:
+    """The scheduler's process (forked from the host): a ``distributed.Scheduler(**options)``
+    until it is closed, asked to stop (SIGTERM) or the training process is gone; a close that
+    takes over :data:`CLOSE_WAIT_S` seconds ends the process."""
+    scheduler_file = Path(options["scheduler_file"])
 
-    def __init__(self, options: dict, env: dict[str, str], timeout: float):
-        self.options, self.env, self.timeout = options, env, timeout
-        self.process: asyncio.subprocess.Process | None = None
+    def end() -> None:
+        scheduler_file.unlink(missing_ok=True)  # a process forked runs no exit handlers (Dask's removes it)
+        os._exit(1)
+
+    async def serve() -> None:
+        scheduler = await Scheduler(**options)
+        loop = asyncio.get_running_loop()
+        gone = training_process_gone()
+        closing: list[asyncio.Task] = []
+
+        def stop(reason: str) -> None:
+            if gone is not None:
+                loop.remove_reader(gone)
+            if not closing:
+                closing.append(asyncio.ensure_future(scheduler.close(reason=reason)))
+                loop.call_later(CLOSE_WAIT_S, end)
+
+        loop.add_signal_handler(signal.SIGTERM, stop, "asked to stop")
+        if gone is not None:
+            loop.add_reader(gone, stop, "the process that started the scheduler is gone")
+        await scheduler.finished()
+
+    try:
+        asyncio.run(serve())
+    finally:
+        scheduler_file.unlink(missing_ok=True)
+
+
+class SchedulerProcess(ProcessInterface):
+    """The scheduler's process, forked from ``host`` (:func:`run_scheduler`); its address is read
+    from the scheduler file it writes. Holds the process, and closes the host after it."""
+
+    def __init__(self, options: dict, host: Host, timeout: float):
+        self.options, self.host, self.timeout = options, host, timeout
+        self.process = None  # a multiprocessing process, once started
         super().__init__()
 
     async def start(self) -> None:
-        spec = json.dumps({"cls": "distributed.Scheduler", "opts": self.options})
-        self.process = await asyncio.create_subprocess_exec(sys.executable, "-m", "dask", "spec", "--spec", spec,
-                                                            env=self.env, start_new_session=True)
+        self.process = self.host.context.Process(target=run_scheduler, args=(self.options,),
+                                                 name="zephon-dask scheduler", daemon=True)
         RUNNING.add(self)
         path, deadline = Path(self.options["scheduler_file"]), time.monotonic() + self.timeout
+        try:  # the host forks it once its imports are done
+            await asyncio.wait_for(asyncio.to_thread(self.process.start), self.timeout)
+        except (OSError, EOFError, TimeoutError):
+            pass  # reported below, as a scheduler that did not start
         while self.address is None:
             with contextlib.suppress(OSError, ValueError):  # not written yet, or half-written
                 self.address = json.loads(path.read_text())["address"]
             if self.address is None:
-                if self.process.returncode is not None or time.monotonic() > deadline:
+                if not self.running() or time.monotonic() > deadline:
                     await self.close()
                     raise ClusterError(f"the embedded cluster's scheduler did not start within {self.timeout:g} s "
                                        "(its errors are above, on stderr); raise cluster_timeout on a slow machine")
                 await asyncio.sleep(0.05)
         await super().start()
 
+    def running(self) -> bool:
+        process = self.process
+        return process is not None and process.pid is not None and process.is_alive()
+
+    def pids(self) -> list[int]:
+        """The scheduler's and the host's processes, those still running."""
+        return ([self.process.pid] if self.running() else []) + ([self.host.pid] if self.host.running() else [])
+
     async def close(self) -> None:
         RUNNING.discard(self)
         process, self.process = self.process, None
-        if process is not None and process.returncode is None:
-            process.terminate()  # dask spec closes its scheduler on SIGTERM
-            try:
-                await asyncio.wait_for(process.wait(), CLOSE_WAIT_S)
-            except TimeoutError:
+        if process is not None and process.pid is not None:
+            process.terminate()  # run_scheduler closes its scheduler on SIGTERM
+            await asyncio.to_thread(process.join, CLOSE_WAIT_S)
+            if process.exitcode is None:
                 process.kill()
-                await process.wait()
+                await asyncio.to_thread(process.join, CLOSE_WAIT_S)
+        await asyncio.to_thread(self.host.close, CLOSE_WAIT_S)
         Path(self.options["scheduler_file"]).unlink(missing_ok=True)
         await super().close()
 
@@ -128,41 +185,48 @@ RUNNING: weakref.WeakSet[SchedulerProcess] = weakref.WeakSet()  # started and no
 
 
 def stop_schedulers() -> None:
-    """Ask every scheduler process started here and not closed to stop (``SIGTERM``; one still
-    starting ends at once), waiting for none: at interpreter exit, a cluster still starting is
-    not waited for, and its scheduler neither outlives this process nor holds its stderr."""
+    """Ask every scheduler process started here and not closed, and its host, to stop
+    (``SIGTERM``), waiting for none: at interpreter exit, a cluster still starting is not waited
+    for, and its processes neither outlive this process nor hold its stderr."""
     for scheduler in list(RUNNING):
         process = scheduler.process
-        if process is not None and process.returncode is None:
+        if process is not None and process.pid is not None and process.exitcode is None:
             with contextlib.suppress(OSError):
                 os.kill(process.pid, signal.SIGTERM)
+        scheduler.host.stop()
 
 
 def spawned_cluster(n_workers: int, threads_per_worker: int, host: str, dashboard_address: str | None,
                     worker_env: dict[str, str], timeout: float,
                     silence_logs: int = logging.ERROR) -> SpecCluster:
-    """Start the scheduler process (listening on ``host``, dashboard at ``dashboard_address``, or
-    none; ``timeout`` seconds to start) and ``n_workers`` nannies here, each with one worker
-    process of ``threads_per_worker`` threads, environment ``worker_env`` and an equal share of the
-    machine's memory. Logs below ``silence_logs`` are dropped, here and in the scheduler."""
+    """Start the host, then the scheduler's process (listening on ``host``, dashboard at
+    ``dashboard_address``, or none; ``timeout`` seconds to start) and ``n_workers`` nannies here,
+    each with one worker process of ``threads_per_worker`` threads, environment ``worker_env``
+    and an equal share of the machine's memory. Logs below ``silence_logs`` are dropped, here and
+    in the cluster's processes."""
     config = dask.config.merge(dask.config.global_config,
                                {"logging": {"distributed": logging.getLevelName(silence_logs).lower()}})
     # this process's sys.path, as multiprocessing gives the workers: the scheduler unpickles the
     # graph, so it imports what the tasks refer to (a module beside the training script included)
     path = os.pathsep.join(p or os.getcwd() for p in sys.path)
-    env = {**os.environ, INHERIT_CONFIG_ENV: dask.config.serialize(config), lifeline.PARENT_ENV: str(os.getpid()),
+    env = {**os.environ, **worker_environ(worker_env), INHERIT_CONFIG_ENV: dask.config.serialize(config),
            "PYTHONPATH": path}
     options = {"host": host, "port": 0, "dashboard": dashboard_address is not None,
-               "dashboard_address": dashboard_address, "preload": [lifeline.__file__],
+               "dashboard_address": dashboard_address,
                "scheduler_file": os.path.join(tempfile.gettempdir(), f"zephon-dask-scheduler-{uuid.uuid4().hex}.json")}
-    scheduler = {"cls": SchedulerProcess, "options": {"options": options, "env": env, "timeout": timeout}}
+    the_host = Host(env)
+    scheduler = {"cls": SchedulerProcess, "options": {"options": options, "host": the_host, "timeout": timeout}}
     worker = {"cls": QuietNanny, "options": {"nthreads": threads_per_worker, "host": host, "env": worker_env,
-                                         "worker_class": QuietWorker,
-                                         "memory_limit": 1 / n_workers, "dashboard": False,
-                                         "silence_logs": silence_logs}}
+                                         "worker_class": QuietWorker, "memory_limit": 1 / n_workers,
+                                         "dashboard": False, "silence_logs": silence_logs,
+                                         "forked_from": the_host}}
     # shutdown_on_close=False: Dask's exit handler would wait up to 10 s for a cluster still starting
     # (and join its event loop); the runner closes its cluster at exit itself, and the processes of
-    # one still starting end with this process (the lifeline, the nannies' pipes)
-    return SpecCluster(workers={i: worker for i in range(n_workers)}, scheduler=scheduler, worker=worker,
-                       silence_logs=silence_logs, name="embedded", scheduler_sync_interval=SYNC_INTERVAL_S,
-                       shutdown_on_close=False)
+    # one still starting end with this process (the lifelines)
+    try:
+        return SpecCluster(workers={i: worker for i in range(n_workers)}, scheduler=scheduler, worker=worker,
+                           silence_logs=silence_logs, name="embedded", scheduler_sync_interval=SYNC_INTERVAL_S,
+                           shutdown_on_close=False)
+    except BaseException:
+        the_host.close(CLOSE_WAIT_S)
+        raise
