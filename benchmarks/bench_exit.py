@@ -21,10 +21,14 @@ Each case runs real processes (training scripts as subprocesses, ``dask schedule
 * ``start``: the embedded cluster's start in a fresh training process (torch imported first, as a
   training script does), quiet and under load (one busy process per core started beside it),
   alternately: the time to a ready cluster (``local_cluster`` until its client sees every
-  worker), the scheduler's share of it, and in the quickstart's pipeline the first batch
-  against the moment its cluster was ready (the head start computes the first windows meanwhile).
+  worker), the scheduler's share of it, the fresh interpreters the cluster started (each imports
+  ``distributed``; processes forked from one count once), and in the quickstart's pipeline the
+  first batch against the moment its cluster was ready (the head start computes the first windows
+  meanwhile). With ``--baseline DIR`` (a source tree of another version, e.g. from
+  ``git archive main | tar -x -C DIR``), its runs alternate with this tree's.
 
     python benchmarks/bench_exit.py [--repeat 3] [--stall 5] [--cases quickstart,cli,error,...] [--quick]
+                                    [--baseline DIR]
 """
 
 from __future__ import annotations
@@ -206,6 +210,9 @@ t = time.perf_counter()
 with local_cluster(2) as cluster, Client(cluster, set_as_default=False) as client:
     client.wait_for_workers(2, timeout=300)
     ready = time.perf_counter() - t
+    import psutil  # a fresh interpreter has a command line of its own; a forked process, its parent's
+    interpreters = len({tuple(c.cmdline()) for c in psutil.Process().children(recursive=True)
+                        if "resource_tracker" not in " ".join(c.cmdline())})
 sched = scheduler[0] - t
 t = time.perf_counter()
 with pipeline:
@@ -217,7 +224,9 @@ with pipeline:
     while runner.starting and time.monotonic() < deadline:
         time.sleep(0.01)
     up = time.perf_counter() - t
-print(json.dumps({"ready": ready, "scheduler": sched, "first": first, "up": up}))
+import zephon_dask
+print(json.dumps({"ready": ready, "scheduler": sched, "first": first, "up": up, "interpreters": interpreters,
+                  "package": zephon_dask.__file__}))
 """
 
 
@@ -231,23 +240,30 @@ def case_start(args, work) -> None:
     script.write_text(START)
     quickstart = work / "quickstart_pipeline.py"
     quickstart.write_text(QUICKSTART)
-    rows: dict[str, list[dict]] = {"quiet": [], "under load": []}
+    trees = {"this tree": None} if args.baseline is None else {"baseline": args.baseline, "this tree": None}
+    rows: dict[tuple[str, str], list[dict]] = {(t, s): [] for t in trees for s in ("quiet", "under load")}
     for _ in range(args.repeat):
-        for state in rows:  # alternately, so both see the same machine
+        for tree, state in rows:  # alternately, so all see the same machine
             hogs = busy(os.cpu_count() or 1) if state == "under load" else []
+            env = dict(os.environ)
+            if trees[tree] is not None:
+                env["PYTHONPATH"] = os.pathsep.join([str(trees[tree]), env.get("PYTHONPATH", "")])
             try:
                 out = subprocess.run([sys.executable, str(script), str(quickstart)], cwd=ROOT, capture_output=True,
-                                     text=True, timeout=600)
+                                     text=True, timeout=600, env=env)
             finally:
                 for hog in hogs:
                     hog.kill()
                     hog.wait(timeout=30)
             assert out.returncode == 0, out.stderr[-2000:]
-            rows[state].append(json.loads(out.stdout.strip().splitlines()[-1]))
-    for state, runs in rows.items():
-        print(f"  {state:<10}  ready cluster {median(r['ready'] for r in runs):5.2f} s (its scheduler "
-              f"{median(r['scheduler'] for r in runs):5.2f} s); quickstart: first batch "
-              f"{median(r['first'] for r in runs):5.2f} s, its cluster ready after {median(r['up'] for r in runs):5.2f} s")
+            row = json.loads(out.stdout.strip().splitlines()[-1])
+            assert (trees[tree] is None) != row["package"].startswith(str(trees[tree])), row["package"]
+            rows[tree, state].append(row)
+    for (tree, state), runs in rows.items():
+        print(f"  {tree:<9} {state:<10}  ready cluster {median(r['ready'] for r in runs):5.2f} s (its scheduler "
+              f"{median(r['scheduler'] for r in runs):5.2f} s; {max(r['interpreters'] for r in runs)} fresh "
+              f"interpreters); quickstart: first batch {median(r['first'] for r in runs):5.2f} s, its cluster "
+              f"ready after {median(r['up'] for r in runs):5.2f} s")
 
 
 def median(values) -> float:
@@ -400,6 +416,8 @@ def main() -> None:
     ap.add_argument("--stall", type=float, default=5.0, help="stall_timeout of the frozen case (seconds)")
     ap.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, of {', '.join(CASES)}")
     ap.add_argument("--quick", action="store_true", help="one run of each case")
+    ap.add_argument("--baseline", type=Path, default=None,
+                    help="start: a source tree of another version, run alternately with this one")
     args = ap.parse_args()
     if args.quick:
         args.repeat = 1

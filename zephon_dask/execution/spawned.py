@@ -64,8 +64,8 @@ class QuietNanny(Nanny):
     it restarts it), without a server's own housekeeping: its system monitor (psutil samples of
     this process, every 2 s, for a dashboard a nanny does not have), its event-loop tick
     measurement and its counters (:data:`NANNY_QUIET`); it exports nothing into this process's
-    environment. It still restarts its worker and enforces the worker's memory limit (its memory
-    monitor)."""
+    environment. It still restarts its worker (spawned as Dask does if the host was killed) and
+    enforces the worker's memory limit (its memory monitor)."""
 
     def __init__(self, *args, forked_from: Host, **kwargs):
         super().__init__(*args, **kwargs)
@@ -75,7 +75,9 @@ class QuietNanny(Nanny):
             self.periodic_callbacks.pop(name, None)
 
     async def instantiate(self):
-        with processes_from(self.forked_from.context):
+        # a host gone (killed) leaves Dask's own start: a worker spawned with this process's environment
+        context = self.forked_from.context if self.forked_from.running() else None
+        with processes_from(context):
             return await super().instantiate()
 
 
