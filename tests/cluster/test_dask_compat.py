@@ -237,14 +237,14 @@ def test_a_nanny_starts_its_worker_from_the_context_named():
 
     parent, host, _, _ = _nanny_from_host(export=False)
     assert parent == host
-    assert distributed.nanny.enable_proctitle_on_children is dask_compat._enable_proctitle_on_children
     assert distributed.process.get_mp_context() is distributed.utils.get_mp_context()
     assert distributed.nanny.get_mp_context() is distributed.utils.get_mp_context()
 
 
 def test_a_nanny_told_so_exports_nothing():
     """Dask's nanny exports its ``pre-spawn-environ`` into its own process before it starts its
-    worker (``pre_spawn_env``); emptied, this process's environment stays as it was."""
+    worker (``pre_spawn_env``); emptied, and inside ``processes_from`` (no proctitle mark either),
+    this process's environment stays as it was."""
     _, _, before, during = _nanny_from_host(export=True)
     assert during.get("ZCOMPAT_EXPORTED") == "yes"  # Dask's behaviour: exported here
     _, _, before, during = _nanny_from_host(export=False)

@@ -223,9 +223,8 @@ def processes_from(context) -> Iterator[None]:
     them: workers are spawned as Dask's own, or this process's environment changes, no error
     (``test_a_nanny_starts_its_worker_from_the_context_named``)."""
     for module in (distributed.nanny, distributed.process):
-        if module.get_mp_context is not _get_mp_context:
-            module.get_mp_context = _get_mp_context
-    distributed.nanny.enable_proctitle_on_children = _enable_proctitle_on_children
+        vars(module)["get_mp_context"] = _get_mp_context
+    vars(distributed.nanny)["enable_proctitle_on_children"] = _enable_proctitle_on_children
     token = _PROCESSES_FROM.set(context)
     try:
         yield

@@ -58,12 +58,14 @@ class HostPopen(popen_forkserver.Popen):
     """A process forked by ``host`` (Python's forkserver ``Popen``, asking our host), told to
     import no ``__main__``."""
 
+    _fds: list[int]  # the file descriptors the child gets (Python's forkserver Popen sets it)
+
     def __init__(self, process_obj, host: Host):
         self.host = host
         super().__init__(process_obj)
 
     def _launch(self, process_obj) -> None:
-        prep_data = spawn.get_preparation_data(process_obj._name)
+        prep_data = spawn.get_preparation_data(process_obj.name)
         for key in MAIN_KEYS:  # distributed pickles what __main__ defines by value
             prep_data.pop(key, None)
         buf = io.BytesIO()
@@ -75,7 +77,7 @@ class HostPopen(popen_forkserver.Popen):
             multiprocessing.context.set_spawning_popen(None)
         self.sentinel, w = self.host.connect(self._fds)
         parent_w = os.dup(w)  # the child's sentinel of this process: it reads EOF once we are gone
-        self.finalizer = util.Finalize(self, util.close_fds, (parent_w, self.sentinel))
+        self.finalizer = util.Finalize(self, close_fds, (parent_w, self.sentinel))
         with open(w, "wb", closefd=True) as f:
             f.write(buf.getbuffer())
         self.pid = forkserver.read_signed(self.sentinel)
@@ -100,7 +102,7 @@ class HostContext(multiprocessing.context.ForkServerContext):
     def __init__(self, host: Host):
         self.host = host
 
-    def Process(self, *args, **kwargs) -> HostProcess:  # noqa: N802  (multiprocessing's name)
+    def Process(self, *args, **kwargs) -> HostProcess:  # type: ignore[override]  # noqa: N802  (multiprocessing's name)
         process = HostProcess(*args, **kwargs)
         process.host = self.host
         return process
@@ -114,7 +116,8 @@ class Host:
     def __init__(self, env: dict[str, str], preload: tuple[str, ...] = PRELOAD):
         self.directory = tempfile.mkdtemp(prefix="zephon-dask-host-")  # mode 0700: ours alone may connect
         self.address = os.path.join(self.directory, "socket")
-        alive_r, self._alive_w = os.pipe()
+        alive_r, alive_w = os.pipe()
+        self._alive_w: int | None = alive_w
         try:
             with socket.socket(socket.AF_UNIX) as listener:
                 listener.bind(self.address)
@@ -124,15 +127,14 @@ class Host:
                 self.process = subprocess.Popen([sys.executable, "-c", code], env=env, stdin=subprocess.DEVNULL,
                                                 pass_fds=(listener.fileno(), alive_r), start_new_session=True)
         except BaseException:
-            os.close(self._alive_w)
+            os.close(alive_w)
             shutil.rmtree(self.directory, ignore_errors=True)
             raise
         finally:
             os.close(alive_r)
         self._server = forkserver.ForkServer()  # Python's client side of the protocol, pointed at our host
-        self._server._forkserver_address = self.address
-        self._server._forkserver_alive_fd = self._alive_w
-        self._server._forkserver_pid = self.process.pid
+        vars(self._server).update({"_forkserver_address": self.address, "_forkserver_alive_fd": alive_w,
+                                   "_forkserver_pid": self.process.pid})
         self.context = HostContext(self)
 
     @property
@@ -170,6 +172,11 @@ class Host:
         if self.process.poll() is None:
             with contextlib.suppress(OSError):
                 os.kill(self.process.pid, signal.SIGTERM)
+
+
+def close_fds(*fds: int) -> None:
+    for fd in fds:
+        os.close(fd)
 
 
 def thread_count() -> int:

@@ -50,7 +50,7 @@ from distributed.deploy.spec import ProcessInterface
 
 from ..errors import ClusterError
 from .dask_compat import INHERIT_CONFIG_ENV, no_environ_export, processes_from, worker_environ
-from .host import Host, training_process_gone
+from .host import Host, HostProcess, training_process_gone
 
 SYNC_INTERVAL_S = 10  # the cluster's name and type, for the dashboard, resent every (Dask: 1 s)
 CLOSE_WAIT_S = 5.0  # seconds a closing scheduler process (or host) gets before it is killed
@@ -106,7 +106,7 @@ def run_scheduler(options: dict) -> None:
 
     def end() -> None:
         scheduler_file.unlink(missing_ok=True)  # a process forked runs no exit handlers (Dask's removes it)
-        os._exit(1)
+        os.kill(os.getpid(), signal.SIGKILL)
 
     async def serve() -> None:
         scheduler = await Scheduler(**options)
@@ -138,16 +138,16 @@ class SchedulerProcess(ProcessInterface):
 
     def __init__(self, options: dict, host: Host, timeout: float):
         self.options, self.host, self.timeout = options, host, timeout
-        self.process = None  # a multiprocessing process, once started
+        self.process: HostProcess | None = None  # once started
         super().__init__()
 
     async def start(self) -> None:
-        self.process = self.host.context.Process(target=run_scheduler, args=(self.options,),
-                                                 name="zephon-dask scheduler", daemon=True)
+        self.process = process = self.host.context.Process(target=run_scheduler, args=(self.options,),
+                                                           name="zephon-dask scheduler", daemon=True)
         RUNNING.add(self)
         path, deadline = Path(self.options["scheduler_file"]), time.monotonic() + self.timeout
         try:  # the host forks it once its imports are done
-            await asyncio.wait_for(asyncio.to_thread(self.process.start), self.timeout)
+            await asyncio.wait_for(asyncio.to_thread(process.start), self.timeout)
         except (OSError, EOFError, TimeoutError):
             pass  # reported below, as a scheduler that did not start
         while self.address is None:
@@ -167,7 +167,8 @@ class SchedulerProcess(ProcessInterface):
 
     def pids(self) -> list[int]:
         """The scheduler's and the host's processes, those still running."""
-        return ([self.process.pid] if self.running() else []) + ([self.host.pid] if self.host.running() else [])
+        pid = self.process.pid if self.running() and self.process is not None else None
+        return ([pid] if pid is not None else []) + ([self.host.pid] if self.host.running() else [])
 
     async def close(self) -> None:
         RUNNING.discard(self)
