@@ -483,13 +483,16 @@ def _cluster_cpu(pipe: Pipeline) -> dict[str, float]:
         for role, cpu in threads.items():
             out[f"workers' {role}"] = out.get(f"workers' {role}", 0.0) + cpu
     worker_pids = set(runner.worker_pids().values())
+    scheduler_pid = runner.client.run_on_scheduler(os.getpid)
     for proc in psutil.Process().children(recursive=True):
         try:
             if proc.pid in worker_pids:
                 continue
             t = proc.cpu_times()
-            kind = "scheduler" if "spec" in proc.cmdline() else "other processes"
-            out[kind] += t.user + t.system
+            kind = ("scheduler" if proc.pid == scheduler_pid or "spec" in proc.cmdline()
+                    else "the cluster's host" if "zephon_dask.execution.host" in " ".join(proc.cmdline())
+                    else "other processes")
+            out[kind] = out.get(kind, 0.0) + t.user + t.system
         except psutil.NoSuchProcess:
             pass
     return out
