@@ -168,10 +168,12 @@ class Host:
         shutil.rmtree(self.directory, ignore_errors=True)
 
     def stop(self) -> None:
-        """Ask the host to stop (``SIGTERM``), waiting for nothing (at interpreter exit)."""
+        """Ask the host to stop (``SIGTERM``) and remove its socket, waiting for nothing (at
+        interpreter exit)."""
         if self.process.poll() is None:
             with contextlib.suppress(OSError):
                 os.kill(self.process.pid, signal.SIGTERM)
+        shutil.rmtree(self.directory, ignore_errors=True)
 
 
 def close_fds(*fds: int) -> None:
