@@ -65,6 +65,13 @@ def run_script(path: Path) -> tuple[int, str, list[psutil.Process]]:
     return proc.returncode, out, list(seen.values())
 
 
+def host_sockets() -> set[Path]:
+    """The embedded clusters' host sockets' directories in the temporary directory."""
+    import tempfile
+
+    return set(Path(tempfile.gettempdir()).glob("zephon-dask-host-*"))
+
+
 def wait_until_gone(processes: list[psutil.Process], limit: float = 30.0) -> None:
     """Poll until each of ``processes`` has ended (a starting cluster's processes end with their
     parent); ``AssertionError`` naming those left after ``limit`` seconds."""
@@ -106,10 +113,12 @@ def test_a_short_run_that_never_closes_exits_without_waiting_for_its_cluster(cor
     script, with no ``close()``: it exits, and the cluster's processes end with it."""
     script = tmp_path / "train.py"
     script.write_text(SHORT_RUN.format(root=str(Path(__file__).resolve().parents[2]), corpus=str(corpus_dir)))
+    hosts_before = host_sockets()
     code, out, started = run_script(script)
     assert code == 0 and "streamed" in out, out[-3000:]
     assert "Traceback" not in out, out[-6000:]
     wait_until_gone(started)
+    assert not host_sockets() - hosts_before  # the cluster's host left no socket behind
 
 
 def test_close_returns_while_the_cluster_starts_and_the_start_is_undone(corpus_dir, monkeypatch):

@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -70,6 +71,7 @@ def test_scheduler_runs_apart_with_the_embedded_settings_and_the_users_config(co
 def test_killed_training_process_leaves_no_process_nor_scheduler_file(corpus_dir, tmp_path):
     script = tmp_path / "train.py"
     script.write_text(KILLED_SCRIPT.format(root=str(Path(__file__).resolve().parents[2]), corpus=str(corpus_dir)))
+    hosts_before = set(Path(tempfile.gettempdir()).glob("zephon-dask-host-*"))
     proc = subprocess.Popen([sys.executable, str(script)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         started = json.loads(proc.stdout.readline())
@@ -83,6 +85,7 @@ def test_killed_training_process_leaves_no_process_nor_scheduler_file(corpus_dir
         time.sleep(0.2)
     assert all(map(_gone, pids)), [p for p in pids if not _gone(p)]
     assert not scheduler_file.exists()
+    assert not set(Path(tempfile.gettempdir()).glob("zephon-dask-host-*")) - hosts_before  # nor the host's socket
 
 
 # by value, as above; 3,000 lines of ~160 bytes: far more than a pipe holds, were stderr one

@@ -849,6 +849,8 @@ def close_cluster(cluster: SpecCluster) -> None:
     for pid in embedded_pids(cluster):
         with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGKILL)
+    if isinstance(cluster.scheduler, SchedulerProcess):
+        cluster.scheduler.host.stop()  # its socket: a host killed removes nothing
 
 
 OPEN_RUNNERS: weakref.WeakSet[DistributedRunner] = weakref.WeakSet()  # not closed yet
