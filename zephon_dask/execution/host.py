@@ -45,7 +45,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 
 # what the scheduler and a worker import: imported once, in the host, before it forks any
 PRELOAD = ("distributed", "zephon_dask.execution.spawned", "zephon_dask.execution.cluster",
@@ -217,13 +216,3 @@ def training_process_gone() -> int | None:
     for it is gone (``multiprocessing``'s parent sentinel); ``None`` elsewhere."""
     parent = multiprocessing.parent_process()
     return parent.sentinel if parent is not None else None
-
-
-def wait_for(condition, timeout: float, poll: float = 0.05) -> bool:
-    """Poll ``condition`` until true or ``timeout`` seconds: whether it became true."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(poll)
-    return True
