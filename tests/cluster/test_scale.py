@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.helpers.oracles import ref_submissions
-from tests.helpers.pipelines import FakeSpec
+from tests.helpers.pipelines import FakeSpec, FakeWindow
 from zephon_dask.consumer.fetcher import WindowFetcher
 from zephon_dask.errors import ClusterStallError
 from zephon_dask.execution.watch import POLL
@@ -24,7 +24,7 @@ class Handle:
         self.pair = pair
 
     def result(self):
-        return self.pair
+        return FakeWindow(self.pair)
 
     def release(self):
         pass

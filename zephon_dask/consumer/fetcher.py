@@ -32,6 +32,15 @@ for all of it (fewer members only where lanes end), so the windows in flight
 stay between ``prefetch - windows_per_task + 1`` and ``prefetch``. Each window
 keeps its own handle, released as the consumer takes it.
 
+With ``windows_per_task=None`` (automatic) the size is chosen as windows are
+taken: one per task for the first :data:`~zephon_dask.execution.base.AUTO_AFTER`
+windows, then :func:`~zephon_dask.execution.base.auto_windows_per_task` of the mean
+CPU a window took so far (:class:`~zephon_dask.core.window.Made`) against the
+runner's ``task_cpu``: small windows are grouped until Dask's cost per task is a
+small share of their work, large ones stay one per task. With ``scale_prefetch``
+(``prefetch_windows`` not set) ``prefetch`` is then multiplied by that size, so the
+tasks in flight, and the workers kept busy, stay the same.
+
 With ``prefetch_bytes``, the windows in flight are also bounded in bytes: at most
 ``prefetch_bytes`` divided by the mean size of the windows taken so far (as held:
 narrowed, see :func:`~zephon_dask.core.window.narrowed`), at least one, and groups no larger
@@ -49,6 +58,7 @@ from collections import OrderedDict
 from ..core.spec import PipelineSpec
 from ..core.window import WindowOutput
 from ..errors import ClosedError
+from ..execution.base import AUTO_AFTER, auto_windows_per_task
 from ..execution.memory import Trimmer
 from ..graph import window_graph
 from ..log import logger
@@ -57,12 +67,16 @@ from ..log import logger
 class WindowFetcher:
     def __init__(self, spec: PipelineSpec, runner, lanes: list[int], prefetch: int,
                  start_windows: dict[int, int] | None = None, fused: bool = False, split_first: int = 0,
-                 windows_per_task: int = 1, alone_at_end: int = 0, prefetch_bytes: int | None = None):
+                 windows_per_task: int | None = 1, alone_at_end: int = 0, prefetch_bytes: int | None = None,
+                 scale_prefetch: bool = False, threads: int = 1):
         self.spec, self.runner, self.lanes = spec, runner, list(lanes)
-        self.prefetch = max(1, int(prefetch))
+        self.base_prefetch = max(1, int(prefetch))
         self.prefetch_bytes = prefetch_bytes
         self.taken_bytes = self.taken = 0  # windows handed to the consumer, and their bytes as held
-        self.windows_per_task = max(1, min(int(windows_per_task), self.prefetch))
+        self.taken_cpu, self.timed = 0.0, 0  # CPU seconds of the windows taken that say theirs, and how many
+        self.given = None if windows_per_task is None else max(1, int(windows_per_task))  # None: automatic
+        self.scale_prefetch = scale_prefetch and self.given is None
+        self.threads = max(1, threads)  # worker threads of this consumer's share (the automatic size's bound)
         self.alone_at_end = alone_at_end
         self.fused, self.split_first = fused, split_first
         start = start_windows or {}
@@ -84,6 +98,31 @@ class WindowFetcher:
         self._closed = False
         self._trimmer = Trimmer()  # the windows' freed memory goes back to the OS now and then
         self._top_up()
+
+    @property
+    def window_cpu(self) -> float | None:
+        """Mean CPU seconds of the windows taken so far (``None`` before :data:`AUTO_AFTER`)."""
+        return self.taken_cpu / self.timed if self.timed >= AUTO_AFTER else None
+
+    def _auto_size(self) -> int:
+        cpu = self.window_cpu
+        if cpu is None:
+            return 1
+        return auto_windows_per_task(cpu, getattr(self.runner, "task_cpu", 0.0),
+                                     None if self.scale_prefetch else self.base_prefetch, self.threads)
+
+    @property
+    def windows_per_task(self) -> int:
+        """Windows per task now: the given size, else the automatic one (see the module docstring);
+        never above :attr:`prefetch`."""
+        size = self._auto_size() if self.given is None else self.given
+        return max(1, min(size, self.prefetch))
+
+    @property
+    def prefetch(self) -> int:
+        """Windows to keep in flight: the given ``prefetch``, times the automatic windows per task
+        with ``scale_prefetch``."""
+        return self.base_prefetch * self._auto_size() if self.scale_prefetch else self.base_prefetch
 
     def _exists(self, lane: int, w: int) -> bool:
         n = self.num_windows[lane]
@@ -196,6 +235,9 @@ class WindowFetcher:
         self.next_needed[lane] = w + 1
         self.taken += 1
         self.taken_bytes += out.__sizeof__()
+        if out.made.cpu > 0:
+            self.taken_cpu += out.made.cpu
+            self.timed += 1
         self._top_up()
         self._trimmer.maybe()
         return out

@@ -241,7 +241,9 @@ def embedded_pids(cluster: SpecCluster) -> list[int]:
 LOST_RESULT = (CancelledError, CommClosedError, OSError)
 RESUBMITS = 3
 SILENT_AFTER = 3.0  # seconds without a heartbeat (at least) before a worker counts as frozen
-MAX_WINDOWS_PER_TASK = 4  # the automatic windows_per_task's ceiling (stall_timeout counts a whole task)
+# CPU seconds of Dask's control plane per task (client, scheduler, workers' event loops: ~8 messages
+# and a graph unpickle), measured by benchmarks/bench_scale.py with one window per task: 6-8 ms
+TASK_CPU = 0.006
 TRIM_AFTER_TASK_EVERY = 1.0  # seconds: a worker trims when a task ends, at most this often (~1 ms a trim)
 EARLY_FETCHES = 2  # results fetched ahead of the consumer at once (a client gathers 5 at once in all)
 
@@ -356,12 +358,11 @@ class DistributedHandle(WindowHandle):
         return self._early_value is not NOT_FETCHED
 
     @property
-    def held_nbytes(self) -> int:
-        """Bytes of the result fetched ahead and held here (0 before it is, or once taken; a
-        task of several windows: all of them)."""
+    def held(self):
+        """The result fetched ahead and held here (``None`` before it is, or once taken; a task of
+        several windows: all of them)."""
         value = self._early_value
-        return 0 if value is NOT_FETCHED else sum(v.__sizeof__() for v in value) if isinstance(value, tuple) \
-            else value.__sizeof__()
+        return None if value is NOT_FETCHED else value
 
     def result(self):
         value, early = self._claim()
@@ -474,6 +475,7 @@ class DistributedHandle(WindowHandle):
 class DistributedRunner(Runner):
     name = "distributed"
     has_dashboard = True
+    task_cpu = TASK_CPU
 
     def __init__(self, spec: PipelineSpec, n_workers=None, threads_per_worker=1, client=None,
                  address=None, retries=0, timeout: float = DEFAULT_TIMEOUT, stall: float = DEFAULT_STALL,
@@ -746,12 +748,6 @@ class DistributedRunner(Runner):
             return super().submit_group(graphs, priority)
         shared = GroupResult(self._submit_remote(group_graph(self.spec, graphs), priority), len(graphs))
         return [MemberHandle(g, shared, i) for i, g in enumerate(graphs)]
-
-    def windows_per_task(self, prefetch: int, lanes: int | None = None) -> int:
-        """Windows per task when ``windows_per_task`` is not set: as many as leave two tasks in
-        flight per worker thread of :meth:`share` (``prefetch // (2 * threads)``), at most
-        :data:`MAX_WINDOWS_PER_TASK`, at least 1."""
-        return max(1, min(MAX_WINDOWS_PER_TASK, prefetch // (2 * self.share(lanes))))
 
     def _submit_remote(self, graph: WindowGraph | GroupGraph, priority: int, early: bool = True) -> DistributedHandle:
         live_only = self._responsive_only()
