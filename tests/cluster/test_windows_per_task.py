@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import statistics
 import time
 
 import numpy as np
@@ -234,12 +235,16 @@ def test_automatic_size_is_the_fewest_windows_that_make_a_task_cheap_next_to_the
 
 
 class TimedRunner(GroupingRunner):
-    """A runner whose tasks cost ``task_cpu`` besides their work, and whose windows took the CPU
-    seconds ``cpu(lane, window)`` says."""
+    """A runner whose tasks cost ``task_cpu`` besides their work, whose windows took the CPU seconds
+    ``cpu(lane, window)`` says, and which keeps the first value agreed under each name."""
 
-    def __init__(self, task_cpu, cpu):
+    def __init__(self, task_cpu, cpu, agreed=None):
         super().__init__()
         self.task_cpu, self.cpu, self.fetcher, self.sizes = task_cpu, cpu, None, []
+        self.agreed = dict(agreed or {})
+
+    def agree(self, name, value):
+        return self.agreed.setdefault(name, value)
 
     def _timed(self, pair):
         return Handle(pair, self.released, self.cpu(*pair))
@@ -257,26 +262,29 @@ class TimedRunner(GroupingRunner):
 
 @settings(max_examples=150, deadline=None)
 @given(data=st.data())
-def test_automatic_grouping_follows_the_windows_measured_cpu_and_never_changes_what_is_delivered(data):
-    """windows_per_task=None: each lane gets its windows in order whatever the grouping (the
-    consumer sees what one window per task gives); the first AUTO_AFTER windows taken go one per
-    task, then no task is larger than the rule gives for the mean CPU of the windows taken so far;
-    with the prefetch scaled, the windows in flight stay within prefetch x MAX; a runner whose
-    tasks cost nothing never groups and submits what the ungrouped fetcher does."""
+def test_automatic_grouping_follows_the_first_windows_cpu_and_never_changes_what_is_delivered(data):
+    """windows_per_task=None: each lane gets its windows in order whatever the grouping (what one
+    window per task gives); the first max(AUTO_AFTER, prefetch) windows taken go one per task, then
+    every task has at most the size the rule gives for their median CPU, or the size agreed
+    earlier under the same name (a peer's); the windows in flight stay within prefetch (scaled: x
+    the size). A runner whose tasks cost nothing never groups and submits what the ungrouped
+    fetcher does."""
     n = data.draw(st.integers(1, 6))
     lanes = data.draw(st.permutations(range(10)))[:n]
     num_windows = {lane: data.draw(st.one_of(st.none(), st.integers(0, 12))) for lane in lanes}
     prefetch = data.draw(st.integers(1, 8))
     task_cpu = data.draw(st.sampled_from([0.0, 0.006]))
     scale = data.draw(st.booleans())
+    peer = data.draw(st.one_of(st.none(), st.integers(1, MAX_WINDOWS_PER_TASK)))
     costs = data.draw(st.lists(st.sampled_from([0.0005, 0.003, 0.03, 0.3]), min_size=1, max_size=4))
     split_first, alone_at_end = data.draw(st.integers(0, 3)), data.draw(st.integers(0, 2))
     gets = data.draw(st.lists(st.sampled_from(lanes), max_size=60))
-    runner = TimedRunner(task_cpu, lambda lane, w: costs[(lane + w) % len(costs)])
+    runner = TimedRunner(task_cpu, lambda lane, w: costs[(lane + w) % len(costs)],
+                         {} if peer is None else {"windows-per-task": peer})
     fetcher = WindowFetcher(FakeSpec(num_windows), runner, lanes, prefetch, fused=True, split_first=split_first,
                             windows_per_task=None, alone_at_end=alone_at_end, scale_prefetch=scale, threads=2)
     runner.fetcher = fetcher
-    expected, taken = {lane: 0 for lane in lanes}, 0
+    expected, cpus = dict.fromkeys(lanes, 0), []
     for lane in gets:
         out = fetcher.get(lane)
         if out is None:
@@ -284,18 +292,22 @@ def test_automatic_grouping_follows_the_windows_measured_cpu_and_never_changes_w
             continue
         assert tuple(out) == (lane, expected[lane])
         expected[lane] += 1
-        taken += 1
-        assert len(runner.held()) <= prefetch * (MAX_WINDOWS_PER_TASK if scale else 1)
-        if taken < AUTO_AFTER:
-            assert fetcher.windows_per_task == 1
+        cpus.append(out.made.cpu)
+        assert len(runner.held()) <= fetcher.prefetch
+        if len(cpus) < max(AUTO_AFTER, prefetch):
+            assert fetcher.deciding and fetcher.windows_per_task == 1 and fetcher.prefetch == prefetch
     assert all(len(task) <= size for task, size in zip(runner.tasks, runner.sizes, strict=True))
-    if task_cpu == 0:
-        assert fetcher.windows_per_task == 1 and fetcher.prefetch == prefetch
+    if len(cpus) >= max(AUTO_AFTER, prefetch):
+        first = cpus[:max(AUTO_AFTER, prefetch)]
+        assert fetcher.window_cpu == statistics.median(first)
+        own = auto_windows_per_task(statistics.median(first), task_cpu, None if scale else prefetch, 2)
+        size = own if peer is None else peer
+        assert fetcher.windows_per_task == min(size, fetcher.prefetch)
+        assert fetcher.prefetch == (prefetch * size if scale else prefetch)
+        if task_cpu == 0 and peer is None:
+            assert fetcher.windows_per_task == 1
+    if task_cpu == 0 and peer is None:
         assert [t[0] for t in runner.tasks] == ref_submissions(num_windows, dict.fromkeys(lanes, 0), prefetch, gets)
-    elif taken >= AUTO_AFTER:
-        mean = fetcher.taken_cpu / fetcher.timed
-        assert fetcher.windows_per_task == min(
-            auto_windows_per_task(mean, task_cpu, None if scale else prefetch, 2), fetcher.prefetch)
     fetcher.close()
     assert not runner.held()
 
@@ -347,7 +359,7 @@ def test_automatic_windows_per_task_groups_small_windows_on_a_cluster_only(corpu
     from distributed import get_task_stream
 
     assert build(corpus_dir).description.settings["windows_per_task"] is None  # the default
-    assert "auto: 1 for the first 4 windows" in str(build(corpus_dir, client=cluster).explain())
+    assert "auto: 1 for the first prefetch_windows windows" in str(build(corpus_dir, client=cluster).explain())
     p = build(corpus_dir, client=cluster, R=8, k=1)
     truth = ref_group_stream(p.spec, owned_lanes(p.description.settings), p.description.batch.microbatch_size)
     with p, get_task_stream(client=cluster) as ts:
@@ -358,7 +370,7 @@ def test_automatic_windows_per_task_groups_small_windows_on_a_cluster_only(corpu
         size = fetcher.windows_per_task
         assert size > 1 and fetcher.prefetch == fetcher.base_prefetch * size
         text = str(p.explain())
-        assert f"auto: {size} (a window took" in text and f"auto: {fetcher.prefetch} (" in text
+        assert f"auto: {size} (the first" in text and f"auto: {fetcher.prefetch} (" in text
     assert got == truth
     assert any(str(t["key"]).startswith("zephon-windows-") for t in ts.data)
     with build(corpus_dir, client=cluster, prefetch_windows=4) as p:  # 4 // (2 x 2 threads): 1
@@ -369,3 +381,25 @@ def test_automatic_windows_per_task_groups_small_windows_on_a_cluster_only(corpu
         assert p.session.stream.fetcher.windows_per_task == 1
         assert "auto: 1 (the threads runner's tasks cost nothing" in str(p.explain())
     assert "1 (fuse=False" in str(build(corpus_dir, fuse=False, windows_per_task=3).explain())
+
+
+def test_peers_sharing_a_cluster_take_the_first_ones_automatic_size(corpus_dir, cluster, monkeypatch):
+    """Two consumers of the same lanes on one cluster (tensor-parallel peers), whose own automatic
+    choice differs: the second takes the first one's size, so both submit the same tasks (keys),
+    and both get the reference's batches."""
+    from distributed import get_task_stream
+
+    from zephon_dask.consumer import fetcher as fetcher_module
+
+    keys, sizes, got = [], [], []
+    for own in (2, 5):
+        monkeypatch.setattr(fetcher_module, "auto_windows_per_task", lambda *args, own=own: own)
+        p = build(corpus_dir, client=cluster, seed=11, R=8, k=1)
+        with p, get_task_stream(client=cluster) as ts:
+            got.append([batch_rows(b) for b in p])
+            sizes.append(p.session.stream.fetcher.windows_per_task)
+        keys.append(sorted(str(t["key"]) for t in ts.data if str(t["key"]).startswith("zephon-windows-")))
+    assert sizes == [2, 2]
+    assert keys[0] and keys[0] == keys[1]
+    assert got[0] == got[1] == ref_group_stream(p.spec, owned_lanes(p.description.settings),
+                                                p.description.batch.microbatch_size)

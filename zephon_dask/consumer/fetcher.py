@@ -32,14 +32,19 @@ for all of it (fewer members only where lanes end), so the windows in flight
 stay between ``prefetch - windows_per_task + 1`` and ``prefetch``. Each window
 keeps its own handle, released as the consumer takes it.
 
-With ``windows_per_task=None`` (automatic) the size is chosen as windows are
-taken: one per task for the first :data:`~zephon_dask.execution.base.AUTO_AFTER`
-windows, then :func:`~zephon_dask.execution.base.auto_windows_per_task` of the mean
-CPU a window took so far (:class:`~zephon_dask.core.window.Made`) against the
-runner's ``task_cpu``: small windows are grouped until Dask's cost per task is a
-small share of their work, large ones stay one per task. With ``scale_prefetch``
-(``prefetch_windows`` not set) ``prefetch`` is then multiplied by that size, so the
-tasks in flight, and the workers kept busy, stay the same.
+With ``windows_per_task=None`` (automatic) the size is decided once, from the
+windows taken one per task first (``prefetch`` of them, at least
+:data:`~zephon_dask.execution.base.AUTO_AFTER`): their median CPU seconds
+(:class:`~zephon_dask.core.window.Made`; most of them were computed by workers past
+their first task) against the runner's ``task_cpu``, by
+:func:`~zephon_dask.execution.base.auto_windows_per_task`. Small windows are
+grouped until Dask's cost per task is a small share of their work, large ones stay
+one per task. The runner may replace the size by the one the first consumer of a
+shared cluster decided (:meth:`~zephon_dask.execution.base.Runner.agree`), and as
+the size changes at the same window taken in every consumer, peers with the same
+settings keep submitting the same tasks. With ``scale_prefetch`` (``prefetch_windows``
+not set) ``prefetch`` is then multiplied by the size, so the tasks in flight, and
+the workers kept busy, stay the same.
 
 With ``prefetch_bytes``, the windows in flight are also bounded in bytes: at most
 ``prefetch_bytes`` divided by the mean size of the windows taken so far (as held:
@@ -52,6 +57,7 @@ from __future__ import annotations
 
 import heapq
 import logging
+import statistics
 import time
 from collections import OrderedDict
 
@@ -73,7 +79,9 @@ class WindowFetcher:
         self.base_prefetch = max(1, int(prefetch))
         self.prefetch_bytes = prefetch_bytes
         self.taken_bytes = self.taken = 0  # windows handed to the consumer, and their bytes as held
-        self.taken_cpu, self.timed = 0.0, 0  # CPU seconds of the windows taken that say theirs, and how many
+        self.sample: list[float] = []  # CPU seconds of the windows taken until the automatic size is decided
+        self.window_cpu: float | None = None  # their median, once decided
+        self._auto = 1  # the automatic size: 1 until decided
         self.given = None if windows_per_task is None else max(1, int(windows_per_task))  # None: automatic
         self.scale_prefetch = scale_prefetch and self.given is None
         self.threads = max(1, threads)  # worker threads of this consumer's share (the automatic size's bound)
@@ -100,29 +108,35 @@ class WindowFetcher:
         self._top_up()
 
     @property
-    def window_cpu(self) -> float | None:
-        """Mean CPU seconds of the windows taken so far (``None`` before :data:`AUTO_AFTER`)."""
-        return self.taken_cpu / self.timed if self.timed >= AUTO_AFTER else None
-
-    def _auto_size(self) -> int:
-        cpu = self.window_cpu
-        if cpu is None:
-            return 1
-        return auto_windows_per_task(cpu, getattr(self.runner, "task_cpu", 0.0),
-                                     None if self.scale_prefetch else self.base_prefetch, self.threads)
-
-    @property
     def windows_per_task(self) -> int:
         """Windows per task now: the given size, else the automatic one (see the module docstring);
         never above :attr:`prefetch`."""
-        size = self._auto_size() if self.given is None else self.given
+        size = self._auto if self.given is None else self.given
         return max(1, min(size, self.prefetch))
 
     @property
     def prefetch(self) -> int:
         """Windows to keep in flight: the given ``prefetch``, times the automatic windows per task
         with ``scale_prefetch``."""
-        return self.base_prefetch * self._auto_size() if self.scale_prefetch else self.base_prefetch
+        return self.base_prefetch * self._auto if self.scale_prefetch else self.base_prefetch
+
+    @property
+    def deciding(self) -> bool:
+        """Whether the automatic size is still to be decided."""
+        return self.given is None and self.window_cpu is None
+
+    def _time(self, cpu: float) -> None:
+        """Count a window taken that took ``cpu`` seconds (0: not timed), and decide the automatic
+        size once enough are (see the module docstring)."""
+        if cpu <= 0:
+            return
+        self.sample.append(cpu)
+        if len(self.sample) < max(AUTO_AFTER, self.base_prefetch):
+            return
+        self.window_cpu = statistics.median(self.sample)
+        size = auto_windows_per_task(self.window_cpu, self.runner.task_cpu,
+                                     None if self.scale_prefetch else self.base_prefetch, self.threads)
+        self._auto = max(1, self.runner.agree("windows-per-task", size))
 
     def _exists(self, lane: int, w: int) -> bool:
         n = self.num_windows[lane]
@@ -235,9 +249,8 @@ class WindowFetcher:
         self.next_needed[lane] = w + 1
         self.taken += 1
         self.taken_bytes += out.__sizeof__()
-        if out.made.cpu > 0:
-            self.taken_cpu += out.made.cpu
-            self.timed += 1
+        if self.deciding:
+            self._time(out.made.cpu)
         self._top_up()
         self._trimmer.maybe()
         return out

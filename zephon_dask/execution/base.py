@@ -25,7 +25,7 @@ from ..graph import GroupGraph, WindowGraph
 # The automatic windows_per_task (auto_windows_per_task):
 CONTROL_SHARE = 0.25  # a window's share of its task's cost besides the work: at most this of its own work
 MAX_WINDOWS_PER_TASK = 8  # windows per task at most (stall_timeout counts a whole task)
-AUTO_AFTER = 4  # windows taken, one per task, before it may group (the first batches never wait on a group)
+AUTO_AFTER = 4  # windows taken, one per task, before it decides (at least; the first batches never wait on a group)
 
 
 def auto_windows_per_task(window_cpu: float, task_cpu: float, prefetch: int | None = None,
@@ -41,10 +41,12 @@ def auto_windows_per_task(window_cpu: float, task_cpu: float, prefetch: int | No
     hold each one's result back for the others' work and save a small share."""
     if task_cpu <= 0:
         return 1
-    most = MAX_WINDOWS_PER_TASK if prefetch is None else min(MAX_WINDOWS_PER_TASK, prefetch // (2 * max(1, threads)))
-    if window_cpu <= 0:
-        return max(1, most)
-    return max(1, min(most, math.ceil(task_cpu / (CONTROL_SHARE * window_cpu) - 1e-9)))
+    most = max(1, MAX_WINDOWS_PER_TASK if prefetch is None
+               else min(MAX_WINDOWS_PER_TASK, prefetch // (2 * max(1, threads))))
+    share = CONTROL_SHARE * window_cpu  # what a window may cost besides its work
+    if share * most < task_cpu:
+        return most
+    return max(1, math.ceil(task_cpu / share - 1e-9))
 
 
 class WindowHandle:
@@ -225,6 +227,12 @@ class Runner:
     def slots(self) -> int:
         """How many windows this runner computes at once."""
         return 1
+
+    def agree(self, name: str, value: int) -> int:
+        """``value``, or on a :attr:`shared` runner the value the first consumer of the cluster
+        to ask under ``name`` for this spec gave (an execution choice the ranks sharing the
+        cluster must make alike, so that peers keep submitting the same task keys)."""
+        return value
 
     def default_prefetch(self, lanes: int | None = None) -> int:
         """Windows to keep in flight when ``prefetch_windows`` is not set: two per slot plus

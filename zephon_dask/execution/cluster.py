@@ -720,6 +720,21 @@ class DistributedRunner(Runner):
         may serve other ranks' pipelines too."""
         return not self._own_cluster
 
+    def agree(self, name: str, value: int) -> int:
+        """On a cluster this runner did not start, the value the first consumer to ask under
+        ``name`` for this spec stored on the scheduler (``value`` if none did); ``value`` itself
+        if the scheduler does not answer within :data:`PROBE_TIMEOUT` seconds or refuses (a
+        cluster without ``run_on_scheduler``): disagreeing peers then compute some windows
+        twice, never different bytes."""
+        if not self.shared:
+            return value
+        key = f"zephon-{name}-{self.spec.fingerprint[:16]}"
+        try:
+            return int(dask_compat.first_value(self.client, key, value, PROBE_TIMEOUT))
+        except Exception as exc:
+            logger.info("zephon_dask: the scheduler did not keep %s (%r); using this process's %s", key, exc, value)
+            return value
+
     @property
     def slots(self) -> int:
         """Worker threads on the cluster now (at least 1: an adaptive cluster may be empty); the

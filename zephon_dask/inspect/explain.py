@@ -290,16 +290,17 @@ def _windows_per_task(given: int | None, options: dict, runner, pipeline) -> str
     kind = type(runner) if runner is not None else RUNNERS[choose_runner(options)]
     if not kind.task_cpu:
         return f"auto: 1 (the {kind.name} runner's tasks cost nothing besides their work)"
-    rule = (f"1 for the first {AUTO_AFTER} windows, then as many as bring the runner's ~{kind.task_cpu * 1e3:g} ms "
-            f"of CPU per task under {CONTROL_SHARE:.0%} of a window's CPU, at most {MAX_WINDOWS_PER_TASK}")
+    rule = (f"1 for the first prefetch_windows windows (at least {AUTO_AFTER}), then as many as bring the "
+            f"runner's ~{kind.task_cpu * 1e3:g} ms of CPU per task under {CONTROL_SHARE:.0%} of their median "
+            f"CPU, at most {MAX_WINDOWS_PER_TASK}")
     fetcher = _fetcher(pipeline)
     if fetcher is None or fetcher.given is not None:
         return f"auto: {rule}"
     cpu = fetcher.window_cpu
     if cpu is None:
-        return f"auto: 1 so far ({fetcher.timed} of {AUTO_AFTER} windows taken; {rule})"
-    return (f"auto: {fetcher.windows_per_task} (a window took {cpu * 1e3:.3g} ms of CPU, mean of "
-            f"{fetcher.timed}; {rule})")
+        return f"auto: 1 so far ({len(fetcher.sample)} windows timed; {rule})"
+    return (f"auto: {fetcher.windows_per_task} (the first {len(fetcher.sample)} windows took {cpu * 1e3:.3g} ms "
+            f"of CPU each, median; {rule})")
 
 
 def _dashboard(link: str | None) -> str:
