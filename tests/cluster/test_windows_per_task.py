@@ -31,6 +31,7 @@ from zephon_dask.execution.base import (
     MemberHandle,
     WindowHandle,
     auto_windows_per_task,
+    most_windows_per_task,
 )
 from zephon_dask.execution.cluster import DistributedRunner
 from zephon_dask.graph import group_graph, window_graph
@@ -219,19 +220,21 @@ def test_worker_killed_mid_group_changes_nothing(corpus_dir):
        threads=st.integers(1, 64))
 def test_automatic_size_is_the_fewest_windows_that_make_a_task_cheap_next_to_their_work(window_cpu, task_cpu,
                                                                                       prefetch, threads):
-    """1 to MAX; 1 where a task costs nothing or a window's work already dwarfs it; else the fewest
+    """1 to the ceiling (MAX, and two tasks in flight per worker thread when the prefetch is
+    given); 1 where a task costs nothing or a window's work already dwarfs it; else the fewest
     windows whose share of a task's cost is at most CONTROL_SHARE of a window's work, unless
-    capped (MAX, or two tasks in flight per worker thread when the prefetch is given); never
-    more windows for more work per window."""
-    n = auto_windows_per_task(window_cpu, task_cpu, prefetch, threads)
-    cap = MAX_WINDOWS_PER_TASK if prefetch is None else max(1, min(MAX_WINDOWS_PER_TASK, prefetch // (2 * threads)))
+    capped; never more windows for more work per window."""
+    cap = most_windows_per_task(prefetch, threads)
+    assert cap == (MAX_WINDOWS_PER_TASK if prefetch is None
+                   else max(1, min(MAX_WINDOWS_PER_TASK, prefetch // (2 * threads))))
+    n = auto_windows_per_task(window_cpu, task_cpu, cap)
     assert 1 <= n <= cap
     if task_cpu == 0 or task_cpu <= CONTROL_SHARE * window_cpu:
         assert n == 1
     elif n < cap:
         assert task_cpu / n <= CONTROL_SHARE * window_cpu * (1 + 1e-9)  # cheap enough with n
         assert n == 1 or task_cpu / (n - 1) > CONTROL_SHARE * window_cpu  # and not with one fewer
-    assert auto_windows_per_task(window_cpu * 2 + 1e-6, task_cpu, prefetch, threads) <= n
+    assert auto_windows_per_task(window_cpu * 2 + 1e-6, task_cpu, cap) <= n
 
 
 class TimedRunner(GroupingRunner):
@@ -300,8 +303,8 @@ def test_automatic_grouping_follows_the_first_windows_cpu_and_never_changes_what
     if len(cpus) >= max(AUTO_AFTER, prefetch):
         first = cpus[:max(AUTO_AFTER, prefetch)]
         assert fetcher.window_cpu == statistics.median(first)
-        own = auto_windows_per_task(statistics.median(first), task_cpu, None if scale else prefetch, 2)
-        size = own if peer is None else peer
+        own = auto_windows_per_task(statistics.median(first), task_cpu)
+        size = min(own if peer is None else peer, most_windows_per_task(None if scale else prefetch, 2))
         assert fetcher.windows_per_task == min(size, fetcher.prefetch)
         assert fetcher.prefetch == (prefetch * size if scale else prefetch)
         if task_cpu == 0 and peer is None:

@@ -39,8 +39,10 @@ windows taken one per task first (``prefetch`` of them, at least
 their first task) against the runner's ``task_cpu``, by
 :func:`~zephon_dask.execution.base.auto_windows_per_task`. Small windows are
 grouped until Dask's cost per task is a small share of their work, large ones stay
-one per task. The runner may replace the size by the one the first consumer of a
-shared cluster decided (:meth:`~zephon_dask.execution.base.Runner.agree`), and as
+one per task. The runner may replace that size by the one the first consumer of a
+shared cluster decided (:meth:`~zephon_dask.execution.base.Runner.agree`), and with
+a given ``prefetch`` it is capped by
+:func:`~zephon_dask.execution.base.most_windows_per_task`; as
 the size changes at the same window taken in every consumer, peers with the same
 settings keep submitting the same tasks. With ``scale_prefetch`` (``prefetch_windows``
 not set) ``prefetch`` is then multiplied by the size, so the tasks in flight, and
@@ -64,7 +66,7 @@ from collections import OrderedDict
 from ..core.spec import PipelineSpec
 from ..core.window import WindowOutput
 from ..errors import ClosedError
-from ..execution.base import AUTO_AFTER, auto_windows_per_task
+from ..execution.base import AUTO_AFTER, auto_windows_per_task, most_windows_per_task
 from ..execution.memory import Trimmer
 from ..graph import window_graph
 from ..log import logger
@@ -134,9 +136,9 @@ class WindowFetcher:
         if len(self.sample) < max(AUTO_AFTER, self.base_prefetch):
             return
         self.window_cpu = statistics.median(self.sample)
-        size = auto_windows_per_task(self.window_cpu, self.runner.task_cpu,
-                                     None if self.scale_prefetch else self.base_prefetch, self.threads)
-        self._auto = max(1, self.runner.agree("windows-per-task", size))
+        size = self.runner.agree("windows-per-task", auto_windows_per_task(self.window_cpu, self.runner.task_cpu))
+        most = most_windows_per_task(None if self.scale_prefetch else self.base_prefetch, self.threads)
+        self._auto = max(1, min(size, most))
 
     def _exists(self, lane: int, w: int) -> bool:
         n = self.num_windows[lane]

@@ -28,25 +28,31 @@ MAX_WINDOWS_PER_TASK = 8  # windows per task at most (stall_timeout counts a who
 AUTO_AFTER = 4  # windows taken, one per task, before it decides (at least; the first batches never wait on a group)
 
 
-def auto_windows_per_task(window_cpu: float, task_cpu: float, prefetch: int | None = None,
-                          threads: int = 1) -> int:
+def auto_windows_per_task(window_cpu: float, task_cpu: float, most: int = MAX_WINDOWS_PER_TASK) -> int:
     """The automatic ``windows_per_task``, for windows of ``window_cpu`` CPU seconds each on a
     runner whose tasks cost ``task_cpu`` besides their work (:attr:`Runner.task_cpu`): the fewest
     windows per task that bring that cost, shared by a task's windows, down to
-    :data:`CONTROL_SHARE` of a window's work, at most :data:`MAX_WINDOWS_PER_TASK`; 1 where a
-    task costs nothing. With a ``prefetch`` given (``prefetch_windows`` set; else the consumer
-    scales its prefetch with the result, see :meth:`Runner.default_prefetch`), at most as many as leave two tasks in flight per worker
-    thread of the consumer's ``threads`` (``prefetch // (2 * threads)``). Large windows (the
-    threshold is ``task_cpu / CONTROL_SHARE`` of CPU) keep one per task: grouping them would
-    hold each one's result back for the others' work and save a small share."""
+    :data:`CONTROL_SHARE` of a window's work, at most ``most`` (:func:`most_windows_per_task`);
+    1 where a task costs nothing. Large windows (from ``task_cpu / CONTROL_SHARE`` of CPU) keep
+    one per task: grouping them would hold each one's result back for the others' work and
+    save a small share."""
     if task_cpu <= 0:
         return 1
-    most = max(1, MAX_WINDOWS_PER_TASK if prefetch is None
-               else min(MAX_WINDOWS_PER_TASK, prefetch // (2 * max(1, threads))))
+    most = max(1, most)
     share = CONTROL_SHARE * window_cpu  # what a window may cost besides its work
     if share * most < task_cpu:
         return most
     return max(1, math.ceil(task_cpu / share - 1e-9))
+
+
+def most_windows_per_task(prefetch: int | None = None, threads: int = 1) -> int:
+    """The automatic ``windows_per_task``'s ceiling: :data:`MAX_WINDOWS_PER_TASK`, and with a
+    ``prefetch`` given (``prefetch_windows`` set; else the consumer scales its prefetch with the
+    size, see :meth:`Runner.default_prefetch`) as many as leave two tasks in flight per worker
+    thread of the consumer's ``threads`` (``prefetch // (2 * threads)``), at least 1."""
+    if prefetch is None:
+        return MAX_WINDOWS_PER_TASK
+    return max(1, min(MAX_WINDOWS_PER_TASK, prefetch // (2 * max(1, threads))))
 
 
 class WindowHandle:
