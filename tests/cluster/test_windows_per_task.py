@@ -64,8 +64,9 @@ class GroupingRunner:
         self.split.append(not graph.fused)
         return Handle((graph.lane, graph.window), self.released)
 
-    def submit_group(self, graphs, priority):
+    def submit_group(self, graphs, priority, stall_windows=None):
         assert all(g.fused for g in graphs)
+        self.stall_windows = stall_windows
         self.tasks.append(tuple((g.lane, g.window) for g in graphs))
         self.split.append(False)
         return [Handle((g.lane, g.window), self.released) for g in graphs]
@@ -257,8 +258,9 @@ class TimedRunner(GroupingRunner):
         self.sizes.append(self.fetcher.windows_per_task if self.fetcher is not None else 1)
         return self._timed((graph.lane, graph.window))
 
-    def submit_group(self, graphs, priority):
-        super().submit_group(graphs, priority)
+    def submit_group(self, graphs, priority, stall_windows=None):
+        super().submit_group(graphs, priority, stall_windows)
+        assert stall_windows == 1  # an automatic group computes about as long as one window
         self.sizes.append(self.fetcher.windows_per_task)
         return [self._timed((g.lane, g.window)) for g in graphs]
 
@@ -356,8 +358,8 @@ def test_windows_fetched_ahead_in_a_group_count_in_held_nbytes(corpus_dir, clust
 
 def test_automatic_windows_per_task_groups_small_windows_on_a_cluster_only(corpus_dir, cluster):
     """The default (None, automatic) on a cluster: the test corpus's windows take a few ms of CPU,
-    so after the first windows they go several per task (zephon-windows- tasks), the default
-    prefetch scaled alike; explain says why; the batches are the reference's. The threads runner
+    so after the first windows they go several per task (zephon-windows- tasks, each reported
+    stalled after one stall_timeout), the default prefetch scaled alike; explain says why; the batches are the reference's. The threads runner
     never groups. A given prefetch caps the size at two tasks in flight per worker thread."""
     from distributed import get_task_stream
 
@@ -366,8 +368,13 @@ def test_automatic_windows_per_task_groups_small_windows_on_a_cluster_only(corpu
     p = build(corpus_dir, client=cluster, R=8, k=1)
     truth = ref_group_stream(p.spec, owned_lanes(p.description.settings), p.description.batch.microbatch_size)
     with p, get_task_stream(client=cluster) as ts:
-        it = iter(p)
-        got = [batch_rows(b) for b in it]
+        got, stalls = [], set()
+        for b in p:
+            got.append(batch_rows(b))
+            tasks = [h._group._handle for h in p.session.stream.fetcher.inflight.values()
+                     if isinstance(h, MemberHandle) and h._group is not None and h._group._handle is not None]
+            stalls |= {t._stall for t in tasks}
+        assert stalls == {p.session.runner().stall}  # a group of the automatic size: one stall_timeout
         fetcher = p.session.stream.fetcher
         assert fetcher.window_cpu is not None and fetcher.window_cpu < DistributedRunner.task_cpu / CONTROL_SHARE
         size = fetcher.windows_per_task

@@ -175,7 +175,8 @@ class WindowFetcher:
             self.submit(*members[0])
             return
         graphs = [window_graph(self.spec, lane, w, True) for lane, w in members]
-        handles = self.runner.submit_group(graphs, priority=-self._seq)
+        # a group of the automatic size computes about as long as one window: one stall_timeout
+        handles = self.runner.submit_group(graphs, priority=-self._seq, stall_windows=1 if self.given is None else None)
         for (lane, w), handle in zip(members, handles, strict=True):
             self.inflight[(lane, w)] = handle
             self.next_submit[lane] = w + 1

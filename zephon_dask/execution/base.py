@@ -217,10 +217,11 @@ class Runner:
     def submit(self, graph: WindowGraph, priority: int) -> WindowHandle:  # pragma: no cover
         raise NotImplementedError
 
-    def submit_group(self, graphs: list[WindowGraph], priority: int) -> list[WindowHandle]:
+    def submit_group(self, graphs: list[WindowGraph], priority: int, stall_windows: int | None = None) -> list[WindowHandle]:
         """A handle per window of ``graphs`` (fused windows, in the order they are needed, the
         first at ``priority``): here, each submitted on its own, one priority lower than the one
-        before. A runner that computes them as one task overrides this."""
+        before. A runner that computes them as one task overrides this (``stall_windows``: how
+        many windows' ``stall_timeout`` that task may compute, by default one per window)."""
         return [self.submit(g, priority - i) for i, g in enumerate(graphs)]
 
 

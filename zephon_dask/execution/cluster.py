@@ -276,11 +276,15 @@ class DistributedHandle(WindowHandle):
     here instead of fetching it between two batches. A window the consumer asks
     for before its early fetch ended is waited for and fetched as above."""
 
-    def __init__(self, graph: WindowGraph | GroupGraph, futures, runner, priority, early: bool = True):
+    def __init__(self, graph: WindowGraph | GroupGraph, futures, runner, priority, early: bool = True,
+                 stall_windows: int | None = None):
         super().__init__(graph, future=futures[-1])
         self._chunks, self._runner, self._priority = futures[:-1], runner, priority
-        # stall_timeout is per window: a task of several windows may compute as many times longer
-        self._stall = runner.stall * (len(graph.windows) if isinstance(graph, GroupGraph) else 1)
+        # stall_timeout is per window: a task of several windows may compute as many times longer,
+        # or as many as the submitter says (small windows grouped automatically: one)
+        if stall_windows is None:
+            stall_windows = len(graph.windows) if isinstance(graph, GroupGraph) else 1
+        self._stall = runner.stall * stall_windows
         self._copy, self._copies = None, 0
         self._copy_on: list[str] = []  # the workers the copy may run on
         self._stuck: set[str] = set()  # keys not to fetch: held by a stalled worker, or not fetched in time
@@ -756,22 +760,26 @@ class DistributedRunner(Runner):
             self._boot.wait()  # raises the start's error
         return self._submit_remote(graph, priority)
 
-    def submit_group(self, graphs: list[WindowGraph], priority: int) -> list[WindowHandle]:
+    def submit_group(self, graphs: list[WindowGraph], priority: int, stall_windows: int | None = None) -> list[WindowHandle]:
         """Several fused windows as one task (:func:`~zephon_dask.graph.group_graph`), a
-        :class:`~.base.MemberHandle` per window; while the head start takes windows, each on its own."""
+        :class:`~.base.MemberHandle` per window; while the head start takes windows, each on its own.
+        The task is reported stalled after ``stall_windows`` (default: one per window) times
+        ``stall_timeout``."""
         if self._head is not None or len(graphs) == 1:
             return super().submit_group(graphs, priority)
-        shared = GroupResult(self._submit_remote(group_graph(self.spec, graphs), priority), len(graphs))
+        task = self._submit_remote(group_graph(self.spec, graphs), priority, stall_windows=stall_windows)
+        shared = GroupResult(task, len(graphs))
         return [MemberHandle(g, shared, i) for i, g in enumerate(graphs)]
 
-    def _submit_remote(self, graph: WindowGraph | GroupGraph, priority: int, early: bool = True) -> DistributedHandle:
+    def _submit_remote(self, graph: WindowGraph | GroupGraph, priority: int, early: bool = True,
+                       stall_windows: int | None = None) -> DistributedHandle:
         live_only = self._responsive_only()
         if live_only:  # while a worker is silent: avoid it, and do not fetch the spec from it
             futures = self.submit_tasks(graph, self.spec, priority, self.retries,
                                         workers=live_only, allow_other_workers=False)
         else:
             futures = self.submit_tasks(graph, self._spec_future, priority, self.retries)
-        return DistributedHandle(graph, futures, self, priority, early and self.fetch_ahead)
+        return DistributedHandle(graph, futures, self, priority, early and self.fetch_ahead, stall_windows)
 
     def submit_tasks(self, graph: WindowGraph | GroupGraph, spec, priority: int, retries: int | None, **where) -> list:
         """Submit ``graph.tasks_for(spec)`` as one graph; the futures of ``graph.task_keys``.
