@@ -371,9 +371,8 @@ def test_automatic_windows_per_task_groups_small_windows_on_a_cluster_only(corpu
         got, stalls = [], set()
         for b in p:
             got.append(batch_rows(b))
-            tasks = [h._group._handle for h in p.session.stream.fetcher.inflight.values()
-                     if isinstance(h, MemberHandle) and h._group is not None and h._group._handle is not None]
-            stalls |= {t._stall for t in tasks}
+            tasks = [h.task for h in p.session.stream.fetcher.inflight.values() if isinstance(h, MemberHandle)]
+            stalls |= {t.stall_after for t in tasks if t is not None}
         assert stalls == {p.session.runner().stall}  # a group of the automatic size: one stall_timeout
         fetcher = p.session.stream.fetcher
         assert fetcher.window_cpu is not None and fetcher.window_cpu < DistributedRunner.task_cpu / CONTROL_SHARE

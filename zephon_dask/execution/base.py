@@ -111,6 +111,11 @@ class GroupResult:
     def done(self) -> bool:
         return self._values is not None or self._handle is None or self._handle.done()
 
+    @property
+    def handle(self) -> WindowHandle | None:
+        """The task's handle until its result is fetched here or every member let it go."""
+        return self._handle
+
     def held_nbytes(self, i: int) -> int:
         """Bytes of member ``i``'s window held in this process and not yet taken."""
         values = self._values
@@ -154,6 +159,13 @@ class MemberHandle(WindowHandle):
 
     def done(self) -> bool:
         return self._group is None or self._group.done()
+
+    @property
+    def task(self) -> WindowHandle | None:
+        """The handle of the task computing this window with the others (``None`` once its result
+        is here or every member let it go)."""
+        group = self._group
+        return group.handle if group is not None else None
 
     @property
     def held_nbytes(self) -> int:

@@ -352,6 +352,11 @@ class DistributedHandle(WindowHandle):
         return {f.key for f in [self._future, *self._chunks] if f is not None}
 
     @property
+    def stall_after(self) -> float:
+        """Seconds the task may compute (or its result be fetched) before it is reported stalled."""
+        return self._stall
+
+    @property
     def copied(self) -> bool:
         return self._copy is not None
 
