@@ -993,8 +993,8 @@ def main(argv=None) -> None:
     ap.add_argument("--no-head-start", dest="head_start", action="store_false",
                     help="the pipeline with head_start=False: every window on the cluster, none in the training process")
     ap.add_argument("--windows-per-task", type=int, default=None,
-                    help="the pipeline's windows_per_task option (default: the pipeline's default, 1; "
-                         "0: None, the automatic choice)")
+                    help="the pipeline's windows_per_task option (default: the pipeline's default, None, "
+                         "the automatic choice; 0: None too)")
     ap.add_argument(CHILD_FLAG, dest="child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--data", help=argparse.SUPPRESS)
     ap.add_argument("--tokenizer", help=argparse.SUPPRESS)

@@ -25,6 +25,9 @@ windows. Figures per configuration, over the run after its first batch:
   inverse the windows/s one scheduler core could serve (``1/sched``).
 * **win/s**: windows finished per second of wall time (the scheduler's
   transitions to ``memory``, counted by a scheduler plugin).
+* **w/task**: windows per Dask task at the run's end (``auto:N``: the automatic
+  choice, which starts at 1 and is made as windows are taken), with
+  ``--windows-per-task auto,1`` each configuration run with each, one after the other.
 * **in flight**: the most window tasks the scheduler held at once during the
   run (submitted and not yet released: waiting, queued, processing or in
   memory), against ``prefetch_windows``, and the most bytes of finished
@@ -41,7 +44,7 @@ workers, to find where windows/s stops growing and what saturates.
 Nothing asserts a time.
 
     python benchmarks/bench_scale.py [--quick] [--lanes 64,256,1024] [--workers 16,32,64]
-                                     [--windows-per-task N] [--direct]
+                                     [--windows-per-task auto,1] [--direct]
                                      [--ramp] [--png docs/scale.png] [--csv scale.csv]
 """
 
@@ -291,6 +294,8 @@ class Result:
     workers: int
     direct: bool
     docs_per_window: int
+    option: str
+    windows_per_task: int
     prefetch: int
     batches: int
     windows: int
@@ -316,14 +321,14 @@ class Result:
 def run_config(data_dir: str, lanes: int, workers: int, batches: int, check: int, ref_sha: str,
                chunk_size: int = CHUNK_SIZE, flush_k: int = FLUSH_K, direct: bool = False,
                idle_s: float = IDLE_S, windows_per_task: int | None = None) -> Result:
-    """One pass of ``batches`` batches; figures over all but the first batch (see the module docstring)."""
+    """One pass of ``batches`` batches; figures over all but the first batch (see the module docstring).
+    ``windows_per_task``: the option (``None``: its default, automatic)."""
     with cluster(workers, direct) as (client, scheduler, worker_proc):
         idle0, t = proc_cpu(scheduler), time.perf_counter()
         time.sleep(idle_s)
         idle = (proc_cpu(scheduler) - idle0) / max(1e-9, time.perf_counter() - t)
         pipe = build(data_dir, lanes, chunk_size, flush_k).options(client=client)
-        if windows_per_task is not None:
-            pipe = pipe.options(windows_per_task=windows_per_task)
+        pipe = pipe.options(windows_per_task=windows_per_task)
         one = [sorted(client.scheduler_info()["workers"])[0]]
         tally, consumer = Tally(check), 0.0
         with pipe:
@@ -332,7 +337,6 @@ def run_config(data_dir: str, lanes: int, workers: int, batches: int, check: int
             it = iter(pipe)
             tally.add(next(it))
             first = time.perf_counter() - t_start
-            prefetch = pipe.description.settings["prefetch_windows"] or pipe.session.runner().default_prefetch()
             done0 = client.run_on_scheduler(plugin_counts)[0]
             sched0, work0, threads0, busy0 = proc_cpu(scheduler), proc_cpu(worker_proc), thread_cpu(), machine_busy()
             (tasks0, _), = client.run(worker_threads_cpu, workers=one).values()
@@ -343,6 +347,8 @@ def run_config(data_dir: str, lanes: int, workers: int, batches: int, check: int
                 consumer += time.thread_time() - c
                 tally.add(batch)
             wall = time.perf_counter() - t0
+            fetcher = pipe.session.stream.fetcher  # windows per task and prefetch as they ended
+            per_task, prefetch = fetcher.windows_per_task, fetcher.prefetch
             (tasks1, _), = client.run(worker_threads_cpu, workers=one).values()
             sched, work = proc_cpu(scheduler) - sched0, proc_cpu(worker_proc) - work0
             client_loop, proc, busy1 = loop_cpu(threads0, thread_cpu()), time.process_time() - proc0, machine_busy()
@@ -352,7 +358,9 @@ def run_config(data_dir: str, lanes: int, workers: int, batches: int, check: int
     n = max(1, windows)
     tasks = tasks1 - tasks0
     return Result(
-        lanes=lanes, workers=workers, direct=direct, docs_per_window=chunk_size * flush_k, prefetch=prefetch,
+        lanes=lanes, workers=workers, direct=direct, docs_per_window=chunk_size * flush_k,
+        option="auto" if windows_per_task is None else str(windows_per_task), windows_per_task=per_task,
+        prefetch=prefetch,
         batches=batches - 1, windows=windows, wall_s=wall, first_batch_s=first, windows_per_s=windows / wall,
         consumer_us_per_batch=consumer / (batches - 1) * 1e6, client_loop_us_per_window=client_loop / n * 1e6,
         scheduler_us_per_window=sched / n * 1e6, workers_us_per_window=work / n * 1e6,
@@ -370,6 +378,8 @@ COLUMNS = (  # (title, unit, width, format of a Result)
     ("wkrs", "", 4, lambda r: f"{r.workers}"),
     ("via", "", 5, lambda r: "wkrs" if r.direct else "sched"),
     ("docs/w", "", 6, lambda r: f"{r.docs_per_window}"),
+    ("w/task", "", 7, lambda r: f"{r.windows_per_task}" if r.option == str(r.windows_per_task)
+     else f"{r.option}:{r.windows_per_task}"),
     ("batches", "", 7, lambda r: f"{r.batches}"),
     ("windows", "", 7, lambda r: f"{r.windows}"),
     ("win/s", "", 6, lambda r: f"{r.windows_per_s:.0f}"),
@@ -445,6 +455,11 @@ def parse_ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x.strip()]
 
 
+def parse_sizes(text: str) -> list[int | None]:
+    """``windows_per_task`` values: integers, ``auto`` for ``None``."""
+    return [None if x.strip() == "auto" else int(x) for x in text.split(",") if x.strip()]
+
+
 def main(argv=None) -> list[Result]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="lanes 16,64 and workers 4,8, fewer batches")
@@ -458,8 +473,9 @@ def main(argv=None) -> list[Result]:
                          "lanes (or the most) and the fewest workers")
     ap.add_argument("--direct", action="store_true",
                     help="fetch results from the workers (Client(direct_to_workers=True)), not through the scheduler")
-    ap.add_argument("--windows-per-task", type=int, default=None,
-                    help="the windows_per_task option (default: its default, 1)")
+    ap.add_argument("--windows-per-task", type=parse_sizes, default=[None],
+                    help="the windows_per_task option, or several (e.g. auto,1: each configuration with each, "
+                         "one after the other); default: auto, the option's default")
     ap.add_argument("--png", default=None, help="draw the curves here (needs matplotlib)")
     ap.add_argument("--csv", default=None, help="write every row here")
     args = ap.parse_args(argv)
@@ -485,9 +501,10 @@ def main(argv=None) -> list[Result]:
             check = min(args.check, batches_for(lanes))
             ref = reference_sha(build(tmp, lanes), check)
             for workers in workers_list:
-                results.append(run_config(tmp, lanes, workers, batches_for(lanes), check, ref, direct=args.direct,
-                                          windows_per_task=args.windows_per_task))
-                print(row(results[-1]), flush=True)
+                for size in args.windows_per_task:
+                    results.append(run_config(tmp, lanes, workers, batches_for(lanes), check, ref,
+                                              direct=args.direct, windows_per_task=size))
+                    print(row(results[-1]), flush=True)
         if ramp_sizes:
             lanes = 256 if 256 in lanes_list else max(lanes_list)
             workers = min(workers_list)
@@ -496,9 +513,10 @@ def main(argv=None) -> list[Result]:
             for chunk_size, flush_k in [(CHUNK_SIZE, FLUSH_K), *ramp_sizes]:
                 check = min(args.check, RAMP_BATCHES)
                 ref = reference_sha(build(tmp, lanes, chunk_size, flush_k), check)
-                ramp.append(run_config(tmp, lanes, workers, RAMP_BATCHES, check, ref, chunk_size, flush_k,
-                                       direct=args.direct, windows_per_task=args.windows_per_task))
-                print(row(ramp[-1]), flush=True)
+                for size in args.windows_per_task:
+                    ramp.append(run_config(tmp, lanes, workers, RAMP_BATCHES, check, ref, chunk_size, flush_k,
+                                           direct=args.direct, windows_per_task=size))
+                    print(row(ramp[-1]), flush=True)
     everything = results + ramp
     print(f"\nbatches byte-identical to the synchronous runner (first {args.check}, or all) in every run: "
           f"{'YES' if all(r.sha_ok for r in everything) else 'NO'}")
@@ -515,8 +533,9 @@ def main(argv=None) -> list[Result]:
             writer.writeheader()
             writer.writerows(asdict(r) for r in everything)
     if args.png:
+        first = "auto" if args.windows_per_task[0] is None else str(args.windows_per_task[0])
         try:
-            plot(results, ramp, args.png)
+            plot([r for r in results if r.option == first], [r for r in ramp if r.option == first], args.png)
             print(f"curves: {args.png}")
         except ImportError:
             print("matplotlib is not installed: no PNG")

@@ -138,9 +138,10 @@ OPTIONS: tuple[Option, ...] = (
            "worker threads) split into chunk tasks (True), or a task per chunk plus one per window "
            "throughout (False)",
            check_bool),
-    Option("windows_per_task", 1, "execution", _INT,
+    Option("windows_per_task", None, "execution", _INT,
            "fused windows computed by one Dask task, consecutive in the order they are needed (None: "
-           "as many as leave 2 tasks in flight per worker thread, at most 4; in-process runners: 1)",
+           "automatic, 1 for the first 4 windows, then as many as keep Dask's CPU per task under a "
+           "quarter of a window's CPU, at most 8, the default prefetch scaled alike; in-process runners: 1)",
            _optional_positive),
     Option("head_start", True, "execution", _BOOL,
            "while the embedded cluster starts, compute the first windows in this process "

@@ -113,6 +113,16 @@ def test_scheduler_queries_answer_in_the_shape_read(client):
     client.cancel([held, busy])
 
 
+def test_first_value_is_the_first_clients(client):
+    """The scheduler's ``task_metadata`` keeps the first value stored under a key: a second client
+    asking with another value gets the first one's; another key is its own."""
+    with Client(client.scheduler.address, set_as_default=False) as other:
+        assert dask_compat.first_value(client, "zcompat-first-1", 3, 10.0) == 3
+        assert dask_compat.first_value(other, "zcompat-first-1", 5, 10.0) == 3
+        assert dask_compat.first_value(other, "zcompat-first-2", 5, 10.0) == 5
+        assert client.get_metadata("zcompat-first-1") == 3
+
+
 def _spans(span_id: str, dask_scheduler=None) -> dict:
     ext = dask_scheduler.extensions["spans"]
     ours = [s for s in ext.spans.values() if s.name == OURS]

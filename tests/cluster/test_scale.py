@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.helpers.oracles import ref_submissions
-from tests.helpers.pipelines import FakeSpec
+from tests.helpers.pipelines import FakeSpec, FakeWindow
 from zephon_dask.consumer.fetcher import WindowFetcher
 from zephon_dask.errors import ClusterStallError
 from zephon_dask.execution.watch import POLL
@@ -24,7 +24,7 @@ class Handle:
         self.pair = pair
 
     def result(self):
-        return self.pair
+        return FakeWindow(self.pair)
 
     def release(self):
         pass
@@ -103,7 +103,7 @@ def test_bench_scale_quickest_run(tmp_path):
     ref = reference_sha(build(str(tmp_path), 64), batches)
     r = run_config(str(tmp_path), 64, 8, batches, batches, ref, idle_s=0.0)
     assert r.sha_ok
-    assert r.prefetch == 2 * 8 + 4
+    assert r.option == "auto" and r.prefetch == (2 * 8 + 4) * r.windows_per_task  # the default prefetch, scaled
     assert 0 < r.max_in_flight <= r.prefetch + 2
     assert r.windows > 0
 

@@ -7,6 +7,7 @@ import json
 import psutil
 
 import zephon_dask as z
+from zephon_dask.core.window import Made
 
 WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron".split()
 
@@ -24,6 +25,16 @@ class FakeSpec:
 
     def window_chunks(self, lane, window):
         return []
+
+
+class FakeWindow(tuple):
+    """A stand-in window for the fetcher's unit tests: its ``(lane, window)``, and what the fetcher
+    reads of a window besides (:class:`~zephon_dask.core.window.Made`: ``cpu`` seconds)."""
+
+    def __new__(cls, pair, cpu: float = 0.0):
+        out = super().__new__(cls, pair)
+        out.made = Made(cpu=cpu)
+        return out
 
 
 def write_corpus(root, n_files=3, docs=60, seed=0, prefix="doc"):

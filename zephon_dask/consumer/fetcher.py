@@ -32,6 +32,22 @@ for all of it (fewer members only where lanes end), so the windows in flight
 stay between ``prefetch - windows_per_task + 1`` and ``prefetch``. Each window
 keeps its own handle, released as the consumer takes it.
 
+With ``windows_per_task=None`` (automatic) the size is decided once, from the
+windows taken one per task first (``prefetch`` of them, at least
+:data:`~zephon_dask.execution.base.AUTO_AFTER`): their median CPU seconds
+(:class:`~zephon_dask.core.window.Made`; most of them were computed by workers past
+their first task) against the runner's ``task_cpu``, by
+:func:`~zephon_dask.execution.base.auto_windows_per_task`. Small windows are
+grouped until Dask's cost per task is a small share of their work, large ones stay
+one per task. The runner may replace that size by the one the first consumer of a
+shared cluster decided (:meth:`~zephon_dask.execution.base.Runner.agree`), and with
+a given ``prefetch`` it is capped by
+:func:`~zephon_dask.execution.base.most_windows_per_task`; as
+the size changes at the same window taken in every consumer, peers with the same
+settings keep submitting the same tasks. With ``scale_prefetch`` (``prefetch_windows``
+not set) ``prefetch`` is then multiplied by the size, so the tasks in flight, and
+the workers kept busy, stay the same.
+
 With ``prefetch_bytes``, the windows in flight are also bounded in bytes: at most
 ``prefetch_bytes`` divided by the mean size of the windows taken so far (as held:
 narrowed, see :func:`~zephon_dask.core.window.narrowed`), at least one, and groups no larger
@@ -43,12 +59,14 @@ from __future__ import annotations
 
 import heapq
 import logging
+import statistics
 import time
 from collections import OrderedDict
 
 from ..core.spec import PipelineSpec
 from ..core.window import WindowOutput
 from ..errors import ClosedError
+from ..execution.base import AUTO_AFTER, auto_windows_per_task, most_windows_per_task
 from ..execution.memory import Trimmer
 from ..graph import window_graph
 from ..log import logger
@@ -57,12 +75,18 @@ from ..log import logger
 class WindowFetcher:
     def __init__(self, spec: PipelineSpec, runner, lanes: list[int], prefetch: int,
                  start_windows: dict[int, int] | None = None, fused: bool = False, split_first: int = 0,
-                 windows_per_task: int = 1, alone_at_end: int = 0, prefetch_bytes: int | None = None):
+                 windows_per_task: int | None = 1, alone_at_end: int = 0, prefetch_bytes: int | None = None,
+                 scale_prefetch: bool = False, threads: int = 1):
         self.spec, self.runner, self.lanes = spec, runner, list(lanes)
-        self.prefetch = max(1, int(prefetch))
+        self.base_prefetch = max(1, int(prefetch))
         self.prefetch_bytes = prefetch_bytes
         self.taken_bytes = self.taken = 0  # windows handed to the consumer, and their bytes as held
-        self.windows_per_task = max(1, min(int(windows_per_task), self.prefetch))
+        self.sample: list[float] = []  # CPU seconds of the windows taken until the automatic size is decided
+        self.window_cpu: float | None = None  # their median, once decided
+        self._auto = 1  # the automatic size: 1 until decided
+        self.given = None if windows_per_task is None else max(1, int(windows_per_task))  # None: automatic
+        self.scale_prefetch = scale_prefetch and self.given is None
+        self.threads = max(1, threads)  # worker threads of this consumer's share (the automatic size's bound)
         self.alone_at_end = alone_at_end
         self.fused, self.split_first = fused, split_first
         start = start_windows or {}
@@ -84,6 +108,37 @@ class WindowFetcher:
         self._closed = False
         self._trimmer = Trimmer()  # the windows' freed memory goes back to the OS now and then
         self._top_up()
+
+    @property
+    def windows_per_task(self) -> int:
+        """Windows per task now: the given size, else the automatic one (see the module docstring);
+        never above :attr:`prefetch`."""
+        size = self._auto if self.given is None else self.given
+        return max(1, min(size, self.prefetch))
+
+    @property
+    def prefetch(self) -> int:
+        """Windows to keep in flight: the given ``prefetch``, times the automatic windows per task
+        with ``scale_prefetch``."""
+        return self.base_prefetch * self._auto if self.scale_prefetch else self.base_prefetch
+
+    @property
+    def deciding(self) -> bool:
+        """Whether the automatic size is still to be decided."""
+        return self.given is None and self.window_cpu is None
+
+    def _time(self, cpu: float) -> None:
+        """Count a window taken that took ``cpu`` seconds (0: not timed), and decide the automatic
+        size once enough are (see the module docstring)."""
+        if cpu <= 0:
+            return
+        self.sample.append(cpu)
+        if len(self.sample) < max(AUTO_AFTER, self.base_prefetch):
+            return
+        self.window_cpu = statistics.median(self.sample)
+        size = self.runner.agree("windows-per-task", auto_windows_per_task(self.window_cpu, self.runner.task_cpu))
+        most = most_windows_per_task(None if self.scale_prefetch else self.base_prefetch, self.threads)
+        self._auto = max(1, min(size, most))
 
     def _exists(self, lane: int, w: int) -> bool:
         n = self.num_windows[lane]
@@ -120,7 +175,8 @@ class WindowFetcher:
             self.submit(*members[0])
             return
         graphs = [window_graph(self.spec, lane, w, True) for lane, w in members]
-        handles = self.runner.submit_group(graphs, priority=-self._seq)
+        # a group of the automatic size computes about as long as one window: one stall_timeout
+        handles = self.runner.submit_group(graphs, priority=-self._seq, stall_windows=1 if self.given is None else None)
         for (lane, w), handle in zip(members, handles, strict=True):
             self.inflight[(lane, w)] = handle
             self.next_submit[lane] = w + 1
@@ -196,6 +252,8 @@ class WindowFetcher:
         self.next_needed[lane] = w + 1
         self.taken += 1
         self.taken_bytes += out.__sizeof__()
+        if self.deciding:
+            self._time(out.made.cpu)
         self._top_up()
         self._trimmer.maybe()
         return out

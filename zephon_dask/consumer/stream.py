@@ -53,7 +53,8 @@ class BatchStream:
     def __init__(self, spec: PipelineSpec, batch_options: BatchOptions, lanes: list[int], runner,
                  prefetch: int, deterministic: bool = True, fused: bool = False,
                  *, start: Mapping[int, Frontier], first_lane: int | None = None, split_first: int = 0,
-                 windows_per_task: int = 1, alone_at_end: int = 0, prefetch_bytes: int | None = None):
+                 windows_per_task: int | None = 1, alone_at_end: int = 0, prefetch_bytes: int | None = None,
+                 scale_prefetch: bool = False, threads: int = 1):
         self.lanes = list(lanes)
         self.deterministic = deterministic
         self.spec = spec
@@ -71,7 +72,7 @@ class BatchStream:
         live = [lane for lane in self.lanes if not self.finished[lane]]
         self.fetcher = WindowFetcher(spec, runner, live, prefetch, fused=fused, split_first=split_first,
                                      windows_per_task=windows_per_task, alone_at_end=alone_at_end,
-                                     prefetch_bytes=prefetch_bytes,
+                                     prefetch_bytes=prefetch_bytes, scale_prefetch=scale_prefetch, threads=threads,
                                      start_windows={lane: at[lane].window for lane in live})
         self.batchers = {
             lane: LaneBatcher(lane, batch_options, spec.source.names,

@@ -12,8 +12,9 @@ A window is computed in two stages that map one-to-one onto Dask tasks:
 
 Neither uses Dask, torch or global state, and no clock reaches the data: the
 same inputs give the same bytes in any process. Each output also carries
-:class:`Made` (where and in how many seconds it was computed, for the DEBUG
-log), kept out of its table, its counters and its digest.
+:class:`Made` (where and in how many seconds of wall time and of CPU it was
+computed: the DEBUG log, and the automatic ``windows_per_task``), kept out of its
+table, its counters and its digest.
 
 A window computed ahead of its consumer is held narrowed (:func:`narrowed`: its
 per-token arrays in their smallest integer types, see
@@ -41,11 +42,13 @@ from .spec import PipelineSpec
 
 @dataclass(frozen=True)
 class Made:
-    """Where a window was computed (its Dask worker's address, else this process) and the seconds
-    its tasks took (its chunks' and its own, summed): metadata, never part of the data."""
+    """Where a window was computed (its Dask worker's address, else this process), the seconds
+    its tasks took and the CPU seconds of the threads computing them (its chunks' and its own,
+    summed): metadata, never part of the data."""
 
     worker: str = ""
     seconds: float = 0.0
+    cpu: float = 0.0
 
 
 def _here() -> str:
@@ -62,12 +65,14 @@ def _here() -> str:
 
 @dataclass(eq=False)
 class ChunkOutput:
-    """Documents of one chunk after the stateless operators (a value; ``seconds``: its compute time)."""
+    """Documents of one chunk after the stateless operators (a value; ``seconds`` and ``cpu``: its
+    compute time, wall and its thread's CPU)."""
 
     chunk: int
     table: SampleTable
     stats: dict[str, int] = field(default_factory=dict)
     seconds: float = 0.0
+    cpu: float = 0.0
 
     def __sizeof__(self) -> int:
         return object.__sizeof__(self) + self.table.__sizeof__()
@@ -156,10 +161,10 @@ def read_records(datasets, ds: np.ndarray, shard: np.ndarray, offset: np.ndarray
 
 def compute_chunk(spec: PipelineSpec, g: int) -> ChunkOutput:
     """Read chunk ``g`` and apply the record operators, in chain order (pure)."""
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.thread_time()
     pointers, records = read_chunk(spec, g)
     out = apply_record_ops(spec.record_ops, spec.source.names, g, pointers, records)
-    out.seconds = time.perf_counter() - started
+    out.seconds, out.cpu = time.perf_counter() - started, time.thread_time() - cpu
     return out
 
 
@@ -217,7 +222,7 @@ def _loss_mask(masks: list, arrays: list[np.ndarray], ctx: ChunkContext, rows: l
 
 def finish_window(spec: PipelineSpec, lane: int, window: int, chunk_outputs) -> WindowOutput:
     """Run the accumulators over a window's chunk outputs, in chunk order (pure)."""
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.thread_time()
     chunk_outputs = list(chunk_outputs)
     ctx = WindowContext(spec.seed, lane, window, spec.source.names)
     for co in chunk_outputs:
@@ -232,9 +237,10 @@ def finish_window(spec: PipelineSpec, lane: int, window: int, chunk_outputs) -> 
             raise
     ctx.count("samples", len(table))
     seconds = time.perf_counter() - started + sum(co.seconds for co in chunk_outputs)
+    cpu = time.thread_time() - cpu + sum(co.cpu for co in chunk_outputs)
     return WindowOutput(
         lane, window, tuple(co.chunk for co in chunk_outputs), table, dict(sorted(ctx.stats.items())),
-        spec.source.names, Made(_here(), seconds),
+        spec.source.names, Made(_here(), seconds, cpu),
     )
 
 

@@ -22,6 +22,38 @@ from ..core.window import WindowOutput
 from ..errors import ClosedError
 from ..graph import GroupGraph, WindowGraph
 
+# The automatic windows_per_task (auto_windows_per_task):
+CONTROL_SHARE = 0.25  # a window's share of its task's cost besides the work: at most this of its own work
+MAX_WINDOWS_PER_TASK = 8  # windows per task at most (stall_timeout counts a whole task)
+AUTO_AFTER = 4  # windows taken, one per task, before it decides (at least; the first batches never wait on a group)
+
+
+def auto_windows_per_task(window_cpu: float, task_cpu: float, most: int = MAX_WINDOWS_PER_TASK) -> int:
+    """The automatic ``windows_per_task``, for windows of ``window_cpu`` CPU seconds each on a
+    runner whose tasks cost ``task_cpu`` besides their work (:attr:`Runner.task_cpu`): the fewest
+    windows per task that bring that cost, shared by a task's windows, down to
+    :data:`CONTROL_SHARE` of a window's work, at most ``most`` (:func:`most_windows_per_task`);
+    1 where a task costs nothing. Large windows (from ``task_cpu / CONTROL_SHARE`` of CPU) keep
+    one per task: grouping them would hold each one's result back for the others' work and
+    save a small share."""
+    if task_cpu <= 0:
+        return 1
+    most = max(1, most)
+    share = CONTROL_SHARE * window_cpu  # what a window may cost besides its work
+    if share * most < task_cpu:
+        return most
+    return max(1, math.ceil(task_cpu / share - 1e-9))
+
+
+def most_windows_per_task(prefetch: int | None = None, threads: int = 1) -> int:
+    """The automatic ``windows_per_task``'s ceiling: :data:`MAX_WINDOWS_PER_TASK`, and with a
+    ``prefetch`` given (``prefetch_windows`` set; else the consumer scales its prefetch with the
+    size, see :meth:`Runner.default_prefetch`) as many as leave two tasks in flight per worker
+    thread of the consumer's ``threads`` (``prefetch // (2 * threads)``), at least 1."""
+    if prefetch is None:
+        return MAX_WINDOWS_PER_TASK
+    return max(1, min(MAX_WINDOWS_PER_TASK, prefetch // (2 * max(1, threads))))
+
 
 class WindowHandle:
     """A submitted window: ``result()`` blocks for it, ``release()`` frees it."""
@@ -33,10 +65,17 @@ class WindowHandle:
         return self._future is None or self._future.done()
 
     @property
+    def held(self):
+        """The result held in this process before it is taken (a task of several windows: all of
+        them, a tuple), else ``None`` (here: a runner that computes or fetches ahead says)."""
+        return None
+
+    @property
     def held_nbytes(self) -> int:
-        """Bytes of the window's result held in this process before it is taken (0 here: a
-        runner that computes or fetches ahead says)."""
-        return 0
+        """Bytes of :attr:`held`."""
+        value = self.held
+        return 0 if value is None else sum(v.__sizeof__() for v in value) if isinstance(value, tuple) \
+            else value.__sizeof__()
 
     def chunks_done(self) -> int:
         """How many of the window's chunks are computed (all once :meth:`done`); a runner that
@@ -71,6 +110,20 @@ class GroupResult:
 
     def done(self) -> bool:
         return self._values is not None or self._handle is None or self._handle.done()
+
+    @property
+    def handle(self) -> WindowHandle | None:
+        """The task's handle until its result is fetched here or every member let it go."""
+        return self._handle
+
+    def held_nbytes(self, i: int) -> int:
+        """Bytes of member ``i``'s window held in this process and not yet taken."""
+        values = self._values
+        if values is None:
+            handle = self._handle
+            values = handle.held if handle is not None else None
+        value = values[i] if isinstance(values, tuple | list) and i < len(values) else None
+        return value.__sizeof__() if value is not None else 0
 
     def take(self, i: int) -> WindowOutput:
         """Member ``i``'s window (blocking on the first call)."""
@@ -108,11 +161,18 @@ class MemberHandle(WindowHandle):
         return self._group is None or self._group.done()
 
     @property
-    def held_nbytes(self) -> int:
+    def task(self) -> WindowHandle | None:
+        """The handle of the task computing this window with the others (``None`` once its result
+        is here or every member let it go)."""
         group = self._group
-        values = group._values if group is not None else None
-        value = values[self._index] if values is not None else None
-        return value.__sizeof__() if value is not None else 0
+        return group.handle if group is not None else None
+
+    @property
+    def held_nbytes(self) -> int:
+        """Bytes of this member's window held here, not yet taken: from the task's result once a
+        member took it, else from what the task's handle fetched ahead (:attr:`WindowHandle.held`)."""
+        group = self._group
+        return group.held_nbytes(self._index) if group is not None else 0
 
     def result(self) -> WindowOutput:
         if self._group is None:
@@ -134,12 +194,17 @@ class Runner:
 
     * ``computes_in_caller``: a window is computed in the consumer's thread when its result
       is asked for, so nothing runs meanwhile (no progress to show while waiting);
-    * ``has_dashboard``: once started, it may serve a Dask dashboard (:attr:`dashboard_link`).
+    * ``has_dashboard``: once started, it may serve a Dask dashboard (:attr:`dashboard_link`);
+    * ``task_cpu``: the CPU seconds one task costs besides its windows' work, over every
+      process (scheduling, messages, fetching its result), which the automatic
+      ``windows_per_task`` (:func:`auto_windows_per_task`) weighs against a window's work; 0
+      where a window costs nothing more than its work (an in-process runner).
     """
 
     name = "base"
     computes_in_caller: ClassVar[bool] = False
     has_dashboard: ClassVar[bool] = False
+    task_cpu: ClassVar[float] = 0.0  # CPU seconds a task costs besides its work (0: nothing worth grouping)
 
     def __init__(self, spec: PipelineSpec):
         self.spec = spec
@@ -164,16 +229,13 @@ class Runner:
     def submit(self, graph: WindowGraph, priority: int) -> WindowHandle:  # pragma: no cover
         raise NotImplementedError
 
-    def submit_group(self, graphs: list[WindowGraph], priority: int) -> list[WindowHandle]:
+    def submit_group(self, graphs: list[WindowGraph], priority: int, stall_windows: int | None = None) -> list[WindowHandle]:
         """A handle per window of ``graphs`` (fused windows, in the order they are needed, the
         first at ``priority``): here, each submitted on its own, one priority lower than the one
-        before. A runner that computes them as one task overrides this."""
+        before. A runner that computes them as one task overrides this (``stall_windows``: how
+        many windows' ``stall_timeout`` that task may compute, by default one per window)."""
         return [self.submit(g, priority - i) for i, g in enumerate(graphs)]
 
-    def windows_per_task(self, prefetch: int, lanes: int | None = None) -> int:
-        """How many windows one task computes when ``windows_per_task`` is not set: 1 here (an
-        in-process runner has no per-task cost worth saving)."""
-        return 1
 
     @property
     def shared(self) -> bool:
@@ -185,6 +247,12 @@ class Runner:
         """How many windows this runner computes at once."""
         return 1
 
+    def agree(self, name: str, value: int) -> int:
+        """``value``, or on a :attr:`shared` runner the value the first consumer of the cluster
+        to ask under ``name`` for this spec gave (an execution choice the ranks sharing the
+        cluster must make alike, so that peers keep submitting the same task keys)."""
+        return value
+
     def default_prefetch(self, lanes: int | None = None) -> int:
         """Windows to keep in flight when ``prefetch_windows`` is not set: two per slot plus
         four, so that while the consumer waits for the window it needs next, every other
@@ -194,7 +262,9 @@ class Runner:
         lanes counts only its share of the slots: the ranks sharing one cluster then keep
         about two windows per worker thread in flight between them, instead of each
         sizing its prefetch on the whole cluster (512 ranks on 4,096 threads would
-        otherwise hold 512 x 8,196 windows)."""
+        otherwise hold 512 x 8,196 windows). With the automatic ``windows_per_task`` the
+        consumer multiplies it by the windows per task (the same tasks in flight:
+        :class:`~zephon_dask.consumer.fetcher.WindowFetcher`)."""
         return 2 * self.share(lanes) + 4
 
     def share(self, lanes: int | None = None) -> int:

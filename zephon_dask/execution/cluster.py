@@ -240,7 +240,9 @@ def embedded_pids(cluster: SpecCluster) -> list[int]:
 LOST_RESULT = (CancelledError, CommClosedError, OSError)
 RESUBMITS = 3
 SILENT_AFTER = 3.0  # seconds without a heartbeat (at least) before a worker counts as frozen
-MAX_WINDOWS_PER_TASK = 4  # the automatic windows_per_task's ceiling (stall_timeout counts a whole task)
+# CPU seconds of Dask's control plane per task (client, scheduler, workers' event loops: ~8 messages
+# and a graph unpickle), measured by benchmarks/bench_scale.py with one window per task: 6-8 ms
+TASK_CPU = 0.006
 TRIM_AFTER_TASK_EVERY = 1.0  # seconds: a worker trims when a task ends, at most this often (~1 ms a trim)
 EARLY_FETCHES = 2  # results fetched ahead of the consumer at once (a client gathers 5 at once in all)
 
@@ -273,11 +275,15 @@ class DistributedHandle(WindowHandle):
     here instead of fetching it between two batches. A window the consumer asks
     for before its early fetch ended is waited for and fetched as above."""
 
-    def __init__(self, graph: WindowGraph | GroupGraph, futures, runner, priority, early: bool = True):
+    def __init__(self, graph: WindowGraph | GroupGraph, futures, runner, priority, early: bool = True,
+                 stall_windows: int | None = None):
         super().__init__(graph, future=futures[-1])
         self._chunks, self._runner, self._priority = futures[:-1], runner, priority
-        # stall_timeout is per window: a task of several windows may compute as many times longer
-        self._stall = runner.stall * (len(graph.windows) if isinstance(graph, GroupGraph) else 1)
+        # stall_timeout is per window: a task of several windows may compute as many times longer,
+        # or as many as the submitter says (small windows grouped automatically: one)
+        if stall_windows is None:
+            stall_windows = len(graph.windows) if isinstance(graph, GroupGraph) else 1
+        self._stall = runner.stall * stall_windows
         self._copy, self._copies = None, 0
         self._copy_on: list[str] = []  # the workers the copy may run on
         self._stuck: set[str] = set()  # keys not to fetch: held by a stalled worker, or not fetched in time
@@ -345,6 +351,11 @@ class DistributedHandle(WindowHandle):
         return {f.key for f in [self._future, *self._chunks] if f is not None}
 
     @property
+    def stall_after(self) -> float:
+        """Seconds the task may compute (or its result be fetched) before it is reported stalled."""
+        return self._stall
+
+    @property
     def copied(self) -> bool:
         return self._copy is not None
 
@@ -355,12 +366,11 @@ class DistributedHandle(WindowHandle):
         return self._early_value is not NOT_FETCHED
 
     @property
-    def held_nbytes(self) -> int:
-        """Bytes of the result fetched ahead and held here (0 before it is, or once taken; a
-        task of several windows: all of them)."""
+    def held(self):
+        """The result fetched ahead and held here (``None`` before it is, or once taken; a task of
+        several windows: all of them)."""
         value = self._early_value
-        return 0 if value is NOT_FETCHED else sum(v.__sizeof__() for v in value) if isinstance(value, tuple) \
-            else value.__sizeof__()
+        return None if value is NOT_FETCHED else value
 
     def result(self):
         value, early = self._claim()
@@ -473,6 +483,7 @@ class DistributedHandle(WindowHandle):
 class DistributedRunner(Runner):
     name = "distributed"
     has_dashboard = True
+    task_cpu = TASK_CPU
 
     def __init__(self, spec: PipelineSpec, n_workers=None, threads_per_worker=1, client=None,
                  address=None, retries=0, timeout: float = DEFAULT_TIMEOUT, stall: float = DEFAULT_STALL,
@@ -717,6 +728,21 @@ class DistributedRunner(Runner):
         may serve other ranks' pipelines too."""
         return not self._own_cluster
 
+    def agree(self, name: str, value: int) -> int:
+        """On a cluster this runner did not start, the value the first consumer to ask under
+        ``name`` for this spec stored on the scheduler (``value`` if none did); ``value`` itself
+        if the scheduler does not answer within :data:`PROBE_TIMEOUT` seconds or refuses (a
+        cluster without ``run_on_scheduler``): disagreeing peers then compute some windows
+        twice, never different bytes."""
+        if not self.shared:
+            return value
+        key = f"zephon-{name}-{self.spec.fingerprint[:16]}"
+        try:
+            return int(dask_compat.first_value(self.client, key, value, PROBE_TIMEOUT))
+        except Exception as exc:
+            logger.info("zephon_dask: the scheduler did not keep %s (%r); using this process's %s", key, exc, value)
+            return value
+
     @property
     def slots(self) -> int:
         """Worker threads on the cluster now (at least 1: an adaptive cluster may be empty); the
@@ -738,28 +764,26 @@ class DistributedRunner(Runner):
             self._boot.wait()  # raises the start's error
         return self._submit_remote(graph, priority)
 
-    def submit_group(self, graphs: list[WindowGraph], priority: int) -> list[WindowHandle]:
+    def submit_group(self, graphs: list[WindowGraph], priority: int, stall_windows: int | None = None) -> list[WindowHandle]:
         """Several fused windows as one task (:func:`~zephon_dask.graph.group_graph`), a
-        :class:`~.base.MemberHandle` per window; while the head start takes windows, each on its own."""
+        :class:`~.base.MemberHandle` per window; while the head start takes windows, each on its own.
+        The task is reported stalled after ``stall_windows`` (default: one per window) times
+        ``stall_timeout``."""
         if self._head is not None or len(graphs) == 1:
             return super().submit_group(graphs, priority)
-        shared = GroupResult(self._submit_remote(group_graph(self.spec, graphs), priority), len(graphs))
+        task = self._submit_remote(group_graph(self.spec, graphs), priority, stall_windows=stall_windows)
+        shared = GroupResult(task, len(graphs))
         return [MemberHandle(g, shared, i) for i, g in enumerate(graphs)]
 
-    def windows_per_task(self, prefetch: int, lanes: int | None = None) -> int:
-        """Windows per task when ``windows_per_task`` is not set: as many as leave two tasks in
-        flight per worker thread of :meth:`share` (``prefetch // (2 * threads)``), at most
-        :data:`MAX_WINDOWS_PER_TASK`, at least 1."""
-        return max(1, min(MAX_WINDOWS_PER_TASK, prefetch // (2 * self.share(lanes))))
-
-    def _submit_remote(self, graph: WindowGraph | GroupGraph, priority: int, early: bool = True) -> DistributedHandle:
+    def _submit_remote(self, graph: WindowGraph | GroupGraph, priority: int, early: bool = True,
+                       stall_windows: int | None = None) -> DistributedHandle:
         live_only = self._responsive_only()
         if live_only:  # while a worker is silent: avoid it, and do not fetch the spec from it
             futures = self.submit_tasks(graph, self.spec, priority, self.retries,
                                         workers=live_only, allow_other_workers=False)
         else:
             futures = self.submit_tasks(graph, self._spec_future, priority, self.retries)
-        return DistributedHandle(graph, futures, self, priority, early and self.fetch_ahead)
+        return DistributedHandle(graph, futures, self, priority, early and self.fetch_ahead, stall_windows)
 
     def submit_tasks(self, graph: WindowGraph | GroupGraph, spec, priority: int, retries: int | None, **where) -> list:
         """Submit ``graph.tasks_for(spec)`` as one graph; the futures of ``graph.task_keys``.

@@ -277,3 +277,18 @@ def leave_to_us_at_exit(cluster) -> None:
 # Dask's defaults, not the embedded ones (test_a_process_inherits_the_serialized_config).
 INHERIT_CONFIG_ENV = "DASK_INTERNAL_INHERIT_CONFIG"
 
+
+def _setdefault_metadata(key: str, value, dask_scheduler=None):
+    """On the scheduler, in one call on its event loop (so atomic): the value of its task
+    metadata under ``key``, ``value`` stored there first if it holds none."""
+    return dask_scheduler.task_metadata.setdefault(key, value)
+
+
+def first_value(client, key: str, value, timeout: float):
+    """The value the scheduler keeps under ``key``, ``value`` stored first if it keeps none: the
+    first of the clients asking decides for all. Why: the scheduler's ``get_metadata`` and
+    ``set_metadata`` are two calls, so two clients asking at once could both store; this runs
+    Python's ``setdefault`` on the scheduler (``Client.run_on_scheduler``, with a deadline). If the
+    scheduler's ``task_metadata`` moves: ``test_first_value_is_the_first_clients``."""
+    return client.run_on_scheduler(_setdefault_metadata, key, value, callback_timeout=timeout)
+

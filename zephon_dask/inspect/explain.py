@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from ..curriculum import routing
 from ..errors import ClusterError, ConfigError, ElasticityWarning, NotFoundError, ZephonError
 from ..execution import RUNNERS, choose_runner
+from ..execution.base import AUTO_AFTER, CONTROL_SHARE, MAX_WINDOWS_PER_TASK
 from ..graph.keys import FP_CHARS
 from ..state import steps
 from .counting import step_count
@@ -258,13 +259,23 @@ def _operators(spec) -> Section:
     return Section("operators", headers=("#", "operator", "kind", "settings"), rows=tuple(rows))
 
 
+def _fetcher(pipeline):
+    """The window fetcher of the pipeline's live iteration, or ``None``."""
+    stream = pipeline.session.stream
+    return stream.fetcher if stream is not None else None
+
+
 def _prefetch(given: int | None, runner, pipeline) -> str:
     if given is not None:
         return str(given)
     per = "2 per worker thread + 4" + (", threads in proportion to this group's lanes on a shared cluster"
                                        if runner is None or runner.shared else "")
+    per += ", times the automatic windows_per_task"
     if runner is None:
         return f"auto: {per}"
+    fetcher = _fetcher(pipeline)
+    if fetcher is not None and fetcher.scale_prefetch:
+        return f"auto: {fetcher.prefetch} ({fetcher.base_prefetch} x {fetcher.windows_per_task}; {per})"
     try:
         return f"auto: {runner.default_prefetch(len(lanes_of(pipeline)))} ({per})"
     except ClusterError:
@@ -276,15 +287,20 @@ def _windows_per_task(given: int | None, options: dict, runner, pipeline) -> str
         return "1 (fuse=False: every window split into chunk tasks)"
     if given is not None:
         return str(given)
-    rule = "as many as leave 2 tasks in flight per worker thread, at most 4; in-process runners: 1"
-    if runner is None:
+    kind = type(runner) if runner is not None else RUNNERS[choose_runner(options)]
+    if not kind.task_cpu:
+        return f"auto: 1 (the {kind.name} runner's tasks cost nothing besides their work)"
+    rule = (f"1 for the first prefetch_windows windows (at least {AUTO_AFTER}), then as many as bring the "
+            f"runner's ~{kind.task_cpu * 1e3:g} ms of CPU per task under {CONTROL_SHARE:.0%} of their median "
+            f"CPU, at most {MAX_WINDOWS_PER_TASK}")
+    fetcher = _fetcher(pipeline)
+    if fetcher is None or fetcher.given is not None:
         return f"auto: {rule}"
-    lanes = len(lanes_of(pipeline))
-    try:
-        prefetch = options["prefetch_windows"] or runner.default_prefetch(lanes)
-        return f"auto: {runner.windows_per_task(prefetch, lanes)} ({rule})"
-    except ClusterError:
-        return f"auto: {rule} (the cluster does not answer)"
+    cpu = fetcher.window_cpu
+    if cpu is None:
+        return f"auto: 1 so far ({len(fetcher.sample)} windows timed; {rule})"
+    return (f"auto: {fetcher.windows_per_task} (the first {len(fetcher.sample)} windows took {cpu * 1e3:.3g} ms "
+            f"of CPU each, median; {rule})")
 
 
 def _dashboard(link: str | None) -> str:

@@ -159,9 +159,10 @@ class Session:
             self.spec(), self.description.batch, lanes, runner, prefetch,
             deterministic=settings["deterministic"], fused=settings["fuse"],
             start=start, first_lane=first_lane, split_first=slots if slots > 1 else 0,
-            windows_per_task=settings["windows_per_task"] or runner.windows_per_task(prefetch, len(lanes)),
+            windows_per_task=settings["windows_per_task"],  # None: chosen as windows are taken
             alone_at_end=slots,  # an iteration's last windows, one per worker thread, one per task
             prefetch_bytes=settings["prefetch_bytes"],
+            scale_prefetch=not settings["prefetch_windows"], threads=slots,
         )
 
     def next_start(self, lanes: list[int]) -> State | None:
