@@ -25,12 +25,14 @@ from zephon_dask.consumer.fetcher import WindowFetcher
 from zephon_dask.errors import ClosedError
 from zephon_dask.execution.base import (
     AUTO_AFTER,
+    AUTO_HELD_BYTES,
     CONTROL_SHARE,
     MAX_WINDOWS_PER_TASK,
     GroupResult,
     MemberHandle,
     WindowHandle,
     auto_windows_per_task,
+    held_windows_per_task,
     most_windows_per_task,
 )
 from zephon_dask.execution.cluster import DistributedRunner
@@ -315,6 +317,42 @@ def test_automatic_grouping_follows_the_first_windows_cpu_and_never_changes_what
         assert [t[0] for t in runner.tasks] == ref_submissions(num_windows, dict.fromkeys(lanes, 0), prefetch, gets)
     fetcher.close()
     assert not runner.held()
+
+
+class LargeWindow(FakeWindow):
+    """A stand-in window holding ``nbytes`` (stored tokens: cheap to make, large to hold)."""
+
+    def __new__(cls, pair, cpu, nbytes):
+        out = super().__new__(cls, pair, cpu)
+        out.nbytes = nbytes
+        return out
+
+    def __sizeof__(self):
+        return self.nbytes
+
+
+@settings(max_examples=60, deadline=None)
+@given(nbytes=st.sampled_from([1 << 10, 1 << 20, 5 << 20, 40 << 20, 300 << 20]), prefetch=st.integers(1, 8),
+       given_bytes=st.one_of(st.none(), st.just(1 << 30)))
+def test_a_scaled_prefetch_of_cheap_large_windows_holds_a_bounded_number_of_bytes(nbytes, prefetch, given_bytes):
+    """Windows that cost little CPU but hold many bytes: the automatic size still scales the
+    prefetch, but never past AUTO_HELD_BYTES (or what the unscaled prefetch held already), unless
+    prefetch_bytes is given (then that bound applies instead); what is delivered is unchanged."""
+    runner = TimedRunner(0.006, lambda lane, w: 0.0005)
+    runner._timed = lambda pair: type("H", (Handle,), {"result": lambda h: LargeWindow(h.pair, h.cpu, nbytes)})(
+        pair, runner.released, 0.0005)
+    fetcher = WindowFetcher(FakeSpec({0: None}), runner, [0], prefetch, fused=True, windows_per_task=None,
+                            scale_prefetch=True, threads=1, prefetch_bytes=given_bytes)
+    runner.fetcher = fetcher
+    for w in range(max(AUTO_AFTER, prefetch) + 3):
+        assert tuple(fetcher.get(0)) == (0, w)
+    assert not fetcher.deciding
+    if given_bytes is None:
+        assert fetcher.windows_per_task == min(MAX_WINDOWS_PER_TASK, held_windows_per_task(prefetch, nbytes))
+        assert fetcher.prefetch * nbytes <= max(AUTO_HELD_BYTES, prefetch * nbytes)
+    else:
+        assert fetcher.windows_per_task == MAX_WINDOWS_PER_TASK
+    fetcher.close()
 
 
 def test_a_member_counts_its_window_once_its_task_fetched_it_ahead():

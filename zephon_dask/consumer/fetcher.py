@@ -46,7 +46,11 @@ a given ``prefetch`` it is capped by
 the size changes at the same window taken in every consumer, peers with the same
 settings keep submitting the same tasks. With ``scale_prefetch`` (``prefetch_windows``
 not set) ``prefetch`` is then multiplied by the size, so the tasks in flight, and
-the workers kept busy, stay the same.
+the workers kept busy, stay the same; without ``prefetch_bytes`` the size is then
+capped so that the scaled prefetch holds at most
+:data:`~zephon_dask.execution.base.AUTO_HELD_BYTES` at the mean size of the windows
+taken (:func:`~zephon_dask.execution.base.held_windows_per_task`; cheap windows, such
+as stored tokens, may be large).
 
 With ``prefetch_bytes``, the windows in flight are also bounded in bytes: at most
 ``prefetch_bytes`` divided by the mean size of the windows taken so far (as held:
@@ -66,7 +70,12 @@ from collections import OrderedDict
 from ..core.spec import PipelineSpec
 from ..core.window import WindowOutput
 from ..errors import ClosedError
-from ..execution.base import AUTO_AFTER, auto_windows_per_task, most_windows_per_task
+from ..execution.base import (
+    AUTO_AFTER,
+    auto_windows_per_task,
+    held_windows_per_task,
+    most_windows_per_task,
+)
 from ..execution.memory import Trimmer
 from ..graph import window_graph
 from ..log import logger
@@ -138,6 +147,8 @@ class WindowFetcher:
         self.window_cpu = statistics.median(self.sample)
         size = self.runner.agree("windows-per-task", auto_windows_per_task(self.window_cpu, self.runner.task_cpu))
         most = most_windows_per_task(None if self.scale_prefetch else self.base_prefetch, self.threads)
+        if self.scale_prefetch and self.prefetch_bytes is None:  # the bytes held stay bounded
+            most = min(most, held_windows_per_task(self.base_prefetch, self.taken_bytes / self.taken))
         self._auto = max(1, min(size, most))
 
     def _exists(self, lane: int, w: int) -> bool:

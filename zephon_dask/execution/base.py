@@ -26,6 +26,7 @@ from ..graph import GroupGraph, WindowGraph
 CONTROL_SHARE = 0.25  # a window's share of its task's cost besides the work: at most this of its own work
 MAX_WINDOWS_PER_TASK = 8  # windows per task at most (stall_timeout counts a whole task)
 AUTO_AFTER = 4  # windows taken, one per task, before it decides (at least; the first batches never wait on a group)
+AUTO_HELD_BYTES = 128 << 20  # a prefetch the automatic size scales holds at most this (or what it held unscaled)
 
 
 def auto_windows_per_task(window_cpu: float, task_cpu: float, most: int = MAX_WINDOWS_PER_TASK) -> int:
@@ -43,6 +44,14 @@ def auto_windows_per_task(window_cpu: float, task_cpu: float, most: int = MAX_WI
     if share * most < task_cpu:
         return most
     return max(1, math.ceil(task_cpu / share - 1e-9))
+
+
+def held_windows_per_task(prefetch: int, window_bytes: float, budget: int = AUTO_HELD_BYTES) -> int:
+    """The automatic ``windows_per_task``'s ceiling where it scales the prefetch (``prefetch``
+    windows unscaled, of ``window_bytes`` each as held): as many as keep the scaled prefetch's
+    bytes within ``budget``, at least 1. Cheap windows are not always small (stored tokens): a
+    scaled prefetch would otherwise hold up to :data:`MAX_WINDOWS_PER_TASK` times the bytes."""
+    return max(1, int(budget // max(1.0, prefetch * window_bytes)))
 
 
 def most_windows_per_task(prefetch: int | None = None, threads: int = 1) -> int:
