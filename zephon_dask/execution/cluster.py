@@ -79,7 +79,7 @@ WORKER_ENV = {
 # (event-loop ticks 50 times a second in every server, 100 profile samples a second in every
 # worker, memory checks 10 times a second); with these, ~0.03. A profile sample is taken on the
 # worker's event loop, which must win the GIL from the task thread and walk its stack: at 10 a
-# second they were a quarter of a busy worker's event loop (2-3 ms per prose window,
+# second they cost a busy worker's event loop 1-3 ms per prose window (a tenth to a quarter,
 # benchmarks/bench_task_cpu.py); at one a second the dashboard's profile still fills.
 # MALLOC_TRIM_THRESHOLD_=65536, which Dask exports to its workers, also fixes glibc's mmap threshold at 128 KiB, so every
 # window-sized array and tokenizer buffer was a fresh mmap: tokenize + pack ran ~20% slower in a
