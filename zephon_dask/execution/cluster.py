@@ -84,7 +84,8 @@ WORKER_ENV = {
 # MALLOC_TRIM_THRESHOLD_=65536, which Dask exports to its workers, also fixes glibc's mmap
 # threshold at 128 KiB, so every window-sized array and tokenizer buffer was a fresh mmap:
 # tokenize + pack ran ~20% slower in a worker than in a plain process; workers we start keep
-# glibc's default thresholds. Anything the user set in their Dask config (or exported, for MALLOC_TRIM_THRESHOLD_ and MALLOC_ARENA_MAX) wins.
+# glibc's default thresholds. Anything the user set in their Dask config (or exported, for
+# MALLOC_TRIM_THRESHOLD_ and MALLOC_ARENA_MAX) wins.
 # Dask's bounded logs are sized for short jobs: a worker keeps low-level-log-length (1,000) of its
 # one-second profile cycles twice (the call tree, and per task prefix), 24-32 KB a second in the
 # soak benchmark, so a streaming worker grew by 24-32 MB over its first 17 minutes; at 300 they
