@@ -70,6 +70,14 @@ import torch  # noqa: E402, F401  (a training process has torch loaded: it count
 from zephon_dask import Dataset, MixtureWorkSource, Pipeline, compute_window  # noqa: E402
 from zephon_dask.consumer.batcher import LaneBatcher  # noqa: E402
 
+if __name__ != "__main__":
+    # Imported by another benchmark: the probes this module runs on Dask workers (_worker_threads,
+    # _executed) reach them by value, as from a script. By reference, each worker would import this
+    # module, torch with it (~2.5 s of CPU a worker, counted as the workers' event loops).
+    import cloudpickle  # noqa: E402
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
 SEQ_LEN = 2048
 MICROBATCH = 8
 REPLICAS = 8

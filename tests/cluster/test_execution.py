@@ -103,7 +103,7 @@ def test_embedded_cluster_settings_spare_the_training_cores_unless_the_user_set_
     with build(corpus_dir, n_workers=1) as p:
         next(iter(p))
         got = p.session.runner().client.run(_worker_settings)
-    assert list(got.values()) == [(None, "1", "1s", "100ms")]
+    assert list(got.values()) == [(None, "1", "1s", "1s")]
     # nor is this process's environment changed
     assert "MALLOC_TRIM_THRESHOLD_" not in os.environ and "MALLOC_ARENA_MAX" not in os.environ
     monkeypatch.setenv("MALLOC_ARENA_MAX", "4")

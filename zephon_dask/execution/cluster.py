@@ -77,11 +77,15 @@ WORKER_ENV = {
 # The embedded cluster shares the training machine's cores, so Dask's housekeeping is paid in
 # training throughput. Idle, a 2-worker cluster with Dask's defaults used ~0.16 of a core
 # (event-loop ticks 50 times a second in every server, 100 profile samples a second in every
-# worker, memory checks 10 times a second); with these, ~0.03. MALLOC_TRIM_THRESHOLD_=65536,
-# which Dask exports to its workers, also fixes glibc's mmap threshold at 128 KiB, so every
-# window-sized array and tokenizer buffer was a fresh mmap: tokenize + pack ran ~20% slower in a
-# worker than in a plain process; workers we start keep glibc's default thresholds. Anything the user set
-# in their Dask config (or exported, for MALLOC_TRIM_THRESHOLD_ and MALLOC_ARENA_MAX) wins.
+# worker, memory checks 10 times a second); with these, ~0.03. A profile sample is taken on the
+# worker's event loop, which must win the GIL from the task thread and walk its stack: at 10 a
+# second they cost a busy worker's event loop 1-3 ms per prose window (a tenth to a quarter,
+# benchmarks/bench_task_cpu.py); at one a second the dashboard's profile still fills.
+# MALLOC_TRIM_THRESHOLD_=65536, which Dask exports to its workers, also fixes glibc's mmap
+# threshold at 128 KiB, so every window-sized array and tokenizer buffer was a fresh mmap:
+# tokenize + pack ran ~20% slower in a worker than in a plain process; workers we start keep
+# glibc's default thresholds. Anything the user set in their Dask config (or exported, for
+# MALLOC_TRIM_THRESHOLD_ and MALLOC_ARENA_MAX) wins.
 # Dask's bounded logs are sized for short jobs: a worker keeps low-level-log-length (1,000) of its
 # one-second profile cycles twice (the call tree, and per task prefix), 24-32 KB a second in the
 # soak benchmark, so a streaming worker grew by 24-32 MB over its first 17 minutes; at 300 they
@@ -97,7 +101,7 @@ EMBEDDED_DEFAULTS = {
     "distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None,
     "distributed.nanny.pre-spawn-environ.MALLOC_ARENA_MAX": "1",
     "distributed.admin.tick.interval": "1s",
-    "distributed.worker.profile.interval": "100ms",  # the dashboard's profile still fills
+    "distributed.worker.profile.interval": "1s",  # the dashboard's profile still fills
     "distributed.worker.memory.monitor-interval": "500ms",
     "distributed.admin.system-monitor.interval": "2s",
     "distributed.admin.low-level-log-length": 300,  # 5 minutes of profile history

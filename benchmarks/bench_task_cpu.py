@@ -1,0 +1,156 @@
+"""What a window costs in a Dask worker against a plain process, and what Dask adds around it.
+
+The same windows (``bench_e2e.py``'s ``prose`` workload, each window twice per round,
+results narrowed as the cluster holds them) are computed, alternately in rounds:
+
+* ``pool``: by a ``ProcessPoolExecutor`` of ``--workers`` processes;
+* ``dask``: as tasks on the embedded cluster (``local_cluster`` with the library's
+  settings and its trim plugin, as the distributed runner starts it), results fetched
+  as they finish and released, as the runner's early fetch does;
+* each ``--variant KEY=VALUE[,KEY=VALUE]``: the same with those Dask config keys
+  changed on top of the embedded cluster's defaults (``None``: unset), e.g.
+  ``distributed.worker.profile.enabled=False`` or
+  ``distributed.nanny.pre-spawn-environ.MALLOC_ARENA_MAX=None``.
+
+Inside every task the window's own CPU is read from the thread's ``getrusage``
+(user, system, minor page faults); for the cluster also every worker thread's CPU
+over the round, by role (the task thread, the event loop, other threads), so the
+task thread's CPU beyond the window's is what Dask does in it. Medians of the rounds,
+ms per window. Nothing is asserted; the results' bytes are the same by construction
+(the same ``compute_window``).
+
+    python benchmarks/bench_task_cpu.py [--quick] [--rounds N] [--workers N] [--variant K=V[,K=V]] ...
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("RAYON_NUM_THREADS", "1")
+
+import argparse  # noqa: E402
+import concurrent.futures as cf  # noqa: E402
+import resource  # noqa: E402
+import statistics  # noqa: E402
+import tempfile  # noqa: E402
+
+from bench_e2e import WORKLOADS, _worker_threads, all_windows, build_pipeline, make_data  # noqa: E402
+
+from zephon_dask.core.window import compute_window, narrowed  # noqa: E402
+
+
+def timed_window(spec, lane: int, window: int):
+    """The window (narrowed) and its thread's ``(user s, system s, minor faults)``."""
+    r0 = resource.getrusage(resource.RUSAGE_THREAD)
+    out = narrowed(compute_window(spec, lane, window))
+    r1 = resource.getrusage(resource.RUSAGE_THREAD)
+    return out, (r1.ru_utime - r0.ru_utime, r1.ru_stime - r0.ru_stime, r1.ru_minflt - r0.ru_minflt)
+
+
+_SPEC = None
+
+
+def _pool_init(spec) -> None:
+    global _SPEC
+    _SPEC = spec
+
+
+def _pool_window(pair):
+    return timed_window(_SPEC, *pair)[1]
+
+
+def summary(inside: list, threads: dict[str, float] | None = None) -> dict[str, float]:
+    """ms per window: the window's own CPU (user + system), its system part, minor faults; with
+    ``threads`` (seconds over the round), each worker-thread role's CPU per window."""
+    n = len(inside)
+    out = {"window": sum(u + s for u, s, _ in inside) / n * 1e3, "of which system": sum(s for _, s, _ in inside) / n * 1e3,
+           "minor faults": sum(f for _, _, f in inside) / n}
+    for role, seconds in (threads or {}).items():
+        out[f"worker {role}"] = seconds / n * 1e3
+    return out
+
+
+def run_pool(spec, pairs, workers: int) -> dict[str, float]:
+    with cf.ProcessPoolExecutor(workers, initializer=_pool_init, initargs=(spec,)) as pool:
+        list(pool.map(_pool_window, pairs[:2 * workers]))  # every process started and warm
+        return summary(list(pool.map(_pool_window, pairs)))
+
+
+def run_dask(spec, pairs, workers: int, changes: dict) -> dict[str, float]:
+    from distributed import Client, as_completed
+
+    from zephon_dask.execution import cluster
+
+    defaults = cluster.EMBEDDED_DEFAULTS
+    cluster.EMBEDDED_DEFAULTS = {**defaults, **changes}
+    try:
+        local = cluster.local_cluster(workers)
+    finally:
+        cluster.EMBEDDED_DEFAULTS = defaults
+    client = Client(local, set_as_default=False)
+    try:
+        client.register_plugin(cluster.TrimFreedMemory())
+        spec_f = client.scatter(spec, broadcast=True)
+
+        def submit(chosen):
+            return client.map(timed_window, [spec_f] * len(chosen), [p[0] for p in chosen], [p[1] for p in chosen],
+                              pure=False)
+
+        client.gather(submit(pairs[:2 * workers]))  # every worker warm
+        before = client.run(_worker_threads)
+        inside = []
+        for future in as_completed(submit(pairs), loop=client.loop):
+            inside.append(future.result()[1])
+            future.release()
+        after = client.run(_worker_threads)
+        roles = {role for threads in after.values() for role in threads}
+        threads = {role: sum(after[w].get(role, 0.0) - before[w].get(role, 0.0) for w in after) for role in sorted(roles)}
+        return summary(inside, threads)
+    finally:
+        client.close()
+        local.close()
+
+
+def parse_variant(text: str) -> dict:
+    out = {}
+    for item in text.split(","):
+        key, _, value = item.partition("=")
+        out[key.strip()] = {"None": None, "True": True, "False": False}.get(value.strip(), value.strip())
+    return out
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="a fifth of the prose corpus (16 windows), 2 rounds")
+    ap.add_argument("--rounds", type=int, default=None, help="alternating rounds (default 4; --quick 2)")
+    ap.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="pool processes and Dask workers")
+    ap.add_argument("--variant", action="append", default=[], help="Dask config changes on the embedded cluster")
+    args = ap.parse_args(argv)
+    rounds = args.rounds or (2 if args.quick else 4)
+    modes = {"pool": None, "dask": {}, **{v: parse_variant(v) for v in args.variant}}
+    wl = WORKLOADS["prose"]
+    with tempfile.TemporaryDirectory(prefix="zephon-bench-task-cpu-") as tmp:
+        tok, summary_line = make_data(tmp, wl, args.quick, None)
+        spec = build_pipeline(wl, tmp, tok, args.workers).spec
+        pairs = all_windows(spec) * 2
+        print(f"{summary_line}; {len(pairs)} windows a round; {args.workers} workers on {os.cpu_count()} cores",
+              flush=True)
+        results: dict[str, list[dict]] = {}
+        for r in range(rounds):
+            for name, changes in modes.items():
+                got = run_pool(spec, pairs, args.workers) if changes is None else run_dask(spec, pairs, args.workers,
+                                                                                         changes)
+                results.setdefault(name, []).append(got)
+                print(f"round {r + 1}/{rounds} {name}: " + ", ".join(f"{k} {v:.1f}" for k, v in got.items())
+                      + f"; load average {os.getloadavg()[0]:.1f}", flush=True)
+    print("\nms per window (medians of the rounds; minor faults: count per window):")
+    columns = list(dict.fromkeys(k for rows in results.values() for row in rows for k in row))
+    print(f"{'mode':40s} " + " ".join(f"{c:>18s}" for c in columns))
+    for name, rows in results.items():
+        cells = [statistics.median(row[c] for row in rows) if c in rows[0] else None for c in columns]
+        print(f"{name[:40]:40s} " + " ".join(f"{c:18.1f}" if c is not None else f"{'':18s}" for c in cells))
+
+
+if __name__ == "__main__":
+    main()
