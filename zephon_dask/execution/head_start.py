@@ -5,7 +5,8 @@ import Dask and the pipeline's libraries) and a first window as long again on on
 worker: the first batch would wait for both. Until the cluster is up, the
 distributed runner queues the windows submitted to it here instead; one thread
 of this process computes them in priority order, each window's chunk tasks in
-parallel on a thread pool as large as the cores (tokenizers release the GIL),
+parallel on a thread pool (the cluster's worker threads, at most the cores; tokenizers
+release the GIL),
 fused windows included. :meth:`HeadStart.hand_over` sends every window not yet
 started to the cluster once it is up; those being computed here finish here. A
 window's bytes do not depend on where it was computed.
@@ -17,7 +18,8 @@ window needs, and the first batch would come later than the floor of tokenizing 
 on every core. Waiting costs nothing while the head start keeps the cores busy, so the
 start's only bound is the head start falling behind its own plan (:meth:`HeadStart.due`):
 past :data:`PACE_MARGIN` times the time the window's chunks predict at the pace of
-those done so far (``t_k * n / k`` after ``k`` of its ``n`` chunks), or, before any
+those done so far (``t_k * n / k`` after ``k`` of its ``n`` chunks; at least
+:data:`ALONE_AT_LEAST`, so that jitter on a short window starts nothing), or, before any
 chunk is done, past the runner's ``stall`` seconds (the time after which a window on
 the cluster is reported as stalled), counted from when the window began here (from
 when the head start was made, while it has no window). The start also begins at once
@@ -51,6 +53,7 @@ from .watch import DEFAULT_STALL
 
 POLL = 1.0  # the longest slice of a wait for the cluster, between two checks of its deadline
 PACE_MARGIN = 2.0  # how far past its chunks' predicted time the first window may run before the cluster starts
+ALONE_AT_LEAST = 1.0  # seconds the first window always has alone: a few ms' jitter on a short one starts nothing
 
 
 class Boot:
@@ -302,8 +305,9 @@ class HeadStart:
     def due(self) -> float:
         """Seconds until the cluster's start must begin (see the module docstring): 0 once the
         first window taken here is done; while it computes, :data:`PACE_MARGIN` times the time
-        its chunks predict from those done (``stall`` seconds before the first), from when it
-        began; ``stall`` seconds from this head start's making while no window has begun."""
+        its chunks predict from those done (at least :data:`ALONE_AT_LEAST`; ``stall`` seconds
+        before the first), from when it began; ``stall`` seconds from this head start's making
+        while no window has begun."""
         if self._lead_done:
             return 0.0
         lead = self._lead
@@ -314,7 +318,7 @@ class HeadStart:
         if done == 0:
             return began + self.stall - time.monotonic()
         predicted = (lead.last_chunk - began) * lead.chunks_planned / done
-        return began + PACE_MARGIN * predicted - time.monotonic()
+        return began + max(ALONE_AT_LEAST, PACE_MARGIN * predicted) - time.monotonic()
 
     def check_boot(self) -> None:
         """Raise if the cluster's start failed or is past its deadline."""
