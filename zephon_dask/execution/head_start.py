@@ -93,10 +93,6 @@ class Boot:
         finally:
             self._done.set()
 
-    @property
-    def begun(self) -> bool:
-        return self._begun.is_set()
-
     def done(self) -> bool:
         return self._done.is_set()
 
