@@ -147,8 +147,8 @@ def test_close_returns_while_the_cluster_starts_and_the_start_is_undone(corpus_d
 
 
 def test_a_pipeline_closed_before_its_cluster_was_needed_starts_none(corpus_dir, monkeypatch):
-    """The cluster's start waits for the first window computed here (or a second); a pipeline
-    closed before that starts no cluster at all."""
+    """The cluster's start waits for the first window computed here; a pipeline closed before
+    that starts no cluster at all (and its close does not wait for the start's bound)."""
     started = []
     monkeypatch.setattr(cluster_mod, "local_cluster", lambda *args, **kwargs: started.append(args))
     p = build(corpus_dir, n_workers=1)

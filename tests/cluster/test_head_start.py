@@ -261,3 +261,78 @@ def test_a_window_computed_here_reports_its_chunks_as_they_finish(corpus_dir):
     assert same_window(handle.result(), compute_window(spec, 0, 0))
     assert handle.chunks_done() == 3
     head.close()
+
+
+HOLD_S = 3.0  # how long the first window waits for a cluster start that must not come (longer than main's 1 s)
+_HOLDS: dict[str, tuple[threading.Event, threading.Lock]] = {}  # name: (the cluster's start was called, taken by the record held)
+
+
+class HoldFirstRecord:
+    """A record operator whose first record (of any window) waits until the test sets the event
+    ``_HOLDS[name][0]`` (the cluster's start was called), at most :data:`HOLD_S` s: a first window longer than a second unless the cluster's start
+    competes with it. Named, so that one test's windows still computing never hold another's."""
+
+    def __init__(self, name: str):
+        self.name = name
+        _HOLDS[name] = (threading.Event(), threading.Lock())
+
+    def __call__(self, record):
+        started, held = _HOLDS[self.name]
+        if held.acquire(blocking=False):  # once
+            started.wait(HOLD_S)
+        return record
+
+
+def _pipeline_with_slow_first_window(corpus_dir, name, **options):
+    web = z.Dataset.from_jsonl("web", str(corpus_dir / "web"), progress=False)
+    return (z.Pipeline(z.MixtureWorkSource([web], chunk_size=12, seed=1)).map(HoldFirstRecord(name), version=1)
+            .tokenize().pack(64).batch(2).options(canonical_replicas=2, n_workers=1, **options))
+
+
+def test_the_cluster_starts_only_once_the_first_window_is_computed_here(corpus_dir, monkeypatch):
+    """The order of events: the first batch's window done here, then the cluster's start begun
+    (its processes would take the cores that window needs); its deadline counts from then."""
+    seen = []  # what this process had computed when the cluster's start was called
+
+    def record(*args, **kwargs):
+        seen.append(list(runner.computed_here))
+        _HOLDS["order"][0].set()
+        raise OSError("recorded")
+
+    monkeypatch.setattr(cluster_mod, "local_cluster", record)
+    p = _pipeline_with_slow_first_window(corpus_dir, "order", cluster_timeout=1.0, stall_timeout=120.0)
+    runner = p.session.runner()
+    try:
+        first = next(iter(p))  # its window took HOLD_S s, past cluster_timeout: no ClusterError
+        deadline = time.monotonic() + 60
+        while not seen and time.monotonic() < deadline:
+            time.sleep(0.02)
+    finally:
+        _HOLDS["order"][0].set()
+        p.close()
+    assert first is not None
+    assert seen == [[(0, 0)]]  # begun once, after lane 0's first window was computed here
+
+
+def test_a_first_window_that_makes_no_progress_lets_the_cluster_start(corpus_dir, monkeypatch):
+    """The bound: no chunk of the first window done within ``stall_timeout``: the cluster's
+    start begins while it still computes."""
+    seen = []
+
+    def record(*args, **kwargs):
+        seen.append(list(runner.computed_here))
+        _HOLDS["bound"][0].set()  # lets the held window go on
+        raise OSError("recorded")
+
+    monkeypatch.setattr(cluster_mod, "local_cluster", record)
+    p = _pipeline_with_slow_first_window(corpus_dir, "bound", stall_timeout=0.5)
+    runner = p.session.runner()
+    try:
+        p.session.open_stream([0, 1], None)  # submits the first windows; nothing waits for them
+        deadline = time.monotonic() + 60
+        while not seen and time.monotonic() < deadline:
+            time.sleep(0.02)
+    finally:
+        _HOLDS["bound"][0].set()
+        p.close()
+    assert seen == [[]]  # begun while the first window still computed here

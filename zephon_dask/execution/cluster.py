@@ -49,7 +49,7 @@ from ..graph import keys as graph_keys
 from . import dask_compat
 from .base import GroupResult, MemberHandle, Runner, WindowHandle
 from .dask_compat import forget_key_names
-from .head_start import HEAD_START_ALONE, Boot, HeadStart
+from .head_start import Boot, HeadStart
 from .memory import TRIM_EVERY, trim_freed_memory
 from .spawned import SchedulerProcess, spawned_cluster, stop_schedulers
 from .task_errors import raise_if_failed, settled
@@ -518,10 +518,7 @@ class DistributedRunner(Runner):
         n_workers = n_workers or os.cpu_count() or 1
         self._planned_slots = n_workers * threads_per_worker
 
-        def start() -> None:
-            head = self._head
-            if head is not None:  # the cluster's start would compete for the same cores
-                head.first_window.wait(HEAD_START_ALONE)
+        def start() -> None:  # with a head start: once its first window is done (HeadStart.due)
             if self._abandoned:  # closed before the cluster was needed: start nothing
                 raise ClosedError("this distributed runner was closed before its embedded cluster started")
             self._start_embedded(n_workers, threads_per_worker, dashboard_address, timeout)
@@ -530,8 +527,8 @@ class DistributedRunner(Runner):
             start()
             return
         threads = min(self._planned_slots, os.cpu_count() or 1)
-        self._head = HeadStart(spec, threads, retries > 0, self.computed_here)
-        self._boot = self._head.boot = Boot(start, timeout)
+        self._head = HeadStart(spec, threads, retries > 0, self.computed_here, stall)
+        self._boot = self._head.boot = Boot(start, timeout, self._head.due)
 
     def _start_embedded(self, n_workers: int, threads_per_worker: int, dashboard_address: str | None,
                         timeout: float) -> None:
@@ -824,6 +821,8 @@ class DistributedRunner(Runner):
             self._abandoned = True
             client, cluster = self._client, self._cluster
             self._client = self._cluster = None
+        if self._boot is not None:
+            self._boot.begin()  # a start not yet begun ends at once, starting nothing
         if sys.is_finalizing():
             return
         if client is not None:

@@ -1,16 +1,32 @@
 """``HeadStart``: the first windows computed in this process while the embedded cluster starts. Holds state.
 
-An embedded cluster takes about a second to start (its worker processes import
-Dask and the pipeline's libraries) and a first window as long again on one
+An embedded cluster takes seconds to start (its scheduler and worker processes
+import Dask and the pipeline's libraries) and a first window as long again on one
 worker: the first batch would wait for both. Until the cluster is up, the
 distributed runner queues the windows submitted to it here instead; one thread
 of this process computes them in priority order, each window's chunk tasks in
-parallel on a small thread pool (tokenizers release the GIL), fused windows included. :meth:`HeadStart.hand_over`
-sends every window not yet started to the cluster once it is up; those being
-computed here finish here. The cluster starts once the first window is computed here (or
-after :data:`HEAD_START_ALONE` seconds): started at once, its processes
-would take the cores the first window needs. A window's bytes do not depend on where it was
-computed. A window that fails here is sent to the cluster when the runner has
+parallel on a thread pool (the cluster's worker threads, at most the cores; tokenizers
+release the GIL),
+fused windows included. :meth:`HeadStart.hand_over` sends every window not yet
+started to the cluster once it is up; those being computed here finish here. A
+window's bytes do not depend on where it was computed.
+
+The cluster's start (:class:`Boot`) begins only once the first window taken here (the
+one the first batch needs: the consumer submits it first, at the highest priority)
+is done, computed or failed. Started earlier, its processes would take the cores that
+window needs, and the first batch would come later than the floor of tokenizing it
+on every core. Waiting costs nothing while the head start keeps the cores busy, so the
+start's only bound is the head start falling behind its own plan (:meth:`HeadStart.due`):
+past :data:`PACE_MARGIN` times the time the window's chunks predict at the pace of
+those done so far (``t_k * n / k`` after ``k`` of its ``n`` chunks; at least
+:data:`ALONE_AT_LEAST`, so that jitter on a short window starts nothing), or, before any
+chunk is done, past the runner's ``stall`` seconds (the time after which a window on
+the cluster is reported as stalled), counted from when the window began here (from
+when the head start was made, while it has no window). The start also begins at once
+when the runner needs the cluster itself (its client) or closes. Its deadline,
+``cluster_timeout``, counts from when it begins.
+
+A window that fails here is sent to the cluster when the runner has
 ``retries``, so a failure meets the same retries and the same error as on the
 cluster, unless the error is final (:func:`~.task_errors.is_final`: the library's
 own data or configuration errors), which is raised at once, as on the cluster.
@@ -33,25 +49,44 @@ from ..errors import ClosedError, ClusterError
 from ..graph import WindowGraph, window_graph
 from .base import WindowHandle
 from .task_errors import is_final
+from .watch import DEFAULT_STALL
 
 POLL = 1.0  # the longest slice of a wait for the cluster, between two checks of its deadline
-HEAD_START_ALONE = 1.0  # seconds the first window may compute here before the cluster starts anyway
+PACE_MARGIN = 2.0  # how far past its chunks' predicted time the first window may run before the cluster starts
+ALONE_AT_LEAST = 1.0  # seconds the first window always has alone: a few ms' jitter on a short one starts nothing
 
 
 class Boot:
-    """The embedded cluster's start, on a thread of its own: ``start()`` runs there; :meth:`wait`
-    returns once it has ended, raising its error, or a :class:`ClusterError` past ``timeout`` seconds."""
+    """The embedded cluster's start, on a thread of its own: ``start()`` runs there once
+    :meth:`begin` is called or ``due()`` (seconds until the start must begin; ``None``: at
+    once) is not positive, checked every :data:`POLL` seconds at most. :meth:`wait` returns
+    once it has ended, raising its error, or a :class:`ClusterError` past ``timeout`` seconds
+    from when it began."""
 
-    def __init__(self, start: Callable[[], None], timeout: float):
+    def __init__(self, start: Callable[[], None], timeout: float, due: Callable[[], float] | None = None):
         self.timeout = float(timeout)
         self.error: BaseException | None = None
-        self.deadline = time.monotonic() + self.timeout
+        self.deadline: float | None = None  # set when the start begins
+        self._lock = threading.Lock()
+        self._begun = threading.Event()
         self._done = threading.Event()
-        self._thread = threading.Thread(target=self._run, args=(start,), name="zephon-cluster-start", daemon=True)
+        self._thread = threading.Thread(target=self._run, args=(start, due), name="zephon-cluster-start",
+                                        daemon=True)
         self._thread.start()
 
-    def _run(self, start: Callable[[], None]) -> None:
+    def begin(self) -> None:
+        """Let the start begin now (nothing once it has); its deadline counts from here."""
+        with self._lock:
+            if self.deadline is None:
+                self.deadline = time.monotonic() + self.timeout
+        self._begun.set()
+
+    def _run(self, start: Callable[[], None], due: Callable[[], float] | None) -> None:
         try:
+            # each wake checks the bound: due() falls as time passes, the window's progress moves it
+            while due is not None and not self._begun.is_set() and (left := due()) > 0:
+                self._begun.wait(min(POLL, left))
+            self.begin()
             start()
         except BaseException as exc:  # handed to every waiter
             self.error = exc
@@ -63,16 +98,20 @@ class Boot:
 
     def wait(self, slice_s: float | None = None) -> bool:
         """``True`` once the start ended well; ``False`` after ``slice_s`` seconds (``None``: until
-        it ends). Raises the start's error, or :class:`ClusterError` past the deadline."""
+        it ends, and the start begins now if it has not). Raises the start's error, or
+        :class:`ClusterError` past the deadline."""
+        if slice_s is None:
+            self.begin()  # waited for: needed now
         end = time.monotonic() + slice_s if slice_s is not None else None
         while not self._done.is_set():
-            now = time.monotonic()
-            if now >= self.deadline:
+            now, deadline = time.monotonic(), self.deadline
+            if deadline is not None and now >= deadline:
                 raise ClusterError(f"the embedded Dask cluster did not start within {self.timeout:g} s; check "
                                    "the machine's load and free memory, or raise the cluster_timeout option")
             if end is not None and now >= end:
                 return False
-            self._done.wait(min(POLL, self.deadline - now, *([end - now] if end is not None else [])))
+            self._done.wait(min(POLL, *([deadline - now] if deadline is not None else []),
+                                *([end - now] if end is not None else [])))
         if self.error is not None:
             raise self.error
         return True
@@ -92,6 +131,9 @@ class HeadStartHandle(WindowHandle):
         self._remote: WindowHandle | None = None
         self.released = False
         self.chunks_here = 0  # chunks computed here so far (set by the head start's thread)
+        self.chunks_planned = 0  # the window's chunks, once it began here
+        self.began: float | None = None  # time.monotonic() when it began here
+        self.last_chunk = 0.0  # time.monotonic() when its last chunk so far finished here
 
     def settle(self, value: WindowOutput | None = None, error: BaseException | None = None,
                remote: WindowHandle | None = None) -> None:
@@ -137,13 +179,16 @@ class HeadStart:
     """Windows queued until :meth:`hand_over`; a thread computes them here meanwhile, in priority
     order, each on a pool of ``threads`` threads, and appends ``(lane, window)`` to
     ``computed_here``. ``retry_remotely``: a window that fails here is sent to the cluster
-    instead of failing."""
+    instead of failing. ``stall``: the runner's stall timeout, which bounds :meth:`due`."""
 
     def __init__(self, spec: PipelineSpec, threads: int, retry_remotely: bool,
-                 computed_here: list[tuple[int, int]]):
-        self.spec, self.retry_remotely = spec, retry_remotely
+                 computed_here: list[tuple[int, int]], stall: float = DEFAULT_STALL):
+        self.spec, self.retry_remotely, self.stall = spec, retry_remotely, float(stall)
         self.computed_here = computed_here  # (lane, window) of each window computed here, appended
-        self.boot: Boot | None = None  # the cluster's start, which ends in hand_over or fail
+        self.boot: Boot | None = None  # the cluster's start, begun once the first window is done; ends in hand_over or fail
+        self._made = time.monotonic()
+        self._lead: HeadStartHandle | None = None  # the first window taken here
+        self._lead_done = False  # computed or failed here
         self._cond = threading.Condition()
         self._queue: list[tuple[int, int, HeadStartHandle]] = []  # (-priority, order, handle)
         self._order = 0
@@ -177,6 +222,8 @@ class HeadStart:
                     handle = heapq.heappop(self._queue)[2]
                 if handle.released:
                     continue
+                if self._lead is None:
+                    self._lead = handle
                 try:
                     value = narrowed(self._compute(handle))  # held until taken, as the cluster's are
                 except BaseException as exc:
@@ -184,6 +231,10 @@ class HeadStart:
                 else:
                     self.computed_here.append((handle.graph.lane, handle.graph.window))
                     handle.settle(value=value)
+                if handle is self._lead:
+                    self._lead_done = True
+                    if self.boot is not None:
+                        self.boot.begin()  # the first batch's window is done: the cores are the cluster's
                 self.first_window.set()
         finally:
             if self._pool is not None:
@@ -195,9 +246,11 @@ class HeadStart:
         graph = handle.graph
         split = window_graph(self.spec, graph.lane, graph.window) if graph.fused else graph
         chunk_keys = set(split.chunk_keys)
+        handle.chunks_planned, handle.began = len(chunk_keys), time.monotonic()
 
         def finished(key, result, dsk, state, worker_id) -> None:  # on the thread that schedules them
             if key in chunk_keys:
+                handle.last_chunk = time.monotonic()  # before the count: due() reads the count first
                 handle.chunks_here += 1
 
         callbacks = [(None, None, None, finished, None)]  # dask.local's (start, start_state, pretask, posttask, finish)
@@ -244,6 +297,24 @@ class HeadStart:
             self._cond.notify_all()
         for handle in waiting:
             handle.settle(error=error)
+
+    def due(self) -> float:
+        """Seconds until the cluster's start must begin (see the module docstring): 0 once the
+        first window taken here is done; while it computes, :data:`PACE_MARGIN` times the time
+        its chunks predict from those done (at least :data:`ALONE_AT_LEAST`; ``stall`` seconds
+        before the first), from when it began; ``stall`` seconds from this head start's making
+        while no window has begun."""
+        if self._lead_done:
+            return 0.0
+        lead = self._lead
+        began = lead.began if lead is not None else None
+        if lead is None or began is None:
+            return self._made + self.stall - time.monotonic()
+        done = lead.chunks_here
+        if done == 0:
+            return began + self.stall - time.monotonic()
+        predicted = (lead.last_chunk - began) * lead.chunks_planned / done
+        return began + max(ALONE_AT_LEAST, PACE_MARGIN * predicted) - time.monotonic()
 
     def check_boot(self) -> None:
         """Raise if the cluster's start failed or is past its deadline."""
