@@ -90,6 +90,7 @@ def _consume_after(pipeline, fault) -> tuple[list, BaseException | None]:
 
 def test_closed_port_fails_within_seconds_naming_the_address(corpus_dir):
     import dask
+    import distributed  # noqa: F401  (imported here, its config defaults outlive dask.config.set below)
 
     address = f"tcp://127.0.0.1:{_free_port()}"
     p = build(corpus_dir, address=address)

@@ -46,6 +46,8 @@ import subprocess
 import sys
 import tempfile
 
+from ..errors import ClusterError
+
 # what the scheduler and a worker import: imported once, in the host, before it forks any
 PRELOAD = ("distributed", "zephon_dask.execution.spawned", "zephon_dask.execution.cluster",
            "zephon_dask.graph", "tokenizers")
@@ -146,7 +148,7 @@ class Host:
     def connect(self, fds: list[int]) -> tuple[int, int]:
         """Ask the host for a process (Python's forkserver protocol): ``(sentinel, data pipe)``."""
         if self._alive_w is None:
-            raise OSError("the embedded cluster's host is closed")
+            raise ClusterError("the embedded cluster's host is closed")  # an OSError, as the protocol's own
         return self._server.connect_to_new_process(fds)
 
     def close(self, timeout: float) -> None:
