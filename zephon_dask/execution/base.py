@@ -245,7 +245,6 @@ class Runner:
         many windows' ``stall_timeout`` that task may compute, by default one per window)."""
         return [self.submit(g, priority - i) for i, g in enumerate(graphs)]
 
-
     @property
     def shared(self) -> bool:
         """Whether other processes' pipelines may compute on the same workers."""

@@ -187,8 +187,7 @@ class HeadStart:
         self.computed_here = computed_here  # (lane, window) of each window computed here, appended
         self.boot: Boot | None = None  # the cluster's start, begun once the first window is done; ends in hand_over or fail
         self._made = time.monotonic()
-        self._lead: HeadStartHandle | None = None  # the first window taken here
-        self._lead_done = False  # computed or failed here
+        self._lead: HeadStartHandle | None = None  # the first window taken here (done: first_window)
         self._cond = threading.Condition()
         self._queue: list[tuple[int, int, HeadStartHandle]] = []  # (-priority, order, handle)
         self._order = 0
@@ -231,10 +230,8 @@ class HeadStart:
                 else:
                     self.computed_here.append((handle.graph.lane, handle.graph.window))
                     handle.settle(value=value)
-                if handle is self._lead:
-                    self._lead_done = True
-                    if self.boot is not None:
-                        self.boot.begin()  # the first batch's window is done: the cores are the cluster's
+                if handle is self._lead and self.boot is not None:
+                    self.boot.begin()  # the first batch's window is done: the cores are the cluster's
                 self.first_window.set()
         finally:
             if self._pool is not None:
@@ -304,7 +301,7 @@ class HeadStart:
         its chunks predict from those done (at least :data:`ALONE_AT_LEAST`; ``stall`` seconds
         before the first), from when it began; ``stall`` seconds from this head start's making
         while no window has begun."""
-        if self._lead_done:
+        if self.first_window.is_set():
             return 0.0
         lead = self._lead
         began = lead.began if lead is not None else None
