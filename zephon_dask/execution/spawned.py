@@ -154,20 +154,21 @@ class SchedulerProcess(ProcessInterface):
             with contextlib.suppress(OSError, ValueError):  # not written yet, or half-written
                 self.address = json.loads(path.read_text())["address"]
             if self.address is None:
-                if not self.running() or time.monotonic() > deadline:
+                if self.live_pid() is None or time.monotonic() > deadline:
                     await self.close()
                     raise ClusterError(f"the embedded cluster's scheduler did not start within {self.timeout:g} s "
                                        "(its errors are above, on stderr); raise cluster_timeout on a slow machine")
                 await asyncio.sleep(0.05)
         await super().start()
 
-    def running(self) -> bool:
+    def live_pid(self) -> int | None:
+        """The scheduler process's pid while it runs, else ``None``."""
         process = self.process
-        return process is not None and process.pid is not None and process.is_alive()
+        return process.pid if process is not None and process.pid is not None and process.is_alive() else None
 
     def pids(self) -> list[int]:
         """The scheduler's and the host's processes, those still running."""
-        pid = self.process.pid if self.running() and self.process is not None else None
+        pid = self.live_pid()
         return ([pid] if pid is not None else []) + ([self.host.pid] if self.host.running() else [])
 
     async def close(self) -> None:
@@ -192,10 +193,10 @@ def stop_schedulers() -> None:
     (``SIGTERM``), waiting for none: at interpreter exit, a cluster still starting is not waited
     for, and its processes neither outlive this process nor hold its stderr."""
     for scheduler in list(RUNNING):
-        process = scheduler.process
-        if process is not None and process.pid is not None and process.exitcode is None:
+        pid = scheduler.live_pid()
+        if pid is not None:
             with contextlib.suppress(OSError):
-                os.kill(process.pid, signal.SIGTERM)
+                os.kill(pid, signal.SIGTERM)
         scheduler.host.stop()
 
 
