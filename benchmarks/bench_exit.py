@@ -34,7 +34,6 @@ Each case runs real processes (training scripts as subprocesses, ``dask schedule
 from __future__ import annotations
 
 import argparse
-import contextlib
 import hashlib
 import json
 import os
@@ -50,6 +49,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # the repository: tests.helpers
+
+from tests.helpers.clusters import dask_cluster  # noqa: E402
+
 WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron".split()
 
 QUICKSTART = """
@@ -146,39 +149,6 @@ def run_script(text: str, *args: str, stdin: str | None = None, before=None) -> 
     out = "".join(lines) + rest
     mark = re.search(r"^mark (\d+\.\d+)", out, re.M)
     return wall, exited - float(mark.group(1)) if mark else float("nan"), out
-
-
-@contextlib.contextmanager
-def dask_cluster(workdir: Path, n_workers: int):
-    """``(address, scheduler process, worker processes)`` on 127.0.0.1, all stopped on exit."""
-    dask = str(Path(sys.executable).parent / "dask")
-    sched_file = workdir / "scheduler.json"
-    sched_file.unlink(missing_ok=True)
-    quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
-    procs = [subprocess.Popen([dask, "scheduler", "--host", "127.0.0.1", "--port", "0", "--no-dashboard",
-                               "--scheduler-file", str(sched_file)], **quiet)]
-    try:
-        deadline = time.monotonic() + 60
-        while not (sched_file.exists() and sched_file.stat().st_size):
-            if time.monotonic() > deadline:
-                raise TimeoutError("the scheduler did not start within 60 s")
-            time.sleep(0.1)
-        address = json.loads(sched_file.read_text())["address"]
-        procs += [subprocess.Popen([dask, "worker", address, "--nthreads", "1", "--no-nanny", "--no-dashboard",
-                                    "--host", "127.0.0.1", "--death-timeout", "20"], **quiet)
-                  for _ in range(n_workers)]
-        from distributed import Client
-
-        with Client(address, set_as_default=False, timeout=30) as client:
-            client.wait_for_workers(n_workers, timeout=60)
-        yield address, procs[0], procs[1:]
-    finally:
-        for p in procs:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(p.pid, signal.SIGCONT)
-                p.kill()
-        for p in procs:
-            p.wait(timeout=30)
 
 
 def pipeline(data: str, **options):

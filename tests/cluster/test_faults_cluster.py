@@ -6,10 +6,7 @@ so a wait without a deadline fails the test instead of hanging the run.
 
 from __future__ import annotations
 
-import contextlib
-import json
 import logging
-import os
 import re
 import signal
 import socket
@@ -20,12 +17,12 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.clusters import dask_cluster
 from tests.helpers.oracles import batch_rows, ref_group_stream
 from tests.helpers.pipelines import build
 from zephon_dask.errors import ClusterError, ClusterStallError, ConfigError, ZephonError
 from zephon_dask.pipeline.ranks import owned_lanes
 
-DASK = str(Path(sys.executable).parent / "dask")
 pytestmark = pytest.mark.timeout(120)
 
 
@@ -41,34 +38,6 @@ def _wait_for(predicate, what: str, limit: float = 60.0) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {limit} s waiting for {what}")
         time.sleep(0.1)
-
-
-@contextlib.contextmanager
-def dask_cluster(tmp_path, n_workers: int):
-    """``(address, scheduler process, worker processes)``: all stopped (and woken) on exit."""
-    sched_file = tmp_path / "scheduler.json"
-    quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
-    procs = [subprocess.Popen([DASK, "scheduler", "--host", "127.0.0.1", "--port", "0", "--no-dashboard",
-                               "--scheduler-file", str(sched_file)], **quiet)]
-    try:
-        _wait_for(lambda: sched_file.exists() and sched_file.stat().st_size > 0, "the scheduler file")
-        address = json.loads(sched_file.read_text())["address"]
-        for _ in range(n_workers):
-            procs.append(subprocess.Popen([DASK, "worker", address, "--nthreads", "1", "--no-nanny",
-                                           "--no-dashboard", "--host", "127.0.0.1", "--death-timeout", "20"],
-                                          **quiet))
-        from distributed import Client
-
-        with Client(address, set_as_default=False, timeout=30) as client:
-            client.wait_for_workers(n_workers, timeout=60)
-        yield address, procs[0], procs[1:]
-    finally:
-        for p in procs:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(p.pid, signal.SIGCONT)
-                p.kill()
-        for p in procs:
-            p.wait(timeout=30)
 
 
 def reference(pipeline):
