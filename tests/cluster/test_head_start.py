@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+import types
 from pathlib import Path
 
 import pytest
@@ -66,7 +67,7 @@ class ImportedBy:  # the thread that first imports distributed
 sys.meta_path.insert(0, ImportedBy())
 from tests.helpers.oracles import batch_rows
 from tests.helpers.pipelines import build
-p = build(Path(sys.argv[1]))
+p = build(Path(sys.argv[1]), retries=0)  # a window failing here raises
 with p:
     it = iter(p)
     first = batch_rows(next(it))
@@ -87,6 +88,16 @@ def test_the_first_batch_does_not_wait_for_the_distributed_import(corpus_dir):
     got = json.loads(out.stdout.strip().splitlines()[-1])
     assert got["imported_by_at_first_batch"] in (None, "zephon-cluster-start")
     assert [tuple(b) for b in got["batches"]] == reference(build(corpus_dir))
+
+
+def test_a_window_is_computed_here_while_another_thread_imports_distributed(corpus_dir, monkeypatch):
+    """While the cluster's start imports ``distributed`` on its thread, the module is in
+    ``sys.modules`` half made (no ``get_worker`` yet); a window the head start computes meanwhile
+    is made here, not failed."""
+    p = build(corpus_dir)
+    monkeypatch.setitem(sys.modules, "distributed", types.ModuleType("distributed"))
+    out = compute_window(p.spec, 0, 0)
+    assert out.made.worker.startswith("pid ")
 
 
 def _windows(spec, n):

@@ -863,9 +863,10 @@ def close_open_runners() -> None:
             runner.close()
         except Exception:  # best effort at exit: the next runner still gets closed
             pass
-    spawned = sys.modules.get(f"{__package__}.spawned")  # imported by every embedded cluster's start
-    if spawned is not None:
-        spawned.stop_schedulers()  # of clusters still starting (closed runners' starts, going on in the background)
+    # imported by every embedded cluster's start (none yet: no attribute, or a start still importing it)
+    stop_schedulers = getattr(sys.modules.get(f"{__package__}.spawned"), "stop_schedulers", None)
+    if stop_schedulers is not None:
+        stop_schedulers()  # of clusters still starting (closed runners' starts, going on in the background)
 
 
 atexit.register(close_open_runners)
