@@ -479,8 +479,12 @@ class DistributedRunner(Runner):
         self._planned_slots = n_workers * threads_per_worker
 
         def start() -> None:  # with a head start: once its first window is done (HeadStart.due)
+            closed = ClosedError("this distributed runner was closed before its embedded cluster started")
             if self._abandoned:  # closed before the cluster was needed: start nothing
-                raise ClosedError("this distributed runner was closed before its embedded cluster started")
+                raise closed
+            use_distributed()
+            if self._abandoned:  # closed while distributed was imported (a short run exiting): nor then
+                raise closed
             self._start_embedded(n_workers, threads_per_worker, dashboard_address, timeout)
 
         if not head_start:
