@@ -1,7 +1,9 @@
 """The ``distributed`` runner: windows as Dask tasks on a cluster. Holds the client.
 
 This module starts and talks to clusters (:mod:`.watch` waits on them, :mod:`.spawned`
-starts the embedded one's processes). By default the runner
+starts the embedded one's processes, :mod:`.plugins` trims its workers and scheduler); it
+imports ``distributed`` only on a path to a client or a cluster (:func:`use_distributed`),
+never before the head start's first window. By default the runner
 starts an embedded cluster (worker processes with one thread each, so a
 Hugging Face tokenizer never oversubscribes a core; its scheduler in a process
 of its own, it and the workers forked from one host process, see :mod:`.spawned`), fetches windows straight from the workers
@@ -191,8 +193,6 @@ def embedded_pids(cluster: SpecCluster) -> list[int]:
     scheduler = cluster.scheduler
     pids = scheduler.pids() if isinstance(scheduler, SchedulerProcess) else []
     return pids + [nanny.pid for nanny in list(cluster.workers.values()) if getattr(nanny, "pid", None)]
-
-
 
 
 def lost_result() -> tuple[type[BaseException], ...]:
