@@ -80,7 +80,7 @@ def run_pool(spec, pairs, workers: int) -> dict[str, float]:
 def run_dask(spec, pairs, workers: int, changes: dict) -> dict[str, float]:
     from distributed import Client, as_completed
 
-    from zephon_dask.execution import cluster
+    from zephon_dask.execution import cluster, plugins
 
     defaults = cluster.EMBEDDED_DEFAULTS
     cluster.EMBEDDED_DEFAULTS = {**defaults, **changes}
@@ -90,7 +90,7 @@ def run_dask(spec, pairs, workers: int, changes: dict) -> dict[str, float]:
         cluster.EMBEDDED_DEFAULTS = defaults
     client = Client(local, set_as_default=False)
     try:
-        client.register_plugin(cluster.TrimFreedMemory())
+        client.register_plugin(plugins.TrimFreedMemory())
         spec_f = client.scatter(spec, broadcast=True)
 
         def submit(chosen):

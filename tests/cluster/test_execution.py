@@ -141,7 +141,7 @@ def _plugins(dask_worker=None):
 
 def test_embedded_cluster_workers_and_the_consumer_give_freed_memory_back(corpus_dir, monkeypatch):
     from zephon_dask.execution import memory
-    from zephon_dask.execution.cluster import TrimFreedMemory
+    from zephon_dask.execution.plugins import TrimFreedMemory
 
     assert memory.trim_freed_memory()  # glibc on the machines we test on
     with build(corpus_dir, n_workers=1) as p:
@@ -161,16 +161,16 @@ def test_embedded_cluster_workers_and_the_consumer_give_freed_memory_back(corpus
 
 
 def test_workers_trim_between_tasks_at_most_once_a_second(monkeypatch):
-    from zephon_dask.execution import cluster
+    from zephon_dask.execution import plugins
 
     trims = []
-    monkeypatch.setattr(cluster, "trim_freed_memory", lambda: trims.append(1) or True)
-    plugin = cluster.TrimFreedMemory()
+    monkeypatch.setattr(plugins, "trim_freed_memory", lambda: trims.append(1) or True)
+    plugin = plugins.TrimFreedMemory()
     plugin.transition("k", "executing", "memory")
     plugin.transition("k", "ready", "executing")  # a task starting: no trim
     plugin.transition("k2", "executing", "memory")  # within the second: no trim
     assert trims == [1]
-    plugin._trimmed -= cluster.TRIM_AFTER_TASK_EVERY
+    plugin._trimmed -= plugins.TRIM_AFTER_TASK_EVERY
     plugin.transition("k2", "executing", "error")
     assert trims == [1, 1]
 
@@ -201,7 +201,8 @@ def test_windows_computed_ahead_wait_in_the_training_process_not_on_the_workers(
 def _scheduler_records(dask_scheduler, trim=False):
     from dask.utils import key_split
 
-    from zephon_dask.execution.cluster import SPAN_NAME, TrimSchedulerRecords
+    from zephon_dask.execution.cluster import SPAN_NAME
+    from zephon_dask.execution.plugins import TrimSchedulerRecords
 
     if trim:
         TrimSchedulerRecords.trim(dask_scheduler, keep=1, quiet=0)
@@ -222,7 +223,7 @@ def test_embedded_cluster_keeps_dasks_per_window_records_bounded(corpus_dir):
     # graph in the scheduler (without end); the client kept its last 1,000 messages; a span, and
     # a worker's metrics for it, per idle spell (a new default span each time every task was
     # done), never dropped, each listing its task groups
-    from zephon_dask.execution.cluster import TrimSchedulerRecords
+    from zephon_dask.execution.plugins import TrimSchedulerRecords
 
     with build(corpus_dir, n_workers=1, head_start=False) as p:
         for _ in range(3):  # every task done between two passes

@@ -3,9 +3,13 @@ cluster starts, the rest on the cluster, the same bytes either way."""
 
 from __future__ import annotations
 
+import json
 import pickle
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -47,6 +51,52 @@ def test_embedded_cluster_with_and_without_head_start_matches_reference(corpus_d
         assert here and here[0] == (0, 0)  # the first window the stream needs came from this process
     else:
         assert here == []
+
+
+FIRST_BATCH_SCRIPT = """
+import json, sys, threading
+from pathlib import Path
+
+class ImportedBy:  # the thread that first imports distributed
+    thread = None
+    def find_spec(self, name, path=None, target=None):
+        if name == "distributed" and ImportedBy.thread is None:
+            ImportedBy.thread = threading.current_thread().name
+
+sys.meta_path.insert(0, ImportedBy())
+from tests.helpers.oracles import batch_rows
+from tests.helpers.pipelines import build
+p = build(Path(sys.argv[1]), retries=0)  # a window failing here raises
+with p:
+    it = iter(p)
+    first = batch_rows(next(it))
+    at_first = ImportedBy.thread
+    rest = [batch_rows(b) for b in it]
+print(json.dumps({"imported_by_at_first_batch": at_first, "batches": [first, *rest]}))
+"""
+
+
+def test_the_first_batch_does_not_wait_for_the_distributed_import(corpus_dir):
+    """On the default runner (embedded cluster, head start), a fresh process has its first batch
+    without importing ``distributed`` on its own thread: only the cluster's start imports it, on
+    its thread, once the head start's first window is done; every batch is the reference's."""
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run([sys.executable, "-c", FIRST_BATCH_SCRIPT, str(corpus_dir)], cwd=root,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["imported_by_at_first_batch"] in (None, "zephon-cluster-start")
+    assert [tuple(b) for b in got["batches"]] == reference(build(corpus_dir))
+
+
+def test_a_window_is_computed_here_while_another_thread_imports_distributed():
+    """While the cluster's start imports ``distributed`` on its thread, the module is in
+    ``sys.modules`` half made (no ``get_worker`` yet); a window the head start computes meanwhile
+    is made here (in a fresh process: this one's ``distributed`` stays whole for other threads)."""
+    code = ("import sys, types; sys.modules['distributed'] = types.ModuleType('distributed'); "
+            "from zephon_dask.core.window import _here; print(_here())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.startswith("pid "), out.stderr[-3000:]
 
 
 def _windows(spec, n):

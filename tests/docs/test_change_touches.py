@@ -72,10 +72,15 @@ def test_a_new_runner_needs_its_class_and_a_registry_entry(monkeypatch):
     assert "no Dask dashboard" in str(base.options(runner="inline").explain())
 
 
-def test_the_runner_registry_imports_distributed_only_when_asked():
+def test_the_runner_registry_imports_a_runners_module_only_when_asked():
+    """Looking the distributed runner up imports its module, which imports ``distributed`` only
+    once a cluster or a client is used (:func:`~zephon_dask.execution.cluster.use_distributed`)."""
     code = ("import sys, zephon_dask.pipeline, zephon_dask.execution as e; "
+            "assert 'zephon_dask.execution.cluster' not in sys.modules; "
+            "assert e.RUNNERS['distributed'].has_dashboard and 'zephon_dask.execution.cluster' in sys.modules; "
             "assert 'distributed' not in sys.modules; "
-            "assert e.RUNNERS['distributed'].has_dashboard and 'distributed' in sys.modules")
+            "from zephon_dask.execution.cluster import use_distributed; use_distributed(); "
+            "assert 'distributed' in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 
 

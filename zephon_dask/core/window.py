@@ -58,7 +58,9 @@ def _here() -> str:
     if distributed is not None:
         try:
             return str(distributed.get_worker().address)
-        except ValueError:  # not in a worker
+        # not in a worker; AttributeError: distributed is still being imported, by another thread
+        # of this process (the embedded cluster's start, beside the head start): not a worker either
+        except (ValueError, AttributeError):
             pass
     return f"pid {os.getpid()} ({threading.current_thread().name})"
 

@@ -1,7 +1,9 @@
 """The ``distributed`` runner: windows as Dask tasks on a cluster. Holds the client.
 
 This module starts and talks to clusters (:mod:`.watch` waits on them, :mod:`.spawned`
-starts the embedded one's processes). By default the runner
+starts the embedded one's processes, :mod:`.plugins` trims its workers and scheduler); it
+imports ``distributed`` only on a path to a client or a cluster (:func:`use_distributed`),
+never before the head start's first window. By default the runner
 starts an embedded cluster (worker processes with one thread each, so a
 Hugging Face tokenizer never oversubscribes a core; its scheduler in a process
 of its own, it and the workers forked from one host process, see :mod:`.spawned`), fetches windows straight from the workers
@@ -34,13 +36,9 @@ import time
 import weakref
 from collections.abc import Callable, Generator, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import dask
-from distributed import CancelledError, Client, LocalCluster, SpecCluster
-from distributed.comm import CommClosedError
-from distributed.diagnostics.plugin import SchedulerPlugin, WorkerPlugin
-from tornado.ioloop import PeriodicCallback
 
 from ..core.spec import PipelineSpec
 from ..errors import ClosedError, ClusterError
@@ -48,10 +46,7 @@ from ..graph import GroupGraph, WindowGraph, group_graph
 from ..graph import keys as graph_keys
 from . import dask_compat
 from .base import GroupResult, MemberHandle, Runner, WindowHandle
-from .dask_compat import forget_key_names
 from .head_start import Boot, HeadStart
-from .memory import TRIM_EVERY, trim_freed_memory
-from .spawned import SchedulerProcess, spawned_cluster, stop_schedulers
 from .task_errors import raise_if_failed, settled
 from .watch import (
     DEFAULT_STALL,
@@ -61,6 +56,9 @@ from .watch import (
     ClusterWatch,
     probe_address,
 )
+
+if TYPE_CHECKING:
+    from distributed import Client, SpecCluster
 
 logger = logging.getLogger(__name__)
 LOCAL_HOST = "127.0.0.1"
@@ -117,6 +115,28 @@ def embedded_config() -> dict[str, Any]:
             if dask.config.get(key, None) == dask.config.get(key, None, config=dask_defaults)}
 
 
+_DISTRIBUTED_LOCK = threading.Lock()
+_distributed_ready = False  # use_distributed() ran
+
+
+def use_distributed() -> None:
+    """Import ``distributed`` (~0.4 s of CPU, more under load), give it a generator of its own
+    (:func:`~.dask_compat.isolate_jitter`) and run :func:`close_open_runners` at exit before the
+    exit handlers ``distributed`` registers on import; once per process. Every path to a client or
+    a cluster calls it first; the embedded cluster's head start does not, so the first batch never
+    waits for it (the cluster's start does, on its own thread)."""
+    global _distributed_ready
+    with _DISTRIBUTED_LOCK:
+        if _distributed_ready:
+            return
+        import distributed  # noqa: F401
+
+        dask_compat.isolate_jitter()
+        atexit.unregister(close_open_runners)  # registered again: after Dask's, so it runs before them
+        atexit.register(close_open_runners)
+        _distributed_ready = True
+
+
 def local_cluster(n_workers: int | None, threads_per_worker: int = 1, processes: bool = True,
                   dashboard_address: str | None = f"{LOCAL_HOST}:0", timeout: float = DEFAULT_TIMEOUT) -> SpecCluster:
     """The embedded cluster: ``n_workers`` (default: one per core) with quiet logs and
@@ -125,6 +145,11 @@ def local_cluster(n_workers: int | None, threads_per_worker: int = 1, processes:
     workers with :data:`WORKER_ENV`, none importing the training script; otherwise a ``LocalCluster`` of threads of
     this process (sharing its env). The scheduler, the workers and the dashboard (``dashboard_address``; ``None``: no dashboard)
     listen on 127.0.0.1 only, unless ``dashboard_address`` names another interface."""
+    use_distributed()
+    from distributed import LocalCluster
+
+    from .spawned import spawned_cluster
+
     n = n_workers or os.cpu_count() or 1
     with dask.config.set(embedded_config()):
         if not processes:  # threads talk in-process
@@ -133,43 +158,7 @@ def local_cluster(n_workers: int | None, threads_per_worker: int = 1, processes:
         return spawned_cluster(n, threads_per_worker, LOCAL_HOST, dashboard_address, WORKER_ENV, timeout)
 
 
-class TrimFreedMemory(WorkerPlugin):
-    """A worker plugin of the embedded cluster: :func:`~.memory.trim_freed_memory` each time a task
-    ends, between tasks, at most once every :data:`TRIM_AFTER_TASK_EVERY` seconds (the workers keep
-    glibc's default thresholds and one heap, see :data:`EMBEDDED_DEFAULTS`, so what a window's
-    arrays freed would otherwise stay in the worker until a later window reuses it), and every
-    ``every`` seconds on the worker's event loop, with :func:`~.dask_compat.forget_key_names`. Holds its last
-    trim's time."""
-
-    name = "zephon-trim-freed-memory"
-
-    def __init__(self, every: float = TRIM_EVERY):
-        self.every = every
-        self._callback: PeriodicCallback | None = None
-        self._trimmed = 0.0
-
-    def setup(self, worker) -> None:
-        self._callback = PeriodicCallback(self._trim, self.every * 1000)
-        self._callback.start()
-
-    def transition(self, key, start, finish, **kwargs) -> None:
-        if start == "executing" and time.monotonic() - self._trimmed >= TRIM_AFTER_TASK_EVERY:
-            self._trimmed = time.monotonic()
-            trim_freed_memory()
-
-    def _trim(self) -> None:
-        self._trimmed = time.monotonic()
-        trim_freed_memory()
-        forget_key_names()
-
-    def teardown(self, worker) -> None:
-        if self._callback is not None:
-            self._callback.stop()
-
-
 SPAN_NAME = ("zephon-dask",)  # the span every window of a runner is submitted under, one id a client
-SPANS_KEPT = 10  # finished default spans the embedded cluster's scheduler keeps (its latest computations)
-SPAN_QUIET_S = 60.0  # seconds a finished span is kept at least: a worker's metrics for it come within a heartbeat
 
 
 def _outcome_retrieved(task: asyncio.Future) -> None:
@@ -178,37 +167,13 @@ def _outcome_retrieved(task: asyncio.Future) -> None:
         task.exception()
 
 
-class TrimSchedulerRecords(SchedulerPlugin):
-    """A scheduler plugin of the embedded cluster: every ``every`` seconds,
-    :func:`~.memory.trim_freed_memory`, :func:`~.dask_compat.forget_key_names` and
-    :func:`~.dask_compat.forget_finished_spans` (finished default spans but the last
-    :data:`SPANS_KEPT`, forgotten task groups of :data:`SPAN_NAME`, repeated collection entries)."""
-
-    name = "zephon-trim-scheduler-records"
-
-    def __init__(self, every: float = TRIM_EVERY):
-        self.every = every
-        self._callback: PeriodicCallback | None = None
-
-    async def start(self, scheduler) -> None:
-        self._callback = PeriodicCallback(lambda: self.trim(scheduler), self.every * 1000)
-        self._callback.start()
-
-    @staticmethod
-    def trim(scheduler, keep: int = SPANS_KEPT, quiet: float = SPAN_QUIET_S) -> None:
-        trim_freed_memory()
-        forget_key_names()
-        dask_compat.forget_finished_spans(scheduler, SPAN_NAME, keep, quiet)
-
-    async def close(self) -> None:
-        if self._callback is not None:
-            self._callback.stop()
-
-
 def open_client(address: str, timeout: float = DEFAULT_TIMEOUT) -> Client:
     """A client of the scheduler at ``address``: a closed port fails within seconds, a scheduler
     that does not answer within ``timeout`` seconds fails then (both :class:`ClusterError`)."""
     probe_address(address)
+    use_distributed()
+    from distributed import Client
+
     try:
         return Client(address, set_as_default=False, timeout=timeout)
     except (OSError, TimeoutError) as exc:
@@ -220,34 +185,29 @@ def _spec_value(spec: PipelineSpec) -> PipelineSpec:
     return spec
 
 
-class QuietClose(WorkerPlugin):
-    """A worker plugin of the embedded cluster: once the worker starts closing (its plugins are
-    torn down first), its logs have nothing more to say; without this, a heartbeat that meets the
-    closing scheduler logs a 30-line "Failed to communicate with scheduler during heartbeat"
-    traceback at ERROR. Nothing is asked of the workers when the cluster closes."""
-
-    name = "zephon-quiet-close"
-
-    def teardown(self, worker) -> None:
-        for name in ("distributed.worker", "distributed.nanny", "distributed.core", "distributed.comm"):
-            logging.getLogger(name).setLevel(logging.CRITICAL)
-
-
 def embedded_pids(cluster: SpecCluster) -> list[int]:
     """The processes of the embedded ``cluster`` still running: its scheduler's and its host's
     (:mod:`.spawned`) and its workers' (one per nanny)."""
+    from .spawned import SchedulerProcess
+
     scheduler = cluster.scheduler
     pids = scheduler.pids() if isinstance(scheduler, SchedulerProcess) else []
     return pids + [nanny.pid for nanny in list(cluster.workers.values()) if getattr(nanny, "pid", None)]
 
 
-LOST_RESULT = (CancelledError, CommClosedError, OSError)
+def lost_result() -> tuple[type[BaseException], ...]:
+    """The errors of a gather whose result was lost with its worker (computed again)."""
+    from distributed import CancelledError
+    from distributed.comm import CommClosedError
+
+    return CancelledError, CommClosedError, OSError
+
+
 RESUBMITS = 3
 SILENT_AFTER = 3.0  # seconds without a heartbeat (at least) before a worker counts as frozen
 # CPU seconds of Dask's control plane per task (client, scheduler, workers' event loops: ~8 messages
 # and a graph unpickle), measured by benchmarks/bench_scale.py with one window per task: 6-8 ms
 TASK_CPU = 0.006
-TRIM_AFTER_TASK_EVERY = 1.0  # seconds: a worker trims when a task ends, at most this often (~1 ms a trim)
 EARLY_FETCHES = 2  # results fetched ahead of the consumer at once (a client gathers 5 at once in all)
 
 
@@ -405,7 +365,7 @@ class DistributedHandle(WindowHandle):
                 runner.watch.check_open()
                 exc.add_note(f"zephon_dask: while computing {self.graph.label}")
                 raise
-            except LOST_RESULT as exc:
+            except lost_result() as exc:
                 if done.status == "error":  # the task's own error (an OSError), after Dask's retries
                     exc.add_note(f"zephon_dask: while computing {self.graph.label}")
                     raise
@@ -519,8 +479,12 @@ class DistributedRunner(Runner):
         self._planned_slots = n_workers * threads_per_worker
 
         def start() -> None:  # with a head start: once its first window is done (HeadStart.due)
+            closed = ClosedError("this distributed runner was closed before its embedded cluster started")
             if self._abandoned:  # closed before the cluster was needed: start nothing
-                raise ClosedError("this distributed runner was closed before its embedded cluster started")
+                raise closed
+            use_distributed()
+            if self._abandoned:  # closed while distributed was imported (a short run exiting): nor then
+                raise closed
             self._start_embedded(n_workers, threads_per_worker, dashboard_address, timeout)
 
         if not head_start:
@@ -544,6 +508,10 @@ class DistributedRunner(Runner):
             if self._abandoned:
                 close_cluster(cluster)
                 raise ClosedError("this distributed runner was closed while its embedded cluster started")
+            from distributed import Client
+
+            from .plugins import QuietClose, TrimFreedMemory, TrimSchedulerRecords
+
             with dask.config.set(embedded_config()):  # the client's own message log is bounded too
                 client = Client(cluster, set_as_default=False, direct_to_workers=True)
             with self._adopt:
@@ -567,6 +535,7 @@ class DistributedRunner(Runner):
             self._head = None  # windows go to the cluster from now on
 
     def _connect(self, client: Client, address: str | None, timeout: float) -> None:
+        use_distributed()
         self._client = client
         self.watch = ClusterWatch(client, timeout, address)
         # A task, not scattered data: if the worker holding it dies, the
@@ -686,6 +655,8 @@ class DistributedRunner(Runner):
         client = self._client
         if client is None:
             return None
+
+        from distributed import CancelledError
 
         async def fetch() -> list:
             await dask_compat.until_done([future])  # a result lost with its worker is waited for again
@@ -876,6 +847,8 @@ def close_cluster(cluster: SpecCluster) -> None:
     for pid in embedded_pids(cluster):
         with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGKILL)
+    from .spawned import SchedulerProcess
+
     if isinstance(cluster.scheduler, SchedulerProcess):
         cluster.scheduler.host.stop()  # its socket: a host killed removes nothing
 
@@ -894,7 +867,10 @@ def close_open_runners() -> None:
             runner.close()
         except Exception:  # best effort at exit: the next runner still gets closed
             pass
-    stop_schedulers()  # of clusters still starting (closed runners' starts, going on in the background)
+    # imported by every embedded cluster's start (none yet: no attribute, or a start still importing it)
+    stop_schedulers = getattr(sys.modules.get(f"{__package__}.spawned"), "stop_schedulers", None)
+    if stop_schedulers is not None:
+        stop_schedulers()  # of clusters still starting (closed runners' starts, going on in the background)
 
 
 atexit.register(close_open_runners)
@@ -907,6 +883,9 @@ def connect(client=None, address: str | None = None, n_workers: int | None = Non
     on an embedded cluster (:func:`local_cluster`: ``n_workers`` or all cores, one thread each;
     worker processes with :data:`WORKER_ENV`, or threads of this process with ``processes=False``). Closes only
     what it started."""
+    use_distributed()
+    from distributed import Client
+
     if client is not None:
         yield client
         return

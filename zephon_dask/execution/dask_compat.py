@@ -3,6 +3,9 @@ context :func:`processes_from` names (a ``ContextVar``); :func:`isolate_jitter` 
 ``distributed``'s modules a generator of their own, :func:`processes_from` two of them a
 ``get_mp_context`` of ours.
 
+Importing this module does not import ``distributed`` (~0.4 s of CPU: the first batch of the
+embedded cluster's head start does not wait for it); each function using it imports it.
+
 The rest of the package uses Dask's public API only: ``tests/docs/test_architecture.py`` refuses a
 private Dask name, a private keyword or an internal ``distributed`` module anywhere else. Each item
 below says why it is needed and what breaks if Dask changes it; ``tests/cluster/test_dask_compat.py`` has
@@ -15,23 +18,16 @@ from __future__ import annotations
 
 import os
 import random
+import sys
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 
 import dask
-import distributed.comm.core
-import distributed.nanny
-import distributed.process
-import distributed.proctitle
-import distributed.utils
-import distributed.utils_comm
 from dask._expr import LLGExpr
 from dask.task_spec import Task
 from dask.utils import key_split
-from distributed.client import FIRST_COMPLETED, _wait
-from distributed.nanny import _get_env_variables
 
 # -- tasks and submission ------------------------------------------------------------------------
 
@@ -71,6 +67,8 @@ def wait_first(client, futures: Sequence, timeout: float, deadline: float) -> No
     library's clients are never the default: ``set_as_default=False``), and without a deadline of
     its own. It is ``client.sync(_wait, ...)``, as here. If ``_wait`` moves: ``ImportError``
     (``test_wait_first_returns_at_the_first_done_future``)."""
+    from distributed.client import FIRST_COMPLETED, _wait
+
     client.sync(_wait, list(futures), timeout=timeout, return_when=FIRST_COMPLETED, callback_timeout=deadline)
 
 
@@ -78,6 +76,8 @@ async def until_done(futures: Sequence) -> None:
     """On the client's event loop: return once every one of ``futures`` is done (a result lost with
     its worker is waited for again). Why and what breaks: as :func:`wait_first` (no public
     coroutine waits for a future without fetching its result)."""
+    from distributed.client import _wait
+
     await _wait(list(futures))
 
 
@@ -178,12 +178,16 @@ def isolate_jitter() -> None:
     result from and jitters its retries with Python's global ``random`` in those modules, which
     would move a framework's restored RNG state. If the draws move to another module: no error,
     the global RNG moves again (``test_distributed_draws_nothing_from_the_global_random``)."""
+    import distributed.comm.core
+    import distributed.utils_comm
+
     for module in (distributed.utils_comm, distributed.comm.core):
         if not isinstance(vars(module).get("random"), random.Random):
             vars(module)["random"] = random.Random()
 
 
-isolate_jitter()
+if "distributed" in sys.modules:  # otherwise the runner calls it when it imports distributed
+    isolate_jitter()
 
 
 # -- the embedded cluster's processes -------------------------------------------------------------
@@ -193,11 +197,15 @@ _PROCESSES_FROM: ContextVar = ContextVar("zephon_dask_processes_from", default=N
 
 def _get_mp_context():
     """``distributed.utils.get_mp_context``, unless :func:`processes_from` names another context."""
+    import distributed.utils
+
     return _PROCESSES_FROM.get() or distributed.utils.get_mp_context()
 
 
 def _enable_proctitle_on_children() -> None:
     """``distributed.proctitle.enable_proctitle_on_children``, outside :func:`processes_from`."""
+    import distributed.proctitle
+
     if _PROCESSES_FROM.get() is None:
         distributed.proctitle.enable_proctitle_on_children()
 
@@ -222,6 +230,9 @@ def processes_from(context) -> Iterator[None]:
     host that variable). If Dask renames or moves these: ``AttributeError`` here; if it stops calling
     them: workers are spawned as Dask's own, or this process's environment changes, no error
     (``test_a_nanny_starts_its_worker_from_the_context_named``)."""
+    import distributed.nanny
+    import distributed.process
+
     for module in (distributed.nanny, distributed.process):
         vars(module)["get_mp_context"] = _get_mp_context
     vars(distributed.nanny)["enable_proctitle_on_children"] = _enable_proctitle_on_children
@@ -244,6 +255,8 @@ def worker_environ(env: dict[str, str]) -> dict[str, str]:
     (``distributed.nanny._get_env_variables`` and its ``PYTHONHASHSEED`` default). If that changes:
     ``ImportError``, or the host's environment differs from a nanny's
     (``test_the_worker_environ_is_the_nannys``)."""
+    from distributed.nanny import _get_env_variables
+
     pre_spawn = _get_env_variables("distributed.nanny.pre-spawn-environ")
     if pre_spawn.get("PYTHONHASHSEED") in (None, "0"):
         pre_spawn["PYTHONHASHSEED"] = "6640"

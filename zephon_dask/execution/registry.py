@@ -12,6 +12,7 @@ attributes there) and one line here.
 from __future__ import annotations
 
 import importlib
+import sys
 from collections.abc import Iterator, MutableMapping
 
 from ..core.spec import PipelineSpec
@@ -65,8 +66,11 @@ def choose_runner(options: dict) -> str:
 
 def session_client():
     """The Dask client this process made current (``Client(...)`` does, unless told
-    ``set_as_default=False``), or ``None``."""
-    from distributed import default_client  # only the distributed runner needs it
+    ``set_as_default=False``), or ``None``; ``None`` without importing ``distributed`` if nothing in
+    this process has (no client can exist then)."""
+    if "distributed" not in sys.modules:
+        return None
+    from distributed import default_client
 
     try:
         client = default_client()

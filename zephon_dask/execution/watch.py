@@ -23,8 +23,6 @@ import socket
 import time
 from collections.abc import Sequence
 
-from distributed import CancelledError
-
 from ..errors import ClusterError, ClusterStallError
 from ..options import BY_NAME as OPTIONS
 from . import dask_compat
@@ -122,6 +120,8 @@ class ClusterWatch:
         every :data:`CHECK_EVERY` seconds while no fault is pending (each RPC costs this process's
         event loop CPU while it waits on slower workers), at most every :data:`POLL` seconds while
         one is. Fetches no result. :attr:`waits` counts the slices, :attr:`checks` the RPCs."""
+        from distributed import CancelledError  # a client exists: distributed is imported
+
         live = [f for f in futures if f is not None]
         self.check_open()
         done = next((f for f in live if f.done()), None)
@@ -150,6 +150,8 @@ class ClusterWatch:
         waits for a lost result, Dask's gather leaves orphaned tasks that log at exit). A slice
         counts in :attr:`waits`. ``fetching``: a fetch of ``future`` already under way (its value a
         one-item list, as a gather's), waited for instead of starting one."""
+        from distributed import CancelledError  # a client exists: distributed is imported
+
         self.check_open()
         client = self.client
         if fetching is None:
