@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+import torch
 from transformers import LlamaConfig, LlamaForCausalLM, TrainingArguments
 
 import zephon_dask as z
@@ -62,4 +63,8 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    finally:  # every rank ends its process group: gloo threads left at exit can abort the process
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()

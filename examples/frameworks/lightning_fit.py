@@ -69,4 +69,8 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    finally:  # every rank ends its process group: gloo threads left at exit can abort the process
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()

@@ -18,6 +18,7 @@ import argparse
 import json
 from pathlib import Path
 
+import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 from trl import SFTConfig, SFTTrainer
@@ -87,4 +88,8 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    finally:  # every rank ends its process group: gloo threads left at exit can abort the process
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()

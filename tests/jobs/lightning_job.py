@@ -23,6 +23,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository: tests.helpers
 
+import torch.distributed  # noqa: E402
+
 from tests.helpers.frameworks import SAVE_AT, STEPS, hf_pipeline, lightning_fit  # noqa: E402
 from zephon_dask.errors import ConfigError  # noqa: E402
 
@@ -55,4 +57,9 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    try:
+        code = main()
+    finally:  # gloo threads left running at exit may abort the process (SIGABRT): torch asks for this
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+    raise SystemExit(code)
