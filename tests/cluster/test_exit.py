@@ -31,6 +31,23 @@ for batch in p:
     pass
 """
 
+USER_MAP_ERROR = """
+import zephon_dask as z
+
+def body(record):  # the user's bug: a field some records lack
+    if len(record["text"]) % 4 == 0:
+        with open({calls!r}, "a") as f:  # a probe of the test: one line per call that raises
+            f.write(repr(record["text"][:60]) + "\\n")
+        return {{"text": record["body"]}}
+    return record
+
+ds = z.Dataset.from_jsonl("web", {data!r}, progress=False)
+p = (z.Pipeline(z.MixtureWorkSource([ds], chunk_size=12, seed=1)).map(body).tokenize().pack(96).batch(3)
+     .options(canonical_replicas=2, n_workers=2, head_start={head_start}, retries=2))
+for batch in p:
+    pass
+"""
+
 SHORT_RUN = """
 import sys
 sys.path.insert(0, {root!r})
@@ -104,6 +121,27 @@ def test_a_data_error_on_the_default_runner_fails_once_quietly_and_exits(corpus_
     assert any(line.startswith("zephon_dask.errors.MissingFieldError: dataset 'web'") and "'body'" in line
                for line in error[-4:]), out[-3000:]
     assert len(error) < 100, out  # was 183 lines with 18 "Compute Failed" blocks before the message
+    wait_until_gone(started)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("head_start", [True, False])
+def test_an_error_in_the_users_map_is_raised_once_not_retried(corpus_dir, tmp_path, head_start):
+    """A ``map`` raising ``KeyError`` on some records: a window is a pure function, so the same
+    error would come back on every retry. Each failing record is tried once (``retries=2`` is
+    not spent on it), no "Compute Failed" from the workers, one traceback ending in the
+    user's error and the record's place."""
+    script, calls = tmp_path / "train.py", tmp_path / "calls.txt"
+    script.write_text(USER_MAP_ERROR.format(data=str(corpus_dir / "web"), calls=str(calls), head_start=head_start))
+    code, out, started = run_script(script)
+    assert code == 1, out[-3000:]
+    tried = calls.read_text().splitlines()
+    assert tried and len(tried) == len(set(tried)), tried  # was each 3 times: the try and 2 retries
+    assert out.count("Traceback (most recent call last)") == 1, out[-6000:]
+    assert "Compute Failed" not in out, out[-6000:]
+    error = out.strip().splitlines()
+    assert "KeyError: 'body'" in error[-4:] and any("map failed on dataset 'web'" in line for line in error[-4:]), out
+    assert len(error) < 100, out
     wait_until_gone(started)
 
 

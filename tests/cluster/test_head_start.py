@@ -132,11 +132,14 @@ def test_windows_are_computed_here_in_priority_order_then_handed_to_the_cluster(
     assert computed == pairs[:len(computed)] and sent == pairs[len(computed):]
 
 
+@pytest.mark.parametrize("error", [RuntimeError, ConnectionResetError])
 @pytest.mark.parametrize("retry_remotely", [False, True])
-def test_a_window_that_fails_here_fails_with_its_pointer_or_goes_to_the_cluster(corpus_dir, retry_remotely):
+def test_a_window_that_fails_here_fails_with_its_pointer_or_goes_to_the_cluster(corpus_dir, retry_remotely, error):
+    """The user's own exception would come back on every try: it fails here. An I/O error (from
+    outside the window's pure function) goes to the cluster, if the runner has one."""
     def explode(rec):
         if "web 1/7 " in rec["text"]:
-            raise RuntimeError("bad record")
+            raise error("bad record")
         return rec
 
     web = z.Dataset.from_jsonl("web", str(corpus_dir / "web"), progress=False)
@@ -154,17 +157,17 @@ def test_a_window_that_fails_here_fails_with_its_pointer_or_goes_to_the_cluster(
         return SynchronousRunner(spec).submit(graph, priority)
 
     head.hand_over(send)
-    with pytest.raises(RuntimeError, match="bad record") as info:
+    with pytest.raises(error, match="bad record") as info:
         handle.result()
     notes = "\n".join(info.value.__notes__)
     assert f"lane {bad[0]}, window {bad[1]}" in notes and "offset 7" in notes
-    assert sent == ([bad] if retry_remotely else [])
+    assert sent == ([bad] if retry_remotely and error is ConnectionResetError else [])
 
 
 def _fails(spec, lane, w) -> bool:
     try:
         compute_window(spec, lane, w)
-    except RuntimeError:
+    except (RuntimeError, OSError):
         return True
     return False
 

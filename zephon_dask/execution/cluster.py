@@ -916,7 +916,8 @@ def each_completed(client: Client, fn: Callable, shared: tuple, calls: Sequence[
     lost with its worker before its result reached this process is rerun by the
     scheduler; once read, a result is released, so no later worker loss reruns it. On
     exit (close the generator, e.g. with ``contextlib.closing``) every future is
-    cancelled, so the client forgets the keys before a later run submits them again.
+    cancelled. ``keys`` and ``shared_key`` must be unique to the call: a cancel is
+    asynchronous, and a key submitted again meanwhile is cancelled with the old one.
     Waits go through a :class:`ClusterWatch` (``timeout`` seconds without scheduler or
     worker raise :class:`~zephon_dask.errors.ClusterStallError`).
     """

@@ -1,17 +1,17 @@
-"""Errors of data and configuration raised inside a task: carried back as a value, raised once here.
+"""Errors raised inside a task that the same task would raise again: carried back as a value, raised once here.
 
-A :class:`~zephon_dask.errors.ZephonError` about the data or the configuration
-(a missing field, a malformed file, a bad setting: :func:`is_final`) gives the
-same error however often the task runs. Dask would retry it (``retries=``) and
-log each failure on the worker ("Compute Failed", a traceback each), so the
-distributed runner's tasks run through :func:`settle`, which returns such an
-error as a :class:`TaskError` instead of raising it: the task succeeds, nothing
-is retried or logged at ERROR, and the handle raises the error in the training
-process (:meth:`TaskError.reraise`), with the worker's traceback at DEBUG.
-Worker loss, I/O errors (``OSError``, timeouts) and the user's own exceptions
-still fail the task, so Dask's retries still apply to them. A window :func:`settle`
-returns is narrowed (:func:`~zephon_dask.core.window.narrowed`), so the worker holds it, and
-sends it, in its smallest integer types. Holds no state.
+Every window is a pure function of the configuration (a ``map``'s function must be pure too), so
+an exception raised while computing one comes back every time the task runs, unless it comes from
+outside: I/O errors and timeouts (``OSError``, ``TimeoutError``: a file server or a cluster may
+recover) and ``MemoryError`` (another worker may have room). Dask would retry every other one
+(``retries=``) and log each failure on the worker ("Compute Failed", a traceback each), so the
+distributed runner's tasks run through :func:`settle`, which returns such an error (:func:`is_final`)
+as a :class:`TaskError` instead of raising it: the task succeeds, nothing is retried or logged at
+ERROR, and the handle raises the error in the training process (:meth:`TaskError.reraise`), with
+the worker's traceback at DEBUG. Worker loss and the errors from outside still fail the task, so
+Dask's retries apply to them; so does an exception that would not unpickle in the training
+process. A window :func:`settle` returns is narrowed (:func:`~zephon_dask.core.window.narrowed`),
+so the worker holds it, and sends it, in its smallest integer types. Holds no state.
 """
 
 from __future__ import annotations
@@ -21,19 +21,20 @@ import traceback
 from dataclasses import dataclass
 from typing import Any
 
+import cloudpickle
 from dask.task_spec import Task
 
 from ..core.window import narrowed
-from ..errors import ZephonError
 from .dask_compat import task
 
 logger = logging.getLogger(__name__)
+FROM_OUTSIDE = (OSError, TimeoutError, MemoryError)  # what running the task again may not meet
 
 
 def is_final(exc: BaseException) -> bool:
-    """Whether ``exc`` would be raised again by the same task: one of the library's own errors,
-    unless it is also an I/O error or a timeout (a file server or a cluster may recover)."""
-    return isinstance(exc, ZephonError) and not isinstance(exc, OSError | TimeoutError)
+    """Whether ``exc`` would be raised again by the same task (a pure function): any exception
+    but one from outside it (:data:`FROM_OUTSIDE`), the library's own errors and the user's."""
+    return isinstance(exc, Exception) and not isinstance(exc, FROM_OUTSIDE)
 
 
 @dataclass
@@ -68,9 +69,19 @@ def settle(func, *args: Any, **kwargs: Any) -> Any:
     try:
         return narrowed(func(*args, **kwargs))
     except Exception as exc:
-        if not is_final(exc):
+        if not is_final(exc) or not _travels(exc):
             raise
         return TaskError(exc, traceback.format_exc())
+
+
+def _travels(exc: BaseException) -> bool:
+    """Whether ``exc`` survives the trip to the training process as a value (a user's exception
+    class may not unpickle); one that does not is left to Dask, which reports it as it can."""
+    try:
+        cloudpickle.loads(cloudpickle.dumps(exc))
+    except Exception:
+        return False
+    return True
 
 
 def settled(tasks: dict[str, Task], producers: tuple[str, ...] = ()) -> dict[str, Task]:

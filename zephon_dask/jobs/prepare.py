@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 from contextlib import closing
 from dataclasses import dataclass
 from typing import Any
@@ -334,9 +335,10 @@ def prepare_tokens(
     fp = sha256_json({"url": url, **target})[:16]
 
     def run(client, fn, todo: list[int], kind: str, desc: str) -> dict[int, Any]:
-        keys = [f"zephon-{kind}-shard-{fp}-{i}" for i in range(len(ids))]
+        once = uuid.uuid4().hex[:8]  # keys of this run only: the store may have changed since the last
+        keys = [f"zephon-{kind}-shard-{fp}-{once}-{i}" for i in range(len(ids))]
         return _run_tasks(client, fn, (dataset, tokenize, dtype, storage_options), todo, calls, keys, ids,
-                          f"zephon-prepare-{fp}", f"{desc} {dataset.name}", progress)
+                          f"zephon-prepare-{fp}-{once}", f"{desc} {dataset.name}", progress)
 
     opts = zarr_options(str(out), storage_options)
     first = dataset.shards[0].path
