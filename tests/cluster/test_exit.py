@@ -6,6 +6,7 @@ it. Exit times are measured by ``benchmarks/bench_exit.py``, not asserted here."
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import threading
@@ -61,11 +62,13 @@ print("streamed", flush=True)
 """
 
 
-def run_script(path: Path) -> tuple[int, str, list[psutil.Process]]:
+def run_script(path: Path, tmpdir: Path | None = None) -> tuple[int, str, list[psutil.Process]]:
     """``(exit code, stdout and stderr, every process it started)``: run to its end (at most
-    :data:`EXIT_DEADLINE` seconds), its descendants recorded while it runs."""
+    :data:`EXIT_DEADLINE` seconds), its descendants recorded while it runs; with ``tmpdir``, its
+    temporary directory (``TMPDIR``)."""
+    env = {**os.environ, "TMPDIR": str(tmpdir)} if tmpdir is not None else None
     proc = subprocess.Popen([sys.executable, str(path)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)
+                            text=True, env=env)
     seen: dict[int, psutil.Process] = {}
     deadline = time.monotonic() + EXIT_DEADLINE
     try:
@@ -80,13 +83,6 @@ def run_script(path: Path) -> tuple[int, str, list[psutil.Process]]:
         proc.kill()
         out = proc.communicate(timeout=30)[0]
     return proc.returncode, out, list(seen.values())
-
-
-def host_sockets() -> set[Path]:
-    """The embedded clusters' host sockets' directories in the temporary directory."""
-    import tempfile
-
-    return set(Path(tempfile.gettempdir()).glob("zephon-dask-host-*"))
 
 
 def wait_until_gone(processes: list[psutil.Process], limit: float = 30.0) -> None:
@@ -151,12 +147,13 @@ def test_a_short_run_that_never_closes_exits_without_waiting_for_its_cluster(cor
     script, with no ``close()``: it exits, and the cluster's processes end with it."""
     script = tmp_path / "train.py"
     script.write_text(SHORT_RUN.format(root=str(Path(__file__).resolve().parents[2]), corpus=str(corpus_dir)))
-    hosts_before = host_sockets()
-    code, out, started = run_script(script)
+    tmp = tmp_path / "tmp"  # the script's own: other runs' hosts may come and go in the shared one
+    tmp.mkdir()
+    code, out, started = run_script(script, tmp)
     assert code == 0 and "streamed" in out, out[-3000:]
     assert "Traceback" not in out, out[-6000:]
     wait_until_gone(started)
-    assert not host_sockets() - hosts_before  # the cluster's host left no socket behind
+    assert not list(tmp.glob("zephon-dask-host-*"))  # the cluster's host left no socket behind
 
 
 def test_close_returns_while_the_cluster_starts_and_the_start_is_undone(corpus_dir, monkeypatch):

@@ -34,8 +34,8 @@ next(iter(p))
 runner = p.session.runner()
 pid, host, scheduler_file = runner.client.run_on_scheduler(
     lambda dask_scheduler: (__import__("os").getpid(), __import__("os").getppid(), dask_scheduler.scheduler_file))
-print(json.dumps({{"pids": [host, pid, *runner.worker_pids().values()], "scheduler_file": scheduler_file}}),
-      flush=True)
+print(json.dumps({{"pids": [host, pid, *runner.worker_pids().values()], "scheduler_file": scheduler_file,
+                  "host_directory": runner._cluster.scheduler.host.directory}}), flush=True)
 sys.stdin.read()  # until killed
 """
 
@@ -71,21 +71,21 @@ def test_scheduler_runs_apart_with_the_embedded_settings_and_the_users_config(co
 def test_killed_training_process_leaves_no_process_nor_scheduler_file(corpus_dir, tmp_path):
     script = tmp_path / "train.py"
     script.write_text(KILLED_SCRIPT.format(root=str(Path(__file__).resolve().parents[2]), corpus=str(corpus_dir)))
-    hosts_before = set(Path(tempfile.gettempdir()).glob("zephon-dask-host-*"))
     proc = subprocess.Popen([sys.executable, str(script)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         started = json.loads(proc.stdout.readline())
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)
-    pids, scheduler_file = started["pids"], Path(started["scheduler_file"])
+    pids, scheduler_file, host = started["pids"], Path(started["scheduler_file"]), Path(started["host_directory"])
+    assert host.parent == Path(tempfile.gettempdir()) and host.name.startswith("zephon-dask-host-")
     assert len(set(pids)) == 3 and os.getpid() not in pids  # the host, the scheduler and the worker
     deadline = time.monotonic() + 30
     while not all(map(_gone, pids)) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert all(map(_gone, pids)), [p for p in pids if not _gone(p)]
     assert not scheduler_file.exists()
-    assert not set(Path(tempfile.gettempdir()).glob("zephon-dask-host-*")) - hosts_before  # nor the host's socket
+    assert not host.exists()  # nor the host's socket (other runs' hosts may come and go meanwhile)
 
 
 # by value, as above; 3,000 lines of ~160 bytes: far more than a pipe holds, were stderr one
