@@ -10,14 +10,19 @@ results narrowed as the cluster holds them) are computed, alternately in rounds:
 * each ``--variant KEY=VALUE[,KEY=VALUE]``: the same with those Dask config keys
   changed on top of the embedded cluster's defaults (``None``: unset), e.g.
   ``distributed.worker.profile.enabled=False`` or
-  ``distributed.nanny.pre-spawn-environ.MALLOC_ARENA_MAX=None``.
+  ``distributed.nanny.pre-spawn-environ.MALLOC_ARENA_MAX=None``; the key
+  ``trim-after-task`` sets the trim plugin's ``after_task_every`` (seconds) instead.
 
 Inside every task the window's own CPU is read from the thread's ``getrusage``
 (user, system, minor page faults); for the cluster also every worker thread's CPU
 over the round, by role (the task thread, the event loop, other threads), so the
-task thread's CPU beyond the window's is what Dask does in it. Medians of the rounds,
-ms per window. Nothing is asserted; the results' bytes are the same by construction
-(the same ``compute_window``).
+task thread's CPU beyond the window's is what Dask does in it, and the scheduler
+process's; for both modes this (the parent) process's CPU: the pool's parent receiving
+results, or the training process's client and nannies (the results fetched straight
+from the workers, as the runner does). ``dask's own`` sums what Dask adds per window
+over every process: the workers' threads less the windows' own CPU, the scheduler, and
+the parent beyond the pool parent's. Medians of the rounds, ms per window. Nothing is
+asserted; the results' bytes are the same by construction (the same ``compute_window``).
 
     python benchmarks/bench_task_cpu.py [--quick] [--rounds N] [--workers N] [--variant K=V[,K=V]] ...
 """
@@ -60,24 +65,46 @@ def _pool_window(pair):
     return timed_window(_SPEC, *pair)[1]
 
 
-def summary(inside: list, threads: dict[str, float] | None = None) -> dict[str, float]:
-    """ms per window: the window's own CPU (user + system), its system part, minor faults; with
-    ``threads`` (seconds over the round), each worker-thread role's CPU per window."""
+def _process_cpu() -> float:
+    """This process's CPU seconds so far, every thread (run on the scheduler too)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def summary(inside: list, parent: float, threads: dict[str, float] | None = None,
+            scheduler: float | None = None) -> dict[str, float]:
+    """ms per window: the window's own CPU (user + system), its system part, minor faults, this
+    process's CPU (``parent``, seconds over the round); with ``threads`` (seconds over the round),
+    each worker-thread role's CPU per window, and the ``scheduler`` process's."""
     n = len(inside)
     out = {"window": sum(u + s for u, s, _ in inside) / n * 1e3, "of which system": sum(s for _, s, _ in inside) / n * 1e3,
-           "minor faults": sum(f for _, _, f in inside) / n}
+           "minor faults": sum(f for _, _, f in inside) / n, "parent": parent / n * 1e3}
     for role, seconds in (threads or {}).items():
         out[f"worker {role}"] = seconds / n * 1e3
+    if scheduler is not None:
+        out["scheduler"] = scheduler / n * 1e3
     return out
+
+
+def dask_own(row: dict[str, float], pool_parent: float) -> float:
+    """What Dask adds per window (ms) over every process: the workers' threads beyond the
+    windows' own CPU, the scheduler, and the parent beyond the pool parent's ``pool_parent``."""
+    workers = sum(v for k, v in row.items() if k.startswith("worker "))
+    return workers - row["window"] + row["scheduler"] + row["parent"] - pool_parent
 
 
 def run_pool(spec, pairs, workers: int) -> dict[str, float]:
     with cf.ProcessPoolExecutor(workers, initializer=_pool_init, initargs=(spec,)) as pool:
         list(pool.map(_pool_window, pairs[:2 * workers]))  # every process started and warm
-        return summary(list(pool.map(_pool_window, pairs)))
+        parent = _process_cpu()
+        inside = list(pool.map(_pool_window, pairs))
+        return summary(inside, _process_cpu() - parent)
 
 
 def run_dask(spec, pairs, workers: int, changes: dict) -> dict[str, float]:
+    changes = dict(changes)
+    trim_after = changes.pop(TRIM_AFTER_TASK, None)
+    import dask
     from distributed import Client, as_completed
 
     from zephon_dask.execution import cluster
@@ -86,11 +113,15 @@ def run_dask(spec, pairs, workers: int, changes: dict) -> dict[str, float]:
     cluster.EMBEDDED_DEFAULTS = {**defaults, **changes}
     try:
         local = cluster.local_cluster(workers)
+        with dask.config.set(cluster.embedded_config()):  # the client's own keys too, as the runner's
+            client = Client(local, set_as_default=False, direct_to_workers=True)
     finally:
         cluster.EMBEDDED_DEFAULTS = defaults
-    client = Client(local, set_as_default=False)
     try:
-        client.register_plugin(cluster.TrimFreedMemory())
+        plugin = cluster.TrimFreedMemory()
+        if trim_after is not None:
+            plugin.after_task_every = float(trim_after)
+        client.register_plugin(plugin)
         spec_f = client.scatter(spec, broadcast=True)
 
         def submit(chosen):
@@ -99,17 +130,23 @@ def run_dask(spec, pairs, workers: int, changes: dict) -> dict[str, float]:
 
         client.gather(submit(pairs[:2 * workers]))  # every worker warm
         before = client.run(_worker_threads)
+        scheduler, parent = client.run_on_scheduler(_process_cpu), _process_cpu()
         inside = []
         for future in as_completed(submit(pairs), loop=client.loop):
             inside.append(future.result()[1])
             future.release()
+        parent = _process_cpu() - parent
+        scheduler = client.run_on_scheduler(_process_cpu) - scheduler
         after = client.run(_worker_threads)
         roles = {role for threads in after.values() for role in threads}
         threads = {role: sum(after[w].get(role, 0.0) - before[w].get(role, 0.0) for w in after) for role in sorted(roles)}
-        return summary(inside, threads)
+        return summary(inside, parent, threads, scheduler)
     finally:
         client.close()
         local.close()
+
+
+TRIM_AFTER_TASK = "trim-after-task"  # a variant's key for the trim plugin's after_task_every (seconds)
 
 
 def parse_variant(text: str) -> dict:
@@ -141,6 +178,8 @@ def main(argv=None) -> None:
             for name, changes in modes.items():
                 got = run_pool(spec, pairs, args.workers) if changes is None else run_dask(spec, pairs, args.workers,
                                                                                          changes)
+                if changes is not None:  # against this round's pool parent
+                    got["dask's own"] = dask_own(got, results["pool"][-1]["parent"])
                 results.setdefault(name, []).append(got)
                 print(f"round {r + 1}/{rounds} {name}: " + ", ".join(f"{k} {v:.1f}" for k, v in got.items())
                       + f"; load average {os.getloadavg()[0]:.1f}", flush=True)
@@ -150,6 +189,10 @@ def main(argv=None) -> None:
     for name, rows in results.items():
         cells = [statistics.median(row[c] for row in rows) if c in rows[0] else None for c in columns]
         print(f"{name[:40]:40s} " + " ".join(f"{c:18.1f}" if c is not None else f"{'':18s}" for c in cells))
+    print("\ndask's own ms per window, by round (sorted):")
+    for name, rows in results.items():
+        if "dask's own" in rows[0]:
+            print(f"{name[:40]:40s} " + ", ".join(f"{v:.1f}" for v in sorted(row["dask's own"] for row in rows)))
 
 
 if __name__ == "__main__":

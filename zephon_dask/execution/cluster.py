@@ -72,6 +72,7 @@ WORKER_ENV = {
     "MKL_NUM_THREADS": "1",
     "OPENBLAS_NUM_THREADS": "1",
 }
+TRIM_AFTER_TASK_EVERY = 1.0  # seconds: a worker trims when a task ends, at most this often (~1 ms a trim)
 
 
 # The embedded cluster shares the training machine's cores, so Dask's housekeeping is paid in
@@ -135,7 +136,8 @@ def local_cluster(n_workers: int | None, threads_per_worker: int = 1, processes:
 
 class TrimFreedMemory(WorkerPlugin):
     """A worker plugin of the embedded cluster: :func:`~.memory.trim_freed_memory` each time a task
-    ends, between tasks, at most once every :data:`TRIM_AFTER_TASK_EVERY` seconds (the workers keep
+    ends, between tasks, at most once every ``after_task_every`` seconds (default
+    :data:`TRIM_AFTER_TASK_EVERY`; the workers keep
     glibc's default thresholds and one heap, see :data:`EMBEDDED_DEFAULTS`, so what a window's
     arrays freed would otherwise stay in the worker until a later window reuses it), and every
     ``every`` seconds on the worker's event loop, with :func:`~.dask_compat.forget_key_names`. Holds its last
@@ -143,8 +145,8 @@ class TrimFreedMemory(WorkerPlugin):
 
     name = "zephon-trim-freed-memory"
 
-    def __init__(self, every: float = TRIM_EVERY):
-        self.every = every
+    def __init__(self, every: float = TRIM_EVERY, after_task_every: float = TRIM_AFTER_TASK_EVERY):
+        self.every, self.after_task_every = every, after_task_every
         self._callback: PeriodicCallback | None = None
         self._trimmed = 0.0
 
@@ -153,7 +155,7 @@ class TrimFreedMemory(WorkerPlugin):
         self._callback.start()
 
     def transition(self, key, start, finish, **kwargs) -> None:
-        if start == "executing" and time.monotonic() - self._trimmed >= TRIM_AFTER_TASK_EVERY:
+        if start == "executing" and time.monotonic() - self._trimmed >= self.after_task_every:
             self._trimmed = time.monotonic()
             trim_freed_memory()
 
@@ -247,7 +249,6 @@ SILENT_AFTER = 3.0  # seconds without a heartbeat (at least) before a worker cou
 # CPU seconds of Dask's control plane per task (client, scheduler, workers' event loops: ~8 messages
 # and a graph unpickle), measured by benchmarks/bench_scale.py with one window per task: 6-8 ms
 TASK_CPU = 0.006
-TRIM_AFTER_TASK_EVERY = 1.0  # seconds: a worker trims when a task ends, at most this often (~1 ms a trim)
 EARLY_FETCHES = 2  # results fetched ahead of the consumer at once (a client gathers 5 at once in all)
 
 
