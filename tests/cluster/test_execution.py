@@ -173,6 +173,10 @@ def test_workers_trim_between_tasks_at_most_once_a_second(monkeypatch):
     plugin._trimmed -= plugins.TRIM_AFTER_TASK_EVERY
     plugin.transition("k2", "executing", "error")
     assert trims == [1, 1]
+    every_task = plugins.TrimFreedMemory(after_task_every=0.0)  # the interval is the plugin's own
+    every_task.transition("k", "executing", "memory")
+    every_task.transition("k2", "executing", "memory")
+    assert trims == [1, 1, 1, 1]
 
 
 def test_windows_computed_ahead_wait_in_the_training_process_not_on_the_workers(corpus_dir, cluster):

@@ -25,7 +25,8 @@ SPAN_QUIET_S = 60.0  # seconds a finished span is kept at least: a worker's metr
 
 class TrimFreedMemory(WorkerPlugin):
     """A worker plugin of the embedded cluster: :func:`~.memory.trim_freed_memory` each time a task
-    ends, between tasks, at most once every :data:`TRIM_AFTER_TASK_EVERY` seconds (the workers keep
+    ends, between tasks, at most once every ``after_task_every`` seconds (default
+    :data:`TRIM_AFTER_TASK_EVERY`; the workers keep
     glibc's default thresholds and one heap, see :data:`~.cluster.EMBEDDED_DEFAULTS`, so what a window's
     arrays freed would otherwise stay in the worker until a later window reuses it), and every
     ``every`` seconds on the worker's event loop, with :func:`~.dask_compat.forget_key_names`. Holds its last
@@ -33,8 +34,8 @@ class TrimFreedMemory(WorkerPlugin):
 
     name = "zephon-trim-freed-memory"
 
-    def __init__(self, every: float = TRIM_EVERY):
-        self.every = every
+    def __init__(self, every: float = TRIM_EVERY, after_task_every: float = TRIM_AFTER_TASK_EVERY):
+        self.every, self.after_task_every = every, after_task_every
         self._callback: PeriodicCallback | None = None
         self._trimmed = 0.0
 
@@ -43,7 +44,7 @@ class TrimFreedMemory(WorkerPlugin):
         self._callback.start()
 
     def transition(self, key, start, finish, **kwargs) -> None:
-        if start == "executing" and time.monotonic() - self._trimmed >= TRIM_AFTER_TASK_EVERY:
+        if start == "executing" and time.monotonic() - self._trimmed >= self.after_task_every:
             self._trimmed = time.monotonic()
             trim_freed_memory()
 
