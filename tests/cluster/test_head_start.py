@@ -89,6 +89,38 @@ def test_the_first_batch_does_not_wait_for_the_distributed_import(corpus_dir):
     assert [tuple(b) for b in got["batches"]] == reference(build(corpus_dir))
 
 
+WINDOW_IMPORTS_SCRIPT = """
+import json, sys, threading
+from pathlib import Path
+
+class Imports:  # (module, thread) of every import from here on
+    seen = []
+    def find_spec(self, name, path=None, target=None):
+        Imports.seen.append((name, threading.current_thread().name))
+
+from tests.helpers.oracles import batch_rows
+from tests.helpers.pipelines import build
+p = build(Path(sys.argv[1]), retries=0)
+with p:
+    sys.meta_path.insert(0, Imports())
+    next(iter(p))
+    print(json.dumps(Imports.seen))
+"""
+
+
+def test_the_head_start_imports_nothing_while_it_computes_the_first_window(corpus_dir):
+    """A module imported on first use inside the first window's chunk tasks (``numpy.ma`` by
+    ``np.unique``) holds the import lock and the GIL while the window's threads tokenize: the
+    library imports what its tasks use with itself, so a fresh process's head-start threads import
+    nothing before the first batch."""
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run([sys.executable, "-c", WINDOW_IMPORTS_SCRIPT, str(corpus_dir)], cwd=root,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    assert [name for name, thread in seen if thread.startswith("zephon-head-start")] == []
+
+
 def test_a_window_is_computed_here_while_another_thread_imports_distributed():
     """While the cluster's start imports ``distributed`` on its thread, the module is in
     ``sys.modules`` half made (no ``get_worker`` yet); a window the head start computes meanwhile
