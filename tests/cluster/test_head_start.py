@@ -19,9 +19,10 @@ import zephon_dask as z
 from tests.helpers.oracles import batch_rows, ref_group_stream
 from tests.helpers.pipelines import build, child_pids, wait_until_no_new_processes
 from zephon_dask import compute_window
+from zephon_dask.core.window import compute_chunk
 from zephon_dask.errors import ClosedError, ClusterError
 from zephon_dask.execution import cluster as cluster_mod
-from zephon_dask.execution.head_start import HeadStart
+from zephon_dask.execution.head_start import HeadStart, LargestFirst
 from zephon_dask.execution.local import SynchronousRunner
 from zephon_dask.graph import window_graph
 from zephon_dask.pipeline.ranks import owned_lanes
@@ -119,6 +120,34 @@ def test_the_head_start_imports_nothing_while_it_computes_the_first_window(corpu
     assert out.returncode == 0, out.stderr[-3000:]
     seen = json.loads(out.stdout.strip().splitlines()[-1])
     assert [name for name, thread in seen if thread.startswith("zephon-head-start")] == []
+
+
+@pytest.mark.parametrize("threads", [2, 3])
+def test_a_window_here_reads_its_chunks_in_order_and_tokenizes_the_largest_first(corpus_dir, threads):
+    """The head start's pool: one thread reads the chunks in chunk order; each chunk taken is the
+    largest read and not yet taken, so the window's threads finish together. The outputs are
+    compute_chunk's, in chunk order."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    spec = build(corpus_dir).spec
+    chunks = spec.window_chunks(0, 0)
+    plan = LargestFirst(spec, chunks)
+    finished = []
+    with ThreadPoolExecutor(threads) as pool:
+        outs = plan.run(pool, threads, lambda: finished.append(1))
+    assert [o.chunk for o in outs] == list(chunks) and len(finished) == len(chunks)
+    for out, g in zip(outs, chunks, strict=True):
+        assert pickle.dumps(out.table) == pickle.dumps(compute_chunk(spec, g).table)
+    assert [e[1] for e in plan.log if e[0] == "read"] == list(range(len(chunks)))
+    ready: dict[int, int] = {}
+    for event in plan.log:  # replayed: every take is the largest chunk ready then
+        if event[0] == "read":
+            ready[event[1]] = event[2]
+        else:
+            assert ready[event[1]] == max(ready.values())
+            del ready[event[1]]
+    assert ready == {}
+    assert len({size for _, _, size in (e for e in plan.log if e[0] == "read")}) > 1  # the order mattered
 
 
 def test_a_window_is_computed_here_while_another_thread_imports_distributed():

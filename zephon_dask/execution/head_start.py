@@ -37,16 +37,23 @@ from __future__ import annotations
 import heapq
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
-import dask
-import dask.threaded
+import numpy as np
 
 from ..core.spec import PipelineSpec
-from ..core.window import WindowOutput, narrowed
+from ..core.window import (
+    ChunkOutput,
+    WindowOutput,
+    chunk_output,
+    compute_chunk,
+    finish_window,
+    narrowed,
+    read_chunk,
+)
 from ..errors import ClosedError, ClusterError
-from ..graph import WindowGraph, window_graph
+from ..graph import WindowGraph
 from .base import WindowHandle
 from .task_errors import is_final
 from .watch import DEFAULT_STALL
@@ -194,6 +201,7 @@ class HeadStart:
         self._failed: list[HeadStartHandle] = []  # failed here, for the cluster
         self._send: Callable[[WindowGraph, int], WindowHandle] | None = None
         self._closed = False
+        self._threads = threads
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="zephon-head-start") if threads > 1 else None
         self.first_window = threading.Event()
         self._driver = threading.Thread(target=self._drive, name="zephon-head-start", daemon=True)
@@ -238,22 +246,23 @@ class HeadStart:
                 self._pool.shutdown(wait=False)
 
     def _compute(self, handle: HeadStartHandle) -> WindowOutput:
-        """The handle's window, its chunks as tasks (in parallel on the pool), each counted in
-        ``handle.chunks_here`` as it finishes."""
+        """The handle's window: its chunks (in parallel on the pool, :class:`LargestFirst`), each
+        counted in ``handle.chunks_here`` as it finishes, then the window's accumulators."""
         graph = handle.graph
-        split = window_graph(self.spec, graph.lane, graph.window) if graph.fused else graph
-        chunk_keys = set(split.chunk_keys)
-        handle.chunks_planned, handle.began = len(chunk_keys), time.monotonic()
+        handle.chunks_planned, handle.began = len(graph.chunks), time.monotonic()
 
-        def finished(key, result, dsk, state, worker_id) -> None:  # on the thread that schedules them
-            if key in chunk_keys:
-                handle.last_chunk = time.monotonic()  # before the count: due() reads the count first
-                handle.chunks_here += 1
+        def finished() -> None:  # on one thread at a time
+            handle.last_chunk = time.monotonic()  # before the count: due() reads the count first
+            handle.chunks_here += 1
 
-        callbacks = [(None, None, None, finished, None)]  # dask.local's (start, start_state, pretask, posttask, finish)
         if self._pool is None:
-            return dask.get(split.to_dict(self.spec), split.key, callbacks=callbacks)
-        return dask.threaded.get(split.to_dict(self.spec), split.key, pool=self._pool, callbacks=callbacks)
+            outs = []
+            for g in graph.chunks:
+                outs.append(compute_chunk(self.spec, g))
+                finished()
+        else:
+            outs = LargestFirst(self.spec, graph.chunks).run(self._pool, self._threads, finished)
+        return finish_window(self.spec, graph.lane, graph.window, outs)
 
     def _failed_here(self, handle: HeadStartHandle, exc: BaseException) -> None:
         if not self.retry_remotely or isinstance(exc, ClosedError) or is_final(exc):
@@ -323,3 +332,96 @@ class HeadStart:
         in the background and is dropped."""
         self.fail(ClosedError("this distributed runner was closed while the window waited for the embedded "
                               "cluster; build or reopen the pipeline to compute more windows"))
+
+
+def text_size(records: Sequence) -> int:
+    """What tokenizing ``records`` costs, roughly: the length of their strings and sequences."""
+    return sum(len(v) for r in records if isinstance(r, dict)
+               for v in r.values() if isinstance(v, str | bytes | list | np.ndarray))
+
+
+class LargestFirst:
+    """A window's chunks computed on ``threads`` threads of a pool so that they finish together.
+    Holds state (the chunks read and not yet taken; ``log``: ``("read", i, size)`` and
+    ``("take", i)`` in the order they happened).
+
+    One thread at a time reads every chunk not yet read, in chunk order (Python: it holds the GIL,
+    while the other threads tokenize); every other thread, and the reader once done, takes the
+    chunk read and not yet taken with the most text (:func:`text_size`) and applies the record
+    operators to it (the tokenizer releases the GIL). So the window's last chunks are its smallest,
+    instead of one thread tokenizing a large one alone at the end. The outputs are
+    :func:`~zephon_dask.core.window.compute_chunk`'s, in chunk order: the order of work changes no
+    byte. The first error stops the work and is raised."""
+
+    def __init__(self, spec: PipelineSpec, chunks: Sequence[int]):
+        self.spec, self.chunks = spec, tuple(chunks)
+        self.log: list[tuple] = []
+        self._cond = threading.Condition()
+        self._unread = list(range(len(self.chunks)))[::-1]  # popped from the end: chunk order
+        self._reading = False
+        self._ready: list[tuple[int, int, np.ndarray, list, float, float]] = []  # (-size, i, pointers, records, s, cpu)
+        self._outs: list[ChunkOutput | None] = [None] * len(self.chunks)
+        self._error: BaseException | None = None
+
+    def run(self, pool: ThreadPoolExecutor, threads: int, finished: Callable[[], None]) -> list[ChunkOutput]:
+        """The chunks' outputs in chunk order; ``finished()`` after each chunk (one thread at a time)."""
+        futures = [pool.submit(self._work, finished) for _ in range(min(threads, len(self.chunks)))]
+        for future in futures:
+            future.result()  # a window computed here has no deadline, as on a worker
+        if self._error is not None:
+            raise self._error
+        return [out for out in self._outs if out is not None]
+
+    def _next(self) -> tuple | None:
+        """Under the lock: ``("read",)``, ``("take", item)``, or ``None`` when nothing is left."""
+        while self._error is None:
+            if self._unread and not self._reading:
+                self._reading = True
+                return ("read",)
+            if self._ready:
+                item = heapq.heappop(self._ready)
+                self.log.append(("take", item[1]))
+                return ("take", item)
+            if not self._unread and not self._reading:
+                return None
+            self._cond.wait(POLL)  # a chunk being read; woken when it is
+        return None
+
+    def _work(self, finished: Callable[[], None]) -> None:
+        try:
+            while True:
+                with self._cond:
+                    job = self._next()
+                if job is None:
+                    return
+                if job[0] == "read":
+                    self._read_all()
+                    continue
+                _, i, pointers, records, seconds, cpu = job[1]
+                out = chunk_output(self.spec, self.chunks[i], pointers, records, seconds, cpu)
+                with self._cond:
+                    self._outs[i] = out
+                    finished()
+        except BaseException as exc:
+            with self._cond:
+                if self._error is None:
+                    self._error = exc
+                self._reading = False
+                self._cond.notify_all()
+
+    def _read_all(self) -> None:
+        while True:
+            with self._cond:
+                if not self._unread or self._error is not None:
+                    self._reading = False
+                    self._cond.notify_all()
+                    return
+                i = self._unread.pop()
+            started, cpu = time.perf_counter(), time.thread_time()
+            pointers, records = read_chunk(self.spec, self.chunks[i])
+            size = text_size(records)
+            item = (-size, i, pointers, records, time.perf_counter() - started, time.thread_time() - cpu)
+            with self._cond:
+                heapq.heappush(self._ready, item)
+                self.log.append(("read", i, size))
+                self._cond.notify_all()
