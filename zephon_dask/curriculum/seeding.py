@@ -13,7 +13,7 @@ from functools import lru_cache
 
 import numpy as np
 
-# imported with the library: numpy loads numpy.random on first use, which would be the first iter()
+# imported with this module: numpy loads numpy.random on first use, which would be the first iter()
 from numpy.random import SeedSequence
 
 from ..validate import check_int
