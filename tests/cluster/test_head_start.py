@@ -150,6 +150,17 @@ def test_a_window_here_reads_its_chunks_in_order_and_tokenizes_the_largest_first
     assert len({size for _, _, size in (e for e in plan.log if e[0] == "read")}) > 1  # the order mattered
 
 
+def test_a_chunk_that_fails_to_read_here_stops_the_window_and_is_raised(corpus_dir):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from zephon_dask.errors import ChunkOutOfRangeError
+
+    spec = build(corpus_dir).spec
+    plan = LargestFirst(spec, [*spec.window_chunks(0, 0), 10**9])  # the last read fails
+    with ThreadPoolExecutor(2) as pool, pytest.raises(ChunkOutOfRangeError, match="outside the stream"):
+        plan.run(pool, 2, lambda: None)
+
+
 def test_a_window_is_computed_here_while_another_thread_imports_distributed():
     """While the cluster's start imports ``distributed`` on its thread, the module is in
     ``sys.modules`` half made (no ``get_worker`` yet); a window the head start computes meanwhile
@@ -193,9 +204,11 @@ def test_windows_are_computed_here_in_priority_order_then_handed_to_the_cluster(
     assert computed == pairs[:len(computed)] and sent == pairs[len(computed):]
 
 
+@pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("error", [RuntimeError, ConnectionResetError])
 @pytest.mark.parametrize("retry_remotely", [False, True])
-def test_a_window_that_fails_here_fails_with_its_pointer_or_goes_to_the_cluster(corpus_dir, retry_remotely, error):
+def test_a_window_that_fails_here_fails_with_its_pointer_or_goes_to_the_cluster(corpus_dir, retry_remotely, error,
+                                                                                threads):
     """The user's own exception would come back on every try: it fails here. An I/O error (from
     outside the window's pure function) goes to the cluster, if the runner has one."""
     def explode(rec):
@@ -208,7 +221,7 @@ def test_a_window_that_fails_here_fails_with_its_pointer_or_goes_to_the_cluster(
     spec = p.options(canonical_replicas=2).spec
     bad = next((lane, w) for lane in range(2) for w in range(spec.num_windows(lane))
                if _fails(spec, lane, w))
-    head = HeadStart(spec, 1, retry_remotely, [])
+    head = HeadStart(spec, threads, retry_remotely, [])
     handle = head.offer(window_graph(spec, *bad), 0)
     assert head.first_window.wait(30)
     sent = []
