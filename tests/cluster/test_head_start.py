@@ -441,6 +441,61 @@ def test_the_cluster_starts_only_once_the_first_window_is_computed_here(corpus_d
     assert seen == [[(0, 0)]]  # begun once, after lane 0's first window was computed here
 
 
+def test_the_cluster_starts_only_once_the_first_batch_is_cut(corpus_dir, monkeypatch):
+    """The first window computed here, the cluster's start still waits for the consumer's cut of
+    the first batch (its import of ``distributed`` would hold the GIL the cut needs)."""
+    from zephon_dask.consumer import stream as stream_mod
+    from zephon_dask.execution import head_start as head_start_mod
+
+    started = threading.Event()
+    at_cut: list[bool] = []  # whether the start had begun while the first batch was cut
+
+    def record(*args, **kwargs):
+        started.set()
+        raise OSError("recorded")
+
+    real_check = stream_mod.check_first_window
+
+    def check(*args, **kwargs):  # a step of the cut, held: the start would begin meanwhile
+        started.wait(2.0)
+        at_cut.append(started.is_set())
+        return real_check(*args, **kwargs)
+
+    monkeypatch.setattr(cluster_mod, "local_cluster", record)
+    monkeypatch.setattr(stream_mod, "check_first_window", check)
+    monkeypatch.setattr(head_start_mod, "CUT_AT_MOST", 120.0)
+    p = build(corpus_dir)
+    try:
+        next(iter(p))
+        assert started.wait(60)  # begun once the first batch was cut
+    finally:
+        p.close()
+    assert at_cut == [False]
+
+
+def test_a_first_window_no_batch_is_cut_from_lets_the_cluster_start(corpus_dir, monkeypatch):
+    """The bound: a caller that takes no batch from the first window computed here (a stream
+    opened, nothing read) has the cluster's start begin CUT_AT_MOST seconds after it."""
+    from zephon_dask.execution import head_start as head_start_mod
+
+    started = threading.Event()
+
+    def record(*args, **kwargs):
+        started.set()
+        raise OSError("recorded")
+
+    monkeypatch.setattr(cluster_mod, "local_cluster", record)
+    monkeypatch.setattr(head_start_mod, "CUT_AT_MOST", 0.2)
+    p = build(corpus_dir)
+    runner = p.session.runner()
+    try:
+        p.session.open_stream([0, 1], None)  # submits the first windows; no batch is cut
+        assert started.wait(60)
+        assert runner.computed_here[:1] == [(0, 0)]  # begun after the first window was computed here
+    finally:
+        p.close()
+
+
 def test_a_first_window_that_makes_no_progress_lets_the_cluster_start(corpus_dir, monkeypatch):
     """The bound: no chunk of the first window done within ``stall_timeout``: the cluster's
     start begins while it still computes."""

@@ -13,9 +13,11 @@ window's bytes do not depend on where it was computed.
 
 The cluster's start (:class:`Boot`) begins only once the first window taken here (the
 one the first batch needs: the consumer submits it first, at the highest priority)
-is done, computed or failed. Started earlier, its processes would take the cores that
-window needs, and the first batch would come later than the floor of tokenizing it
-on every core. Waiting costs nothing while the head start keeps the cores busy, so the
+is done, computed or failed, and, computed, once the consumer has cut the first batch from
+it (:meth:`HeadStart.first_batch_taken`; at most :data:`CUT_AT_MOST` seconds after the
+window, for a caller that takes no batch). Started earlier, its processes would take the
+cores that window needs, and its import of ``distributed`` the GIL the cut needs, and
+the first batch would come later than the floor of tokenizing it on every core. Waiting costs nothing while the head start keeps the cores busy, so the
 start's only bound is the head start falling behind its own plan (:meth:`HeadStart.due`):
 past :data:`PACE_MARGIN` times the time the window's chunks predict at the pace of
 those done so far (``t_k * n / k`` after ``k`` of its ``n`` chunks; at least
@@ -61,6 +63,7 @@ from .watch import DEFAULT_STALL
 POLL = 1.0  # the longest slice of a wait for the cluster, between two checks of its deadline
 PACE_MARGIN = 2.0  # how far past its chunks' predicted time the first window may run before the cluster starts
 ALONE_AT_LEAST = 1.0  # seconds the first window always has alone: a few ms' jitter on a short one starts nothing
+CUT_AT_MOST = 1.0  # seconds after the first window is computed the start waits for the first batch's cut
 
 
 class Boot:
@@ -195,6 +198,8 @@ class HeadStart:
         self.boot: Boot | None = None  # the cluster's start, begun once the first window is done; ends in hand_over or fail
         self._made = time.monotonic()
         self._lead: HeadStartHandle | None = None  # the first window taken here (done: first_window)
+        self._lead_computed: float | None = None  # time.monotonic() when it was computed (not failed)
+        self._first_batch = False  # the consumer has cut the first batch
         self._cond = threading.Condition()
         self._queue: list[tuple[int, int, HeadStartHandle]] = []  # (-priority, order, handle)
         self._order = 0
@@ -231,6 +236,7 @@ class HeadStart:
                     continue
                 if self._lead is None:
                     self._lead = handle
+                computed = False
                 try:
                     value = narrowed(self._compute(handle))  # held until taken, as the cluster's are
                 except BaseException as exc:
@@ -238,8 +244,12 @@ class HeadStart:
                 else:
                     self.computed_here.append((handle.graph.lane, handle.graph.window))
                     handle.settle(value=value)
-                if handle is self._lead and self.boot is not None:
-                    self.boot.begin()  # the first batch's window is done: the cores are the cluster's
+                    computed = True
+                if handle is self._lead:
+                    if computed:  # the start waits for the first batch's cut (first_batch_taken)
+                        self._lead_computed = time.monotonic()
+                    if (not computed or self._first_batch) and self.boot is not None:
+                        self.boot.begin()  # the cores are the cluster's
                 self.first_window.set()
         finally:
             if self._pool is not None:
@@ -304,14 +314,25 @@ class HeadStart:
         for handle in waiting:
             handle.settle(error=error)
 
+    def first_batch_taken(self) -> None:
+        """The consumer has its first batch: the cluster's start begins (see the module
+        docstring); the cores are no longer the first batch's."""
+        self._first_batch = True
+        if self.boot is not None:
+            self.boot.begin()
+
     def due(self) -> float:
-        """Seconds until the cluster's start must begin (see the module docstring): 0 once the
-        first window taken here is done; while it computes, :data:`PACE_MARGIN` times the time
+        """Seconds until the cluster's start must begin (see the module docstring): once the
+        first window taken here is done, 0 if it failed or the first batch was taken, else what
+        is left of :data:`CUT_AT_MOST` after it; while it computes, :data:`PACE_MARGIN` times the time
         its chunks predict from those done (at least :data:`ALONE_AT_LEAST`; ``stall`` seconds
         before the first), from when it began; ``stall`` seconds from this head start's making
         while no window has begun."""
         if self.first_window.is_set():
-            return 0.0
+            computed = self._lead_computed
+            if computed is None or self._first_batch:
+                return 0.0
+            return computed + CUT_AT_MOST - time.monotonic()
         lead = self._lead
         began = lead.began if lead is not None else None
         if lead is None or began is None:
