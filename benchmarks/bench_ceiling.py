@@ -34,9 +34,13 @@ cluster adds (Dask's messages and serialization, the training process's batches)
 Nothing is asserted; the load average is printed. With ``--baseline DIR`` (a source tree of
 another version, e.g. from ``git archive main | tar -x -C DIR``) every round also runs the
 pipeline's pass with that version (``PYTHONPATH=DIR``), just before this tree's, against the
-same round's limits.
+same round's limits. ``--timeline N`` instead prints, for N fresh training processes, a
+timeline of the first ``iter()`` to the first batch: each step's start, end and its
+thread's CPU, on every thread (the main thread, the head start's driver and pool, the
+cluster's start), measured by wrapping the steps' functions.
 
     python benchmarks/bench_ceiling.py [--quick] [--data DIR] [--rounds N] [--procs N] [--profile N] [--baseline DIR]
+    python benchmarks/bench_ceiling.py [--quick] [--data DIR] --timeline N
 """
 
 from __future__ import annotations
@@ -50,6 +54,7 @@ import sys  # noqa: E402
 
 TOKENIZER_CHILD = "--_tokenizer-child"
 PIPELINE_CHILD = "--_pipeline-child"
+TIMELINE_CHILD = "--_timeline-child"
 BATCH = 64  # texts per encode_batch_fast call, as a chunk
 
 
@@ -212,6 +217,70 @@ def pipeline_child(data: str, tok: str) -> None:
     print(json.dumps({**cold, "warm": warm, "rss_mb": _rss_mb(), "package": zephon_dask.__file__}), flush=True)
 
 
+def timeline_child(data: str, tok: str) -> None:
+    """The first batch of this fresh training process, its steps timed on every thread; one JSON
+    line: ``[label, thread, start, end, thread CPU]`` per step, times from ``iter()``."""
+    import functools
+    import threading
+
+    import torch  # noqa: F401  (a training process has torch loaded)
+
+    from zephon_dask.consumer import stream
+    from zephon_dask.core import window
+    from zephon_dask.execution import head_start
+    from zephon_dask.operators import tokenize
+    from zephon_dask.pipeline import session
+
+    events: list = []
+
+    def timed(owner, name: str, label: str) -> None:
+        fn = getattr(owner, name)
+
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            t, cpu = time.perf_counter(), time.thread_time()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                events.append([label, threading.current_thread().name, t, time.perf_counter(),
+                               time.thread_time() - cpu])
+
+        setattr(owner, name, wrapper)
+
+    for owner, name, label in [
+        (session.Session, "open_stream", "open the stream (runner, fetcher, first submissions)"),
+        (head_start.HeadStart, "_compute", "head start: the first windows"),
+        (window, "read_records", "read + parse a chunk's records"),
+        (head_start, "chunk_output", "a chunk's record operators (tokenize)"),
+        (tokenize.HFTokenizer, "encode_batch", "  of which encode_batch_fast"),
+        (head_start, "finish_window", "the window's accumulators (pack, shuffle)"),
+        (stream.BatchStream, "_fill", "consumer: wait for the window, take it"),
+        (stream, "check_first_window", "consumer: check the first window"),
+        (head_start.Boot, "begin", "the cluster's start may begin"),
+    ]:
+        timed(owner, name, label)
+    pipe = build(data, tok)
+    t0 = time.perf_counter()
+    next(iter(pipe))
+    first = time.perf_counter() - t0
+    pipe.close()
+    print(json.dumps({"first": first, "events": [[e[0], e[1], e[2] - t0, e[3] - t0, e[4]] for e in events
+                                                 if e[2] >= t0 and e[2] - t0 <= first]}), flush=True)
+
+
+def timelines(data: str, tok: str, n: int) -> None:
+    for k in range(n):
+        out = subprocess.run([sys.executable, os.path.abspath(__file__), TIMELINE_CHILD, data, tok],
+                             stdout=subprocess.PIPE, text=True, timeout=600)
+        if out.returncode:
+            raise SystemExit(f"the timeline process failed (exit {out.returncode})")
+        got = json.loads(out.stdout.strip().splitlines()[-1])
+        print(f"\nfresh training process {k + 1}/{n}: first batch {got['first'] * 1e3:.0f} ms after iter() "
+              f"(load average {os.getloadavg()[0]:.1f}); ms from iter(): start, end, wall, thread CPU")
+        for label, thread, a, b, cpu in sorted(got["events"], key=lambda e: e[2]):
+            print(f"  {a * 1e3:7.1f} {b * 1e3:7.1f} {(b - a) * 1e3:7.1f} {cpu * 1e3:7.1f}  {thread[:24]:24s} {label}")
+
+
 def _threads() -> dict[str, float]:
     """CPU seconds of this process's live threads by role: the training loop (``main``), Dask's
     event loop (client, nannies), the rest (the head start's windows, also those of threads gone)."""
@@ -298,6 +367,8 @@ def main(argv=None) -> None:
     ap.add_argument("--procs", type=int, default=os.cpu_count() or 1, help="tokenizer processes (default: cores)")
     ap.add_argument("--profile", type=int, default=16, help="windows profiled by stage (default 16)")
     ap.add_argument("--baseline", help="a source tree of another version: its pass runs in every round too")
+    ap.add_argument("--timeline", type=int, default=0, metavar="N",
+                    help="only the first batch's timeline, in N fresh training processes")
     args = ap.parse_args(argv)
     rounds = args.rounds or (1 if args.quick else 2)
     with tempfile.TemporaryDirectory(prefix="zephon-bench-ceiling-") as tmp:
@@ -306,6 +377,9 @@ def main(argv=None) -> None:
         else:
             data = tmp
             tok, summary = make_data(tmp, WORKLOADS["mixed"], args.quick, None)
+        if args.timeline:
+            timelines(data, tok, args.timeline)
+            return
         pipe = build(data, tok, workers=1)
         texts = plan_texts(pipe)
         texts_path = os.path.join(tmp, "texts.pickle")
@@ -407,5 +481,7 @@ def report(rows, single, single_cpu, stages, profiled, n_windows, load0) -> None
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == PIPELINE_CHILD:
         pipeline_child(sys.argv[2], sys.argv[3])
+    elif len(sys.argv) > 1 and sys.argv[1] == TIMELINE_CHILD:
+        timeline_child(sys.argv[2], sys.argv[3])
     else:
         main()
