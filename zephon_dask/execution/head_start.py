@@ -369,7 +369,9 @@ class LargestFirst:
     One thread at a time reads every chunk not yet read, in chunk order (Python: it holds the GIL,
     while the other threads tokenize); every other thread, and the reader once done, takes the
     chunk read and not yet taken with the most text (:func:`text_size`) and applies the record
-    operators to it (the tokenizer releases the GIL). So the window's last chunks are its smallest,
+    operators to it (the tokenizer releases the GIL). A thread that finds none read while the
+    reader reads reads the next chunk itself (reads waiting on storage overlap, as on the pool's
+    threads before). So the window's last chunks are its smallest,
     instead of one thread tokenizing a large one alone at the end. The outputs are
     :func:`~zephon_dask.core.window.compute_chunk`'s, in chunk order: the order of work changes no
     byte. The first error stops the work and is raised."""
@@ -403,9 +405,11 @@ class LargestFirst:
                 item = heapq.heappop(self._ready)
                 self.log.append(("take", item[1]))
                 return ("take", item)
-            if not self._unread and not self._reading:
+            if self._unread:  # nothing read yet: read one beside the reader
+                return ("read one",)
+            if not self._reading:
                 return None
-            self._cond.wait(POLL)  # a chunk being read; woken when it is
+            self._cond.wait(POLL)  # the last chunks being read; woken when one is
         return None
 
     def _work(self, finished: Callable[[], None]) -> None:
@@ -417,6 +421,9 @@ class LargestFirst:
                     return
                 if job[0] == "read":
                     self._read_all()
+                    continue
+                if job[0] == "read one":
+                    self._read_one()
                     continue
                 _, i, pointers, records, seconds, cpu = job[1]
                 out = chunk_output(self.spec, self.chunks[i], pointers, records, seconds, cpu)
@@ -431,18 +438,24 @@ class LargestFirst:
                 self._cond.notify_all()
 
     def _read_all(self) -> None:
-        while True:
-            with self._cond:
-                if not self._unread or self._error is not None:
-                    self._reading = False
-                    self._cond.notify_all()
-                    return
-                i = self._unread.pop()
-            started, cpu = time.perf_counter(), time.thread_time()
-            pointers, records = read_chunk(self.spec, self.chunks[i])
-            size = text_size(records)
-            item = (-size, i, pointers, records, time.perf_counter() - started, time.thread_time() - cpu)
-            with self._cond:
-                heapq.heappush(self._ready, item)
-                self.log.append(("read", i, size))
-                self._cond.notify_all()
+        while self._read_one():
+            pass
+        with self._cond:
+            self._reading = False
+            self._cond.notify_all()
+
+    def _read_one(self) -> bool:
+        """Read the next chunk not yet read; ``False`` if none is left (or the work stopped)."""
+        with self._cond:
+            if not self._unread or self._error is not None:
+                return False
+            i = self._unread.pop()
+        started, cpu = time.perf_counter(), time.thread_time()
+        pointers, records = read_chunk(self.spec, self.chunks[i])
+        size = text_size(records)
+        item = (-size, i, pointers, records, time.perf_counter() - started, time.thread_time() - cpu)
+        with self._cond:
+            heapq.heappush(self._ready, item)
+            self.log.append(("read", i, size))
+            self._cond.notify_all()
+        return True
