@@ -31,9 +31,16 @@ window in this process). The same loop, its stages timed one by one on
 the tokenize operator's own Python, chunk tables, each accumulator, pickling a
 result), and the pipeline's CPU beyond the 1-process loop's is what running on the
 cluster adds (Dask's messages and serialization, the training process's batches).
-Nothing is asserted; the load average is printed.
+Nothing is asserted; the load average is printed. With ``--baseline DIR`` (a source tree of
+another version, e.g. from ``git archive main | tar -x -C DIR``) every round also runs the
+pipeline's pass with that version (``PYTHONPATH=DIR``), just before this tree's, against the
+same round's limits. ``--timeline N`` instead prints, for N fresh training processes, a
+timeline of the first ``iter()`` to the first batch: each step's start, end and its
+thread's CPU, on every thread (the main thread, the head start's driver and pool, the
+cluster's start), measured by wrapping the steps' functions.
 
-    python benchmarks/bench_ceiling.py [--quick] [--data DIR] [--rounds N] [--procs N] [--profile N]
+    python benchmarks/bench_ceiling.py [--quick] [--data DIR] [--rounds N] [--procs N] [--profile N] [--baseline DIR]
+    python benchmarks/bench_ceiling.py [--quick] [--data DIR] --timeline N
 """
 
 from __future__ import annotations
@@ -47,6 +54,7 @@ import sys  # noqa: E402
 
 TOKENIZER_CHILD = "--_tokenizer-child"
 PIPELINE_CHILD = "--_pipeline-child"
+TIMELINE_CHILD = "--_timeline-child"
 BATCH = 64  # texts per encode_batch_fast call, as a chunk
 
 
@@ -204,7 +212,73 @@ def pipeline_child(data: str, tok: str) -> None:
         warm = _pass(pipe, warm=True)
     finally:
         pipe.close()
-    print(json.dumps({**cold, "warm": warm, "rss_mb": _rss_mb()}), flush=True)
+    import zephon_dask
+
+    print(json.dumps({**cold, "warm": warm, "rss_mb": _rss_mb(), "package": zephon_dask.__file__}), flush=True)
+
+
+def timeline_child(data: str, tok: str) -> None:
+    """The first batch of this fresh training process, its steps timed on every thread; one JSON
+    line: ``[label, thread, start, end, thread CPU]`` per step, times from ``iter()``."""
+    import functools
+    import threading
+
+    import torch  # noqa: F401  (a training process has torch loaded)
+
+    from zephon_dask.consumer import stream
+    from zephon_dask.core import window
+    from zephon_dask.execution import head_start
+    from zephon_dask.operators import tokenize
+    from zephon_dask.pipeline import session
+
+    events: list = []
+
+    def timed(owner, name: str, label: str) -> None:
+        fn = getattr(owner, name)
+
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            t, cpu = time.perf_counter(), time.thread_time()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                events.append([label, threading.current_thread().name, t, time.perf_counter(),
+                               time.thread_time() - cpu])
+
+        setattr(owner, name, wrapper)
+
+    for owner, name, label in [
+        (session.Session, "open_stream", "open the stream (runner, fetcher, first submissions)"),
+        (head_start.HeadStart, "_compute", "head start: the first windows"),
+        (window, "read_records", "read + parse a chunk's records"),
+        (head_start, "chunk_output", "a chunk's record operators (tokenize)"),
+        (tokenize.HFTokenizer, "encode_batch", "  of which encode_batch_fast"),
+        (head_start, "finish_window", "the window's accumulators (pack, shuffle)"),
+        (stream.BatchStream, "_fill", "consumer: wait for the window, take it"),
+        (stream, "check_first_window", "consumer: check the first window"),
+        (head_start.Boot, "begin", "the cluster's start may begin"),
+    ]:
+        timed(owner, name, label)
+    pipe = build(data, tok)
+    t0 = time.perf_counter()
+    next(iter(pipe))
+    first = time.perf_counter() - t0
+    pipe.close()
+    print(json.dumps({"first": first, "events": [[e[0], e[1], e[2] - t0, e[3] - t0, e[4]] for e in events
+                                                 if e[2] >= t0 and e[2] - t0 <= first]}), flush=True)
+
+
+def timelines(data: str, tok: str, n: int) -> None:
+    for k in range(n):
+        out = subprocess.run([sys.executable, os.path.abspath(__file__), TIMELINE_CHILD, data, tok],
+                             stdout=subprocess.PIPE, text=True, timeout=600)
+        if out.returncode:
+            raise SystemExit(f"the timeline process failed (exit {out.returncode})")
+        got = json.loads(out.stdout.strip().splitlines()[-1])
+        print(f"\nfresh training process {k + 1}/{n}: first batch {got['first'] * 1e3:.0f} ms after iter() "
+              f"(load average {os.getloadavg()[0]:.1f}); ms from iter(): start, end, wall, thread CPU")
+        for label, thread, a, b, cpu in sorted(got["events"], key=lambda e: e[2]):
+            print(f"  {a * 1e3:7.1f} {b * 1e3:7.1f} {(b - a) * 1e3:7.1f} {cpu * 1e3:7.1f}  {thread[:24]:24s} {label}")
 
 
 def _threads() -> dict[str, float]:
@@ -224,12 +298,19 @@ def _threads() -> dict[str, float]:
     return out
 
 
-def run_pipeline(data: str, tok: str) -> dict:
+def run_pipeline(data: str, tok: str, tree: str | None = None) -> dict:
+    """A fresh training process's passes (``tree``: with that source tree's ``zephon_dask``)."""
+    env = dict(os.environ)
+    if tree is not None:
+        env["PYTHONPATH"] = os.pathsep.join([os.path.abspath(tree), env.get("PYTHONPATH", "")])
     out = subprocess.run([sys.executable, os.path.abspath(__file__), PIPELINE_CHILD, data, tok],
-                         stdout=subprocess.PIPE, text=True, timeout=1800)
+                         stdout=subprocess.PIPE, text=True, timeout=1800, env=env)
     if out.returncode:
         raise SystemExit(f"the pipeline process failed (exit {out.returncode})")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    if tree is not None and not got["package"].startswith(os.path.abspath(tree)):
+        raise SystemExit(f"the baseline's pass imported {got['package']}, not the tree {tree}")
+    return got
 
 
 def profile_windows(pipe: Pipeline, count: int) -> tuple[dict[str, float], int]:
@@ -285,6 +366,9 @@ def main(argv=None) -> None:
     ap.add_argument("--rounds", type=int, default=None, help="alternating rounds (default 2; --quick 1)")
     ap.add_argument("--procs", type=int, default=os.cpu_count() or 1, help="tokenizer processes (default: cores)")
     ap.add_argument("--profile", type=int, default=16, help="windows profiled by stage (default 16)")
+    ap.add_argument("--baseline", help="a source tree of another version: its pass runs in every round too")
+    ap.add_argument("--timeline", type=int, default=0, metavar="N",
+                    help="only the first batch's timeline, in N fresh training processes")
     args = ap.parse_args(argv)
     rounds = args.rounds or (1 if args.quick else 2)
     with tempfile.TemporaryDirectory(prefix="zephon-bench-ceiling-") as tmp:
@@ -293,6 +377,9 @@ def main(argv=None) -> None:
         else:
             data = tmp
             tok, summary = make_data(tmp, WORKLOADS["mixed"], args.quick, None)
+        if args.timeline:
+            timelines(data, tok, args.timeline)
+            return
         pipe = build(data, tok, workers=1)
         texts = plan_texts(pipe)
         texts_path = os.path.join(tmp, "texts.pickle")
@@ -315,8 +402,13 @@ def main(argv=None) -> None:
         try:
             for r in range(rounds):
                 floor, ceiling = limits.run("floor"), limits.run("all")
+                base = run_pipeline(data, tok, args.baseline) if args.baseline else None
                 p = run_pipeline(data, tok)
-                rows.append({"floor": floor, "ceiling": ceiling, "pipe": p})
+                rows.append({"floor": floor, "ceiling": ceiling, "pipe": p, **({"base": base} if base else {})})
+                if base is not None:
+                    print(f"round {r + 1}/{rounds}, baseline: first batch {base['first']:.2f} s "
+                          f"({base['first'] / floor['s']:.2f}x the floor), cold pass "
+                          f"{base['tokens'] / base['wall'] / ceiling['rate']:.2f}x the ceiling", flush=True)
                 print(f"round {r + 1}/{rounds}: ceiling {ceiling['rate'] / 1e3:.0f}k tokens/s, pipeline "
                       f"{p['tokens'] / p['wall'] / 1e3:.0f}k cold ({p['tokens'] / p['wall'] / ceiling['rate']:.2f}x), "
                       f"{p['warm']['tokens'] / p['warm']['wall'] / 1e3:.0f}k warm "
@@ -341,7 +433,7 @@ def report(rows, single, single_cpu, stages, profiled, n_windows, load0) -> None
 
     cold_cpu = [per_cpu(r["pipe"], r) for r in rows]
     warm_cpu = [per_cpu(r["pipe"]["warm"], r) for r in rows]
-    passes = [p for r in rows for p in (r["pipe"], r["pipe"]["warm"])]
+    passes = [p for r in rows for run in (r["pipe"], r.get("base")) if run for p in (run, run["warm"])]
     ok = all(p["sha"] == single["sha"] and p["batches"] == single["batches"] for p in passes)
     print()
     print(f"{'round':>5s} {'ceiling tok/s':>14s} {'cold tok/s':>11s} {'ratio':>6s} {'warm tok/s':>11s} {'ratio':>6s} "
@@ -376,11 +468,20 @@ def report(rows, single, single_cpu, stages, profiled, n_windows, load0) -> None
     print(f"  the same in tokens per CPU second (every process; on a busy machine the wall ratio measures the "
           f"share of the cores each mode got): cold {', '.join(f'{x:.2f}x' for x in cold_cpu)}; "
           f"warm {', '.join(f'{x:.2f}x' for x in warm_cpu)}")
-    print(f"  first batch <= {TARGET_FLOOR:.1f}x its floor: {', '.join(f'{x:.2f}x' for x in firsts)}")
+    print(f"  first batch <= {TARGET_FLOOR:.1f}x its floor: {', '.join(f'{x:.2f}x' for x in firsts)} "
+          f"(median {statistics.median(firsts):.2f}x)")
+    if all("base" in r for r in rows):
+        base = [r["base"]["first"] / r["floor"]["s"] for r in rows]
+        theirs = ", ".join(f"{r['base']['first']:.3f}" for r in rows)
+        ours = ", ".join(f"{r['pipe']['first']:.3f}" for r in rows)
+        print(f"  the baseline's first batch against the same floors: {', '.join(f'{x:.2f}x' for x in base)} "
+              f"(median {statistics.median(base):.2f}x; first batch {theirs} s against this tree's {ours} s)")
 
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == PIPELINE_CHILD:
         pipeline_child(sys.argv[2], sys.argv[3])
+    elif len(sys.argv) > 1 and sys.argv[1] == TIMELINE_CHILD:
+        timeline_child(sys.argv[2], sys.argv[3])
     else:
         main()

@@ -19,9 +19,10 @@ import zephon_dask as z
 from tests.helpers.oracles import batch_rows, ref_group_stream
 from tests.helpers.pipelines import build, child_pids, wait_until_no_new_processes
 from zephon_dask import compute_window
+from zephon_dask.core.window import compute_chunk
 from zephon_dask.errors import ClosedError, ClusterError
 from zephon_dask.execution import cluster as cluster_mod
-from zephon_dask.execution.head_start import HeadStart
+from zephon_dask.execution.head_start import HeadStart, LargestFirst
 from zephon_dask.execution.local import SynchronousRunner
 from zephon_dask.graph import window_graph
 from zephon_dask.pipeline.ranks import owned_lanes
@@ -89,6 +90,77 @@ def test_the_first_batch_does_not_wait_for_the_distributed_import(corpus_dir):
     assert [tuple(b) for b in got["batches"]] == reference(build(corpus_dir))
 
 
+WINDOW_IMPORTS_SCRIPT = """
+import json, sys, threading
+from pathlib import Path
+
+class Imports:  # (module, thread) of every import from here on
+    seen = []
+    def find_spec(self, name, path=None, target=None):
+        Imports.seen.append((name, threading.current_thread().name))
+
+from tests.helpers.oracles import batch_rows
+from tests.helpers.pipelines import build
+p = build(Path(sys.argv[1]), retries=0)
+with p:
+    sys.meta_path.insert(0, Imports())
+    next(iter(p))
+    print(json.dumps(Imports.seen))
+"""
+
+
+def test_the_head_start_imports_nothing_while_it_computes_the_first_window(corpus_dir):
+    """A module imported on first use inside the first window's chunk tasks (``numpy.ma`` by
+    ``np.unique``) holds the import lock and the GIL while the window's threads tokenize: the
+    library imports what its tasks use with itself, so a fresh process's head-start threads import
+    nothing before the first batch."""
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run([sys.executable, "-c", WINDOW_IMPORTS_SCRIPT, str(corpus_dir)], cwd=root,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    assert [name for name, thread in seen if thread.startswith("zephon-head-start")] == []
+
+
+@pytest.mark.parametrize("threads", [2, 3])
+def test_a_window_here_reads_its_chunks_in_order_and_tokenizes_the_largest_first(corpus_dir, threads):
+    """The head start's pool: each chunk is read once; each chunk taken is the largest read and
+    not yet taken, so the window's threads finish together. The outputs are compute_chunk's, in
+    chunk order."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    spec = build(corpus_dir).spec
+    chunks = spec.window_chunks(0, 0)
+    plan = LargestFirst(spec, chunks)
+    finished = []
+    with ThreadPoolExecutor(threads) as pool:
+        outs = plan.run(pool, threads, lambda: finished.append(1))
+    assert [o.chunk for o in outs] == list(chunks) and len(finished) == len(chunks)
+    for out, g in zip(outs, chunks, strict=True):
+        assert pickle.dumps(out.table) == pickle.dumps(compute_chunk(spec, g).table)
+    assert sorted(e[1] for e in plan.log if e[0] == "read") == list(range(len(chunks)))
+    ready: dict[int, int] = {}
+    for event in plan.log:  # replayed: every take is the largest chunk ready then
+        if event[0] == "read":
+            ready[event[1]] = event[2]
+        else:
+            assert ready[event[1]] == max(ready.values())
+            del ready[event[1]]
+    assert ready == {}
+    assert len({size for _, _, size in (e for e in plan.log if e[0] == "read")}) > 1  # the order mattered
+
+
+def test_a_chunk_that_fails_to_read_here_stops_the_window_and_is_raised(corpus_dir):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from zephon_dask.errors import ChunkOutOfRangeError
+
+    spec = build(corpus_dir).spec
+    plan = LargestFirst(spec, [*spec.window_chunks(0, 0), 10**9])  # the last read fails
+    with ThreadPoolExecutor(2) as pool, pytest.raises(ChunkOutOfRangeError, match="outside the stream"):
+        plan.run(pool, 2, lambda: None)
+
+
 def test_a_window_is_computed_here_while_another_thread_imports_distributed():
     """While the cluster's start imports ``distributed`` on its thread, the module is in
     ``sys.modules`` half made (no ``get_worker`` yet); a window the head start computes meanwhile
@@ -132,9 +204,11 @@ def test_windows_are_computed_here_in_priority_order_then_handed_to_the_cluster(
     assert computed == pairs[:len(computed)] and sent == pairs[len(computed):]
 
 
+@pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("error", [RuntimeError, ConnectionResetError])
 @pytest.mark.parametrize("retry_remotely", [False, True])
-def test_a_window_that_fails_here_fails_with_its_pointer_or_goes_to_the_cluster(corpus_dir, retry_remotely, error):
+def test_a_window_that_fails_here_fails_with_its_pointer_or_goes_to_the_cluster(corpus_dir, retry_remotely, error,
+                                                                                threads):
     """The user's own exception would come back on every try: it fails here. An I/O error (from
     outside the window's pure function) goes to the cluster, if the runner has one."""
     def explode(rec):
@@ -147,7 +221,7 @@ def test_a_window_that_fails_here_fails_with_its_pointer_or_goes_to_the_cluster(
     spec = p.options(canonical_replicas=2).spec
     bad = next((lane, w) for lane in range(2) for w in range(spec.num_windows(lane))
                if _fails(spec, lane, w))
-    head = HeadStart(spec, 1, retry_remotely, [])
+    head = HeadStart(spec, threads, retry_remotely, [])
     handle = head.offer(window_graph(spec, *bad), 0)
     assert head.first_window.wait(30)
     sent = []
@@ -365,6 +439,61 @@ def test_the_cluster_starts_only_once_the_first_window_is_computed_here(corpus_d
         p.close()
     assert first is not None
     assert seen == [[(0, 0)]]  # begun once, after lane 0's first window was computed here
+
+
+def test_the_cluster_starts_only_once_the_first_batch_is_cut(corpus_dir, monkeypatch):
+    """The first window computed here, the cluster's start still waits for the consumer's cut of
+    the first batch (its import of ``distributed`` would hold the GIL the cut needs)."""
+    from zephon_dask.consumer import stream as stream_mod
+    from zephon_dask.execution import head_start as head_start_mod
+
+    started = threading.Event()
+    at_cut: list[bool] = []  # whether the start had begun while the first batch was cut
+
+    def record(*args, **kwargs):
+        started.set()
+        raise OSError("recorded")
+
+    real_check = stream_mod.check_first_window
+
+    def check(*args, **kwargs):  # a step of the cut, held: the start would begin meanwhile
+        started.wait(2.0)
+        at_cut.append(started.is_set())
+        return real_check(*args, **kwargs)
+
+    monkeypatch.setattr(cluster_mod, "local_cluster", record)
+    monkeypatch.setattr(stream_mod, "check_first_window", check)
+    monkeypatch.setattr(head_start_mod, "CUT_AT_MOST", 120.0)
+    p = build(corpus_dir)
+    try:
+        next(iter(p))
+        assert started.wait(60)  # begun once the first batch was cut
+    finally:
+        p.close()
+    assert at_cut == [False]
+
+
+def test_a_first_window_no_batch_is_cut_from_lets_the_cluster_start(corpus_dir, monkeypatch):
+    """The bound: a caller that takes no batch from the first window computed here (a stream
+    opened, nothing read) has the cluster's start begin CUT_AT_MOST seconds after it."""
+    from zephon_dask.execution import head_start as head_start_mod
+
+    started = threading.Event()
+
+    def record(*args, **kwargs):
+        started.set()
+        raise OSError("recorded")
+
+    monkeypatch.setattr(cluster_mod, "local_cluster", record)
+    monkeypatch.setattr(head_start_mod, "CUT_AT_MOST", 0.2)
+    p = build(corpus_dir)
+    runner = p.session.runner()
+    try:
+        p.session.open_stream([0, 1], None)  # submits the first windows; no batch is cut
+        assert started.wait(60)
+        assert runner.computed_here[:1] == [(0, 0)]  # begun after the first window was computed here
+    finally:
+        p.close()
 
 
 def test_a_first_window_that_makes_no_progress_lets_the_cluster_start(corpus_dir, monkeypatch):

@@ -102,6 +102,17 @@ def test_direct_chunks_match_sequential_oracle(cfg):
 
 
 @SETTINGS
+@given(configs())
+def test_chunk_counts_are_the_chunks_datasets(cfg):
+    datasets, kw = cfg
+    ws = _build(datasets, kw)
+    for g in range(min(len(ws), 40)):
+        counts = ws.chunk_counts(g)
+        assert counts.dtype == np.int64
+        assert counts.tolist() == np.bincount(ws.chunk_arrays(g).dataset, minlength=len(ws.names)).tolist()
+
+
+@SETTINGS
 @given(configs(), st.integers(1, 6), st.integers(1, 4))
 def test_lanes_and_windows_match_oracle(cfg, replicas, k):
     datasets, kw = cfg

@@ -77,6 +77,7 @@ def test_chunks_across_phases_match_the_sample_walking_oracle(cfg):
     assert len(source) == len(truth)
     for g in range(len(truth)):  # any chunk, directly, in any order
         assert [tuple(p) for p in source.chunk(g)] == truth[g]
+        assert source.chunk_counts(g).tolist() == [sum(p[0] == n for p in truth[g]) for n in source.names]
         assert source.phase_of(g) == max(p for p, (start, _) in enumerate(phase_list) if start <= g)
     for lane in range(replicas):  # every lane switches phase at the same block
         switch = [j for j, g in enumerate(source.lane_chunks(lane, replicas))

@@ -132,7 +132,9 @@ class BatchStream:
         if not self._started:
             self._started = True
             with FirstBatchWait(self.fetcher):
-                return self._next()
+                batch = self._next()
+            self.fetcher.runner.first_batch_taken()
+            return batch
         return self._next()
 
     def _next(self) -> Batch:

@@ -165,8 +165,16 @@ def compute_chunk(spec: PipelineSpec, g: int) -> ChunkOutput:
     """Read chunk ``g`` and apply the record operators, in chain order (pure)."""
     started, cpu = time.perf_counter(), time.thread_time()
     pointers, records = read_chunk(spec, g)
+    return chunk_output(spec, g, pointers, records, time.perf_counter() - started, time.thread_time() - cpu)
+
+
+def chunk_output(spec: PipelineSpec, g: int, pointers: np.ndarray, records: list[dict], seconds: float = 0.0,
+                 cpu: float = 0.0) -> ChunkOutput:
+    """:func:`compute_chunk` once chunk ``g`` is read (:func:`read_chunk`; ``seconds`` and ``cpu``: the
+    read's, counted in the chunk's) (pure)."""
+    started, cpu0 = time.perf_counter(), time.thread_time()
     out = apply_record_ops(spec.record_ops, spec.source.names, g, pointers, records)
-    out.seconds, out.cpu = time.perf_counter() - started, time.thread_time() - cpu
+    out.seconds, out.cpu = seconds + time.perf_counter() - started, cpu + time.thread_time() - cpu0
     return out
 
 

@@ -21,6 +21,10 @@ from functools import cached_property
 
 import numpy as np
 
+# np.unique (locate) imports numpy.ma on its first call: imported with this module instead of
+# in the first window's chunk tasks, where every thread of the head start waits for the import
+import numpy.ma  # noqa: F401
+
 from .permutation import permute
 from .seeding import stream_keys, text_id
 

@@ -13,6 +13,9 @@ from functools import lru_cache
 
 import numpy as np
 
+# imported with this module: numpy loads numpy.random on first use, which would be the first iter()
+from numpy.random import SeedSequence
+
 from ..validate import check_int
 
 
@@ -30,5 +33,5 @@ def check_seed(seed: object) -> int:
 def stream_keys(seed: int, purpose: str, *indices: int, n: int = 8) -> tuple[int, ...]:
     """``n`` 64-bit keys for the stream named by ``(seed, purpose, indices)``."""
     entropy = [seed, text_id(purpose), *(int(i) for i in indices)]
-    state = np.random.SeedSequence(entropy).generate_state(n, dtype=np.uint64)
+    state = SeedSequence(entropy).generate_state(n, dtype=np.uint64)
     return tuple(int(x) for x in state)

@@ -503,6 +503,12 @@ class MixtureWorkSource:
                 shard[sel], offset[sel] = order.locate(np.arange(lo[c], hi[c], dtype=np.int64))
         return ChunkPointers(seq.astype(np.int64), shard, offset)
 
+    def chunk_counts(self, g: int) -> np.ndarray:
+        """Chunk ``g``'s records of each dataset (``int64``, in ``names`` order): the dataset
+        counts of :meth:`chunk_arrays`, without locating a single record."""
+        g = self._check_chunk(g)
+        return np.subtract(self._allocated(g + 1), self._allocated(g), dtype=np.int64)
+
     def chunk(self, g: int) -> list[Pointer]:
         """Chunk ``g``'s pointers, each a ``Pointer(dataset, shard, offset)``."""
         ds, sh, off = self.chunk_arrays(g)

@@ -283,6 +283,10 @@ class Runner:
             slots = max(1, math.ceil(slots * lanes / self.spec.canonical_replicas))
         return slots
 
+    def first_batch_taken(self) -> None:
+        """The consumer has cut its first batch: work held back so as not to compete with it
+        (an embedded cluster's start) may begin. Nothing here."""
+
     def _run_local(self, graph: WindowGraph) -> WindowOutput:
         return dask.get(graph.to_dict(self.spec), graph.key)
 

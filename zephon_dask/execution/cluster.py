@@ -545,6 +545,11 @@ class DistributedRunner(Runner):
             self._spec_future = client.submit(_spec_value, self.spec, key=graph_keys.spec_key(self.spec.fingerprint),
                                               pure=False, priority=1_000_000)
 
+    def first_batch_taken(self) -> None:
+        head = self._head
+        if head is not None:
+            head.first_batch_taken()
+
     @property
     def starting(self) -> bool:
         """Whether the embedded cluster is still starting (then :attr:`client` would wait)."""

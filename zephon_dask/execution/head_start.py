@@ -13,9 +13,11 @@ window's bytes do not depend on where it was computed.
 
 The cluster's start (:class:`Boot`) begins only once the first window taken here (the
 one the first batch needs: the consumer submits it first, at the highest priority)
-is done, computed or failed. Started earlier, its processes would take the cores that
-window needs, and the first batch would come later than the floor of tokenizing it
-on every core. Waiting costs nothing while the head start keeps the cores busy, so the
+is done, computed or failed, and, computed, once the consumer has cut the first batch from
+it (:meth:`HeadStart.first_batch_taken`; at most :data:`CUT_AT_MOST` seconds after the
+window, for a caller that takes no batch). Started earlier, its processes would take the
+cores that window needs, and its import of ``distributed`` the GIL the cut needs, and
+the first batch would come later than the floor of tokenizing it on every core. Waiting costs nothing while the head start keeps the cores busy, so the
 start's only bound is the head start falling behind its own plan (:meth:`HeadStart.due`):
 past :data:`PACE_MARGIN` times the time the window's chunks predict at the pace of
 those done so far (``t_k * n / k`` after ``k`` of its ``n`` chunks; at least
@@ -37,16 +39,23 @@ from __future__ import annotations
 import heapq
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
-import dask
-import dask.threaded
+import numpy as np
 
 from ..core.spec import PipelineSpec
-from ..core.window import WindowOutput, narrowed
+from ..core.window import (
+    ChunkOutput,
+    WindowOutput,
+    chunk_output,
+    compute_chunk,
+    finish_window,
+    narrowed,
+    read_chunk,
+)
 from ..errors import ClosedError, ClusterError
-from ..graph import WindowGraph, window_graph
+from ..graph import WindowGraph
 from .base import WindowHandle
 from .task_errors import is_final
 from .watch import DEFAULT_STALL
@@ -54,6 +63,7 @@ from .watch import DEFAULT_STALL
 POLL = 1.0  # the longest slice of a wait for the cluster, between two checks of its deadline
 PACE_MARGIN = 2.0  # how far past its chunks' predicted time the first window may run before the cluster starts
 ALONE_AT_LEAST = 1.0  # seconds the first window always has alone: a few ms' jitter on a short one starts nothing
+CUT_AT_MOST = 1.0  # seconds after the first window is computed the start waits for the first batch's cut
 
 
 class Boot:
@@ -188,12 +198,15 @@ class HeadStart:
         self.boot: Boot | None = None  # the cluster's start, begun once the first window is done; ends in hand_over or fail
         self._made = time.monotonic()
         self._lead: HeadStartHandle | None = None  # the first window taken here (done: first_window)
+        self._lead_computed: float | None = None  # time.monotonic() when it was computed (not failed)
+        self._first_batch = False  # the consumer has cut the first batch
         self._cond = threading.Condition()
         self._queue: list[tuple[int, int, HeadStartHandle]] = []  # (-priority, order, handle)
         self._order = 0
         self._failed: list[HeadStartHandle] = []  # failed here, for the cluster
         self._send: Callable[[WindowGraph, int], WindowHandle] | None = None
         self._closed = False
+        self._threads = threads
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="zephon-head-start") if threads > 1 else None
         self.first_window = threading.Event()
         self._driver = threading.Thread(target=self._drive, name="zephon-head-start", daemon=True)
@@ -223,6 +236,7 @@ class HeadStart:
                     continue
                 if self._lead is None:
                     self._lead = handle
+                computed = False
                 try:
                     value = narrowed(self._compute(handle))  # held until taken, as the cluster's are
                 except BaseException as exc:
@@ -230,30 +244,35 @@ class HeadStart:
                 else:
                     self.computed_here.append((handle.graph.lane, handle.graph.window))
                     handle.settle(value=value)
-                if handle is self._lead and self.boot is not None:
-                    self.boot.begin()  # the first batch's window is done: the cores are the cluster's
+                    computed = True
+                if handle is self._lead:
+                    if computed:  # the start waits for the first batch's cut (first_batch_taken)
+                        self._lead_computed = time.monotonic()
+                    if (not computed or self._first_batch) and self.boot is not None:
+                        self.boot.begin()  # the cores are the cluster's
                 self.first_window.set()
         finally:
             if self._pool is not None:
                 self._pool.shutdown(wait=False)
 
     def _compute(self, handle: HeadStartHandle) -> WindowOutput:
-        """The handle's window, its chunks as tasks (in parallel on the pool), each counted in
-        ``handle.chunks_here`` as it finishes."""
+        """The handle's window: its chunks (in parallel on the pool, :class:`LargestFirst`), each
+        counted in ``handle.chunks_here`` as it finishes, then the window's accumulators."""
         graph = handle.graph
-        split = window_graph(self.spec, graph.lane, graph.window) if graph.fused else graph
-        chunk_keys = set(split.chunk_keys)
-        handle.chunks_planned, handle.began = len(chunk_keys), time.monotonic()
+        handle.chunks_planned, handle.began = len(graph.chunks), time.monotonic()
 
-        def finished(key, result, dsk, state, worker_id) -> None:  # on the thread that schedules them
-            if key in chunk_keys:
-                handle.last_chunk = time.monotonic()  # before the count: due() reads the count first
-                handle.chunks_here += 1
+        def finished() -> None:  # on one thread at a time
+            handle.last_chunk = time.monotonic()  # before the count: due() reads the count first
+            handle.chunks_here += 1
 
-        callbacks = [(None, None, None, finished, None)]  # dask.local's (start, start_state, pretask, posttask, finish)
         if self._pool is None:
-            return dask.get(split.to_dict(self.spec), split.key, callbacks=callbacks)
-        return dask.threaded.get(split.to_dict(self.spec), split.key, pool=self._pool, callbacks=callbacks)
+            outs = []
+            for g in graph.chunks:
+                outs.append(compute_chunk(self.spec, g))
+                finished()
+        else:
+            outs = LargestFirst(self.spec, graph.chunks).run(self._pool, self._threads, finished)
+        return finish_window(self.spec, graph.lane, graph.window, outs)
 
     def _failed_here(self, handle: HeadStartHandle, exc: BaseException) -> None:
         if not self.retry_remotely or isinstance(exc, ClosedError) or is_final(exc):
@@ -295,14 +314,25 @@ class HeadStart:
         for handle in waiting:
             handle.settle(error=error)
 
+    def first_batch_taken(self) -> None:
+        """The consumer has its first batch: the cluster's start begins (see the module
+        docstring); the cores are no longer the first batch's."""
+        self._first_batch = True
+        if self.boot is not None:
+            self.boot.begin()
+
     def due(self) -> float:
-        """Seconds until the cluster's start must begin (see the module docstring): 0 once the
-        first window taken here is done; while it computes, :data:`PACE_MARGIN` times the time
+        """Seconds until the cluster's start must begin (see the module docstring): once the
+        first window taken here is done, 0 if it failed or the first batch was taken, else what
+        is left of :data:`CUT_AT_MOST` after it; while it computes, :data:`PACE_MARGIN` times the time
         its chunks predict from those done (at least :data:`ALONE_AT_LEAST`; ``stall`` seconds
         before the first), from when it began; ``stall`` seconds from this head start's making
         while no window has begun."""
         if self.first_window.is_set():
-            return 0.0
+            computed = self._lead_computed
+            if computed is None or self._first_batch:
+                return 0.0
+            return computed + CUT_AT_MOST - time.monotonic()
         lead = self._lead
         began = lead.began if lead is not None else None
         if lead is None or began is None:
@@ -323,3 +353,109 @@ class HeadStart:
         in the background and is dropped."""
         self.fail(ClosedError("this distributed runner was closed while the window waited for the embedded "
                               "cluster; build or reopen the pipeline to compute more windows"))
+
+
+def text_size(records: Sequence) -> int:
+    """What tokenizing ``records`` costs, roughly: the length of their strings and sequences."""
+    return sum(len(v) for r in records if isinstance(r, dict)
+               for v in r.values() if isinstance(v, str | bytes | list | np.ndarray))
+
+
+class LargestFirst:
+    """A window's chunks computed on ``threads`` threads of a pool so that they finish together.
+    Holds state (the chunks read and not yet taken; ``log``: ``("read", i, size)`` and
+    ``("take", i)`` in the order they happened).
+
+    One thread at a time reads every chunk not yet read, in chunk order (Python: it holds the GIL,
+    while the other threads tokenize); every other thread, and the reader once done, takes the
+    chunk read and not yet taken with the most text (:func:`text_size`) and applies the record
+    operators to it (the tokenizer releases the GIL). A thread that finds none read while the
+    reader reads reads the next chunk itself (reads waiting on storage overlap, as on the pool's
+    threads before). So the window's last chunks are its smallest,
+    instead of one thread tokenizing a large one alone at the end. The outputs are
+    :func:`~zephon_dask.core.window.compute_chunk`'s, in chunk order: the order of work changes no
+    byte. The first error stops the work and is raised."""
+
+    def __init__(self, spec: PipelineSpec, chunks: Sequence[int]):
+        self.spec, self.chunks = spec, tuple(chunks)
+        self.log: list[tuple] = []
+        self._cond = threading.Condition()
+        self._unread = list(range(len(self.chunks)))[::-1]  # popped from the end: chunk order
+        self._reading = False
+        self._ready: list[tuple[int, int, np.ndarray, list, float, float]] = []  # (-size, i, pointers, records, s, cpu)
+        self._outs: list[ChunkOutput | None] = [None] * len(self.chunks)
+        self._error: BaseException | None = None
+
+    def run(self, pool: ThreadPoolExecutor, threads: int, finished: Callable[[], None]) -> list[ChunkOutput]:
+        """The chunks' outputs in chunk order; ``finished()`` after each chunk (one thread at a time)."""
+        futures = [pool.submit(self._work, finished) for _ in range(min(threads, len(self.chunks)))]
+        for future in futures:
+            future.result()  # a window computed here has no deadline, as on a worker
+        if self._error is not None:
+            raise self._error
+        return [out for out in self._outs if out is not None]
+
+    def _next(self) -> tuple | None:
+        """Under the lock: ``("read",)``, ``("take", item)``, or ``None`` when nothing is left."""
+        while self._error is None:
+            if self._unread and not self._reading:
+                self._reading = True
+                return ("read",)
+            if self._ready:
+                item = heapq.heappop(self._ready)
+                self.log.append(("take", item[1]))
+                return ("take", item)
+            if self._unread:  # nothing read yet: read one beside the reader
+                return ("read one",)
+            if not self._reading:
+                return None
+            self._cond.wait(POLL)  # the last chunks being read; woken when one is
+        return None
+
+    def _work(self, finished: Callable[[], None]) -> None:
+        try:
+            while True:
+                with self._cond:
+                    job = self._next()
+                if job is None:
+                    return
+                if job[0] == "read":
+                    self._read_all()
+                    continue
+                if job[0] == "read one":
+                    self._read_one()
+                    continue
+                _, i, pointers, records, seconds, cpu = job[1]
+                out = chunk_output(self.spec, self.chunks[i], pointers, records, seconds, cpu)
+                with self._cond:
+                    self._outs[i] = out
+                    finished()
+        except BaseException as exc:
+            with self._cond:
+                if self._error is None:
+                    self._error = exc
+                self._reading = False
+                self._cond.notify_all()
+
+    def _read_all(self) -> None:
+        while self._read_one():
+            pass
+        with self._cond:
+            self._reading = False
+            self._cond.notify_all()
+
+    def _read_one(self) -> bool:
+        """Read the next chunk not yet read; ``False`` if none is left (or the work stopped)."""
+        with self._cond:
+            if not self._unread or self._error is not None:
+                return False
+            i = self._unread.pop()
+        started, cpu = time.perf_counter(), time.thread_time()
+        pointers, records = read_chunk(self.spec, self.chunks[i])
+        size = text_size(records)
+        item = (-size, i, pointers, records, time.perf_counter() - started, time.thread_time() - cpu)
+        with self._cond:
+            heapq.heappush(self._ready, item)
+            self.log.append(("read", i, size))
+            self._cond.notify_all()
+        return True
