@@ -286,7 +286,14 @@ def test_a_cluster_that_fails_to_start_fails_the_waiting_windows_promptly(corpus
     # promptly: the start's own error, not the end of a wait as long as the test's timeout
     p = build(corpus_dir, n_workers=2, prefetch_windows=2, cluster_timeout=3600.0)
     with pytest.raises(OSError, match="no free port"), p:
-        list(p)
+        batches = iter(p)
+        next(batches)  # the first batch taken: the start begins, and fails
+        boot = p.session.runner()._boot
+        deadline = time.monotonic() + 60  # else the head start may compute this small corpus first
+        while not boot.done() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert boot.done()
+        list(batches)
 
 
 def test_a_cluster_that_does_not_start_in_time_is_a_cluster_error(corpus_dir, monkeypatch):
