@@ -288,11 +288,11 @@ def test_a_cluster_that_fails_to_start_fails_the_waiting_windows_promptly(corpus
     with pytest.raises(OSError, match="no free port"), p:
         batches = iter(p)
         next(batches)  # the first batch taken: the start begins, and fails
-        boot = p.session.runner()._boot
+        runner = p.session.runner()
         deadline = time.monotonic() + 60  # else the head start may compute this small corpus first
-        while not boot.done() and time.monotonic() < deadline:
+        while runner.starting and time.monotonic() < deadline:
             time.sleep(0.01)
-        assert boot.done()
+        assert not runner.starting
         list(batches)
 
 
