@@ -16,7 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.helpers.pipelines import build, child_pids, wait_until_no_new_processes
+from tests.helpers.pipelines import build, child_pids, wait_for, wait_until_no_new_processes
 from zephon_dask.execution import cluster as cluster_mod
 
 pytestmark = pytest.mark.timeout(300)
@@ -189,8 +189,6 @@ def test_a_pipeline_closed_before_its_cluster_was_needed_starts_none(corpus_dir,
     p = build(corpus_dir, n_workers=1)
     runner = p.session.runner()  # nothing iterated: the start waits
     p.close()
-    deadline = time.monotonic() + 30
-    while runner.starting and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_for(lambda: not runner.starting, 30, every=0.05)
     assert not runner.starting and started == []
     assert "closed" in runner.describe()

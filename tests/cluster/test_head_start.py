@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 import zephon_dask as z
 from tests.helpers.oracles import batch_rows, ref_group_stream
-from tests.helpers.pipelines import build, child_pids, wait_until_no_new_processes
+from tests.helpers.pipelines import build, child_pids, wait_for, wait_until_no_new_processes
 from zephon_dask import compute_window
 from zephon_dask.core.window import compute_chunk
 from zephon_dask.errors import ClosedError, ClusterError
@@ -289,10 +289,8 @@ def test_a_cluster_that_fails_to_start_fails_the_waiting_windows_promptly(corpus
         batches = iter(p)
         next(batches)  # the first batch taken: the start begins, and fails
         runner = p.session.runner()
-        deadline = time.monotonic() + 60  # else the head start may compute this small corpus first
-        while runner.starting and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert not runner.starting
+        # else the head start may compute this small corpus first
+        assert wait_for(lambda: not runner.starting, 60)
         list(batches)
 
 
@@ -386,9 +384,7 @@ def test_a_window_computed_here_reports_its_chunks_as_they_finish(corpus_dir):
     head = HeadStart(spec, 1, False, [])  # one thread: the window's chunks one after the other
     try:
         handle = head.offer(window_graph(spec, 0, 0, fused=True), 0)
-        deadline = time.monotonic() + 60
-        while handle.chunks_done() < 1 and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait_for(lambda: handle.chunks_done() >= 1, 60)
         assert handle.chunks_done() == 1 and not handle.done()  # one chunk of three, held in the second
     finally:
         _GATE.set()
@@ -438,9 +434,7 @@ def test_the_cluster_starts_only_once_the_first_window_is_computed_here(corpus_d
     runner = p.session.runner()
     try:
         first = next(iter(p))  # its window took HOLD_S s, past cluster_timeout: no ClusterError
-        deadline = time.monotonic() + 60
-        while not seen and time.monotonic() < deadline:
-            time.sleep(0.02)
+        wait_for(lambda: seen, 60, every=0.02)
     finally:
         _HOLDS["order"][0].set()
         p.close()
@@ -518,9 +512,7 @@ def test_a_first_window_that_makes_no_progress_lets_the_cluster_start(corpus_dir
     runner = p.session.runner()
     try:
         p.session.open_stream([0, 1], None)  # submits the first windows; nothing waits for them
-        deadline = time.monotonic() + 60
-        while not seen and time.monotonic() < deadline:
-            time.sleep(0.02)
+        wait_for(lambda: seen, 60, every=0.02)
     finally:
         _HOLDS["bound"][0].set()
         p.close()

@@ -11,7 +11,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -19,7 +18,7 @@ import psutil
 import pytest
 
 import zephon_dask as z
-from tests.helpers.pipelines import build, child_pids, wait_until_no_new_processes
+from tests.helpers.pipelines import build, child_pids, wait_for, wait_until_no_new_processes
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -80,9 +79,7 @@ def test_killed_training_process_leaves_no_process_nor_scheduler_file(corpus_dir
     pids, scheduler_file, host = started["pids"], Path(started["scheduler_file"]), Path(started["host_directory"])
     assert host.parent == Path(tempfile.gettempdir()) and host.name.startswith("zephon-dask-host-")
     assert len(set(pids)) == 3 and os.getpid() not in pids  # the host, the scheduler and the worker
-    deadline = time.monotonic() + 30
-    while not all(map(_gone, pids)) and time.monotonic() < deadline:
-        time.sleep(0.2)
+    wait_for(lambda: all(map(_gone, pids)), 30, every=0.2)
     assert all(map(_gone, pids)), [p for p in pids if not _gone(p)]
     assert not scheduler_file.exists()
     assert not host.exists()  # nor the host's socket (other runs' hosts may come and go meanwhile)

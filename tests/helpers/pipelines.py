@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 
 import psutil
 
@@ -73,6 +74,17 @@ def child_pids() -> set[int]:
         except psutil.NoSuchProcess:
             pass
     return out
+
+
+def wait_for(condition: Callable[[], object], limit: float, every: float = 0.01) -> bool:
+    """Poll ``condition()`` every ``every`` seconds until it is true or ``limit`` seconds have
+    passed; its last value, as a bool (the caller asserts what it needs)."""
+    import time
+
+    deadline = time.monotonic() + limit
+    while not (met := bool(condition())) and time.monotonic() < deadline:
+        time.sleep(every)
+    return met
 
 
 def wait_until_no_new_processes(before: set[int], limit: float = 30.0) -> None:
