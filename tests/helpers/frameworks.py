@@ -178,3 +178,15 @@ def record_eval_inputs(model) -> list[str]:
 
     model.register_forward_pre_hook(hook, with_kwargs=True)
     return seen
+
+
+def end_process_group_after(main) -> int:
+    """``main()``'s exit code, this rank's process group ended after it however it ends: gloo
+    threads left running at exit may abort the process (SIGABRT); torch asks for this."""
+    import torch.distributed
+
+    try:
+        return main()
+    finally:
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()

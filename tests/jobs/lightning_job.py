@@ -23,9 +23,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository: tests.helpers
 
-import torch.distributed  # noqa: E402
-
-from tests.helpers.frameworks import SAVE_AT, STEPS, hf_pipeline, lightning_fit  # noqa: E402
+from tests.helpers.frameworks import (  # noqa: E402
+    SAVE_AT,
+    STEPS,
+    end_process_group_after,
+    hf_pipeline,
+    lightning_fit,
+)
 from zephon_dask.errors import ConfigError  # noqa: E402
 
 
@@ -57,9 +61,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    try:
-        code = main()
-    finally:  # gloo threads left running at exit may abort the process (SIGABRT): torch asks for this
-        if torch.distributed.is_initialized():
-            torch.distributed.destroy_process_group()
-    raise SystemExit(code)
+    raise SystemExit(end_process_group_after(main))
