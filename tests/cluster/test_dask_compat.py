@@ -135,6 +135,16 @@ def _trim(dask_scheduler=None) -> None:
     dask_compat.forget_finished_spans(dask_scheduler, OURS, keep=0, quiet=0)
 
 
+def _finished_defaults_stopped(dask_scheduler=None) -> bool:
+    """Whether every finished default span without a live task group stopped before now. A span's
+    stop is a worker's clock moved by Dask's estimate of its offset from the scheduler's (half a
+    heartbeat's round trip at most), so on a loaded machine it can lie a little ahead."""
+    live = {id(tg) for tg in dask_scheduler.task_groups.values()}
+    now = time.time()
+    return all(s.stop < now for s in dask_scheduler.extensions["spans"].spans_search_by_name.get(("default",), [])
+               if s.done and not any(id(tg) in live for tg in s.groups))
+
+
 def test_a_fixed_span_collects_every_submission(client):
     """``dask.annotate(span={"name", "ids"})``: every graph submitted in the block, however many, goes
     to one span with that id."""
@@ -165,6 +175,10 @@ def test_finished_spans_are_forgotten(client):
     client.submit(_fast, 0, key="zcompat-default-1", pure=False).result(timeout=30)  # a default span
     before = client.run_on_scheduler(_spans, "zcompat-span-2")
     assert before["groups"] and max(before["collections"]) >= 2 and before["defaults"] >= 1
+    deadline = time.monotonic() + 30
+    while not client.run_on_scheduler(_finished_defaults_stopped):
+        assert time.monotonic() < deadline, "a finished default span kept a stop time ahead of the scheduler's clock"
+        time.sleep(0.05)
     client.run_on_scheduler(_trim)
     after = client.run_on_scheduler(_spans, "zcompat-span-2")
     assert after["groups"] == [] and max(after["collections"]) == 1
