@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from collections import Counter
 from pathlib import Path
@@ -103,6 +104,23 @@ def test_run_command_checkpoints_resumes_and_verifies(tmp_path, capsys):
     assert "12 global steps" in capsys.readouterr().out
     assert cli(["run", str(EXAMPLE), "--steps", "1", "--resume", str(tmp_path / "nope.json")]) == 2
     assert "no checkpoint" in capsys.readouterr().err
+
+
+def test_a_stream_that_ends_mid_step_checkpoints_its_last_full_step(tmp_path, capsys):
+    """The example recipe's stream ends one batch into a global step: the checkpoint is the last
+    full step's, with no warning, and a resume from it delivers that partial step again, then ends."""
+    whole, resumed, ckpt = tmp_path / "whole", tmp_path / "resumed", tmp_path / "ckpt.json"
+    common = [str(EXAMPLE), "--runner", "synchronous"]
+    assert cli(["run", *common, "--steps", "1000", "--ledger", str(whole), "--checkpoint", str(ckpt)]) == 1
+    out = capsys.readouterr()
+    full = int(re.search(r"the stream ended after (\d+) full steps", out.out).group(1))
+    assert f"checkpoint at global step {full} -> " in out.out and "warning" not in out.err, out.err
+    partial = [line for line in (whole / "rank-0.jsonl").read_text().splitlines()
+               if json.loads(line)["global_step"] == full]
+    assert partial  # the stream did end inside a step
+    assert cli(["run", *common, "--steps", "1", "--ledger", str(resumed), "--resume", str(ckpt)]) == 1
+    assert "the stream ended after 0 full steps" in capsys.readouterr().out
+    assert (resumed / "rank-0.jsonl").read_text().splitlines() == partial
 
 
 def test_run_bar_shows_real_tokens_per_second(capsys):

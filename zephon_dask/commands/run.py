@@ -130,8 +130,8 @@ def run(args) -> int:
                 except Preempted as exc:
                     return _interrupted(job, exc)
                 print(pipeline.stats())
-                if args.checkpoint:
-                    state = pipeline.state_dict()
+                if args.checkpoint:  # a stream that ended mid-step: that step's batches are not consumed
+                    state = job.last_step_state()
                     job.save(state)
                     print(f"checkpoint at global step {State.from_dict(state).step.global_step} -> {args.checkpoint}")
         except Preempted as exc:  # before the stream began: nothing to save
