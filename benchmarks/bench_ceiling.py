@@ -310,14 +310,15 @@ class CoreSampler:
             idle = (m_b[1] - m_a[1]) / self.tick
             add("other jobs on the machine", busy - ours, t)
             add("idle", idle, t)
-        # when each process's threads last computed (over a third of a core between two samples)
+        # when each process's threads last computed: the start of the last interval between two
+        # samples in which they used over 30 ms, plus what they used in it (a busy thread, alone)
         last: dict[str, float] = {}
         for (t_a, _, _, procs_a), (t_b, _, _, procs_b) in itertools.pairwise(self.samples):
             for pid, (_, threads) in procs_b.items():
                 before = procs_a.get(pid, (0, {}))[1]
                 busy = sum(cpu - before.get(tid, 0.0) for tid, cpu in threads.items() if tid != pid)
-                if busy > (t_b - t_a) / 3:
-                    last[roles.get(pid, "other processes")] = t_b
+                if busy > 0.03:
+                    last[roles.get(pid, "other processes")] = t_a + min(busy, t_b - t_a)
         return {"total": total, "series": series, "wall": wall, "cores": cores, "marks": self.marks, "bins": bins,
                 "last busy": last}
 
@@ -510,9 +511,13 @@ def run_pipeline(data: str, tok: str, tree: str | None = None, cores: bool = Fal
     env = dict(os.environ)
     if tree is not None:
         env["PYTHONPATH"] = os.pathsep.join([os.path.abspath(tree), env.get("PYTHONPATH", "")])
-    out = subprocess.run([sys.executable, os.path.abspath(__file__), PIPELINE_CHILD, data, tok,
-                          *(["--cores"] if cores else []), *(["--options", json.dumps(options)] if options else [])],
-                         stdout=subprocess.PIPE, text=True, timeout=1800, env=env)
+    # run in the tree: a version whose cluster host imports the working directory's zephon_dask first
+    # (before it was started with -P) then runs that version's cluster code too
+    out = subprocess.run([sys.executable, os.path.abspath(__file__), PIPELINE_CHILD, os.path.abspath(data),
+                          os.path.abspath(tok), *(["--cores"] if cores else []),
+                          *(["--options", json.dumps(options)] if options else [])],
+                         stdout=subprocess.PIPE, text=True, timeout=1800, env=env,
+                         cwd=os.path.abspath(tree) if tree is not None else None)
     if out.returncode:
         raise SystemExit(f"the pipeline process failed (exit {out.returncode})")
     got = json.loads(out.stdout.strip().splitlines()[-1])
@@ -705,6 +710,10 @@ def main(argv=None) -> None:
                 for label, run in (("baseline", base), ("this tree", p)):
                     if run is not None and "cores" in run:
                         run["shares"] = cores_report(label, run["cores"], run["hashing"])
+                        made = sum(m[4] for m in run["cores"].get("made", []))
+                        print(f"    the windows' own CPU {made:.2f} s (their chunks' and their own, where they were "
+                              f"computed) against the ceiling's processes' {ceiling['cpu']:.2f} s for the same "
+                              f"texts: {made / ceiling['cpu']:.2f}x")
                 print(f"round {r + 1}/{rounds}: ceiling {ceiling['rate'] / 1e3:.0f}k tokens/s, pipeline "
                       f"{p['tokens'] / p['wall'] / 1e3:.0f}k cold ({p['tokens'] / p['wall'] / ceiling['rate']:.2f}x), "
                       f"{p['warm']['tokens'] / p['warm']['wall'] / 1e3:.0f}k warm "
