@@ -135,8 +135,8 @@ OPTIONS: tuple[Option, ...] = (
            _optional_positive),
     Option("fuse", True, "execution", _BOOL,
            "one task per window, the first windows of an iteration (one per lane, for as many lanes as "
-           "worker threads) split into chunk tasks (True), or a task per chunk plus one per window "
-           "throughout (False)",
+           "worker threads) and its last ones (as many as worker threads, when every lane ends) split "
+           "into chunk tasks (True), or a task per chunk plus one per window throughout (False)",
            check_bool),
     Option("windows_per_task", None, "execution", _INT,
            "fused windows computed by one Dask task, consecutive in the order they are needed (None: "

@@ -51,6 +51,36 @@ def test_a_host_forks_processes_with_its_environment_and_no_training_script(tmp_
         host.connect([])
 
 
+def _package(queue) -> None:  # run in a process the host forked
+    import zephon_dask
+
+    queue.put(zephon_dask.__file__)
+
+
+def test_a_host_imports_this_processs_package_whatever_the_working_directory_holds(tmp_path, monkeypatch):
+    """The host's modules come from this process's ``sys.path`` (its ``PYTHONPATH``), not from the
+    working directory first: started there with ``-c``, the host (and every scheduler and worker
+    forked from it) imported a ``zephon_dask`` the working directory held, such as another
+    version's source tree, instead of the training process's."""
+    import zephon_dask
+    from zephon_dask.execution.host import Host
+
+    path = os.pathsep.join(p or os.getcwd() for p in sys.path)  # as the embedded cluster sets it
+    decoy = tmp_path / "zephon_dask"
+    decoy.mkdir()
+    (decoy / "__init__.py").write_text("raise ImportError('a zephon_dask in the working directory')\n")
+    monkeypatch.chdir(tmp_path)
+    host = Host({**os.environ, "PYTHONPATH": path})
+    try:
+        queue = host.context.Queue()
+        process = host.context.Process(target=_package, args=(queue,), daemon=True)
+        process.start()
+        assert queue.get(timeout=60) == zephon_dask.__file__
+        process.join(30)
+    finally:
+        host.close(10)
+
+
 def _worker(dask_worker=None) -> dict:
     import os
     import sys

@@ -64,28 +64,36 @@ def test_fetcher_submits_in_the_reference_order(data):
 
 @settings(max_examples=100, deadline=None)
 @given(data=st.data())
-def test_fetcher_splits_only_the_first_windows_it_submits(data):
+def test_fetcher_splits_only_the_first_and_last_windows_it_submits(data):
     """With ``fused``, a window is split into chunk tasks exactly when it is its lane's first and one
-    of the first ``split_first`` submitted (as many as the workers compute together); without, always.
-    The order of submissions does not depend on it."""
+    of the first ``split_first`` submitted (as many as the workers compute together), or one of the
+    iteration's last ``split_last`` windows when every lane ends (the workers then share the end
+    chunk by chunk); without, always. The order of submissions does not depend on it."""
     n = data.draw(st.integers(1, 8))
     lanes = data.draw(st.permutations(range(12)))[:n]
     num_windows = {lane: data.draw(st.one_of(st.none(), st.integers(0, 4))) for lane in lanes}
     start = {lane: data.draw(st.integers(0, 2)) for lane in lanes}
     prefetch, split_first = data.draw(st.integers(1, 10)), data.draw(st.integers(0, 10))
+    split_last = data.draw(st.integers(0, 4))
     fused = data.draw(st.booleans())
     gets = data.draw(st.lists(st.sampled_from(lanes), max_size=30))
     runner = RecordingRunner()
     fetcher = WindowFetcher(FakeSpec(num_windows), runner, lanes, prefetch, start_windows=start, fused=fused,
-                            split_first=split_first)
+                            split_first=split_first, split_last=split_last)
     for lane in gets:
         fetcher.get(lane)
     assert runner.submitted == ref_submissions(num_windows, start, prefetch, gets)
-    split = [not fused or (w == start[lane] and i < split_first) for i, (lane, w) in enumerate(runner.submitted)]
+    ends = all(n is not None for n in num_windows.values())
+    total = sum(max(0, n - start[lane]) for lane, n in num_windows.items()) if ends else None
+    first = [w == start[lane] and i < split_first for i, (lane, w) in enumerate(runner.submitted)]
+    last = [total is not None and i >= total - split_last for i in range(len(runner.submitted))]
+    split = [not fused or f or la for f, la in zip(first, last, strict=True)]
     assert runner.fused == [not s for s in split]
     if fused:
-        assert sum(split) == min(split_first, len({lane for lane, w in runner.submitted[:split_first]
+        assert sum(first) == min(split_first, len({lane for lane, w in runner.submitted[:split_first]
                                                    if w == start[lane]}))
+        if total is not None and len(runner.submitted) == total:  # the iteration's end was submitted
+            assert sum(last) == min(split_last, total)
 
 
 def test_bench_scale_quickest_run(tmp_path):

@@ -120,3 +120,4 @@ def test_a_module_only_this_process_can_import_reaches_the_scheduler(corpus_dir,
          .options(canonical_replicas=2, flush_every_k_chunks=2, n_workers=1, head_start=False))
     with p:
         assert len(next(iter(p))["tokens"]) == 3
+

@@ -11,14 +11,17 @@ given back to the OS at most every 30 s (:class:`~zephon_dask.execution.memory.T
 
 With ``fused=True`` every window is one task except the first windows of the
 stream, one per lane for the first ``split_first`` submissions (the runner's
-worker threads, see the session), which are split into their chunk tasks: split
+worker threads, see the session), and the last ``split_last`` windows of an
+iteration whose lanes all end, which are split into their chunk tasks: split
 windows are computed one after the other by all workers at once instead of one
 per worker, so the first batch waits for a fraction of a window (the task
 joining a split window's chunks may still wait behind a fused window its worker
-already took). Later windows, other lanes' first ones included, are fused: the workers
-are busy with one window each by then, so a split would add tasks (a chunk's
-result sent between workers, the scheduler's and workers' messages for each)
-and gain nothing. Both encodings give the same bytes.
+already took), and at the iteration's end the workers share its last windows
+chunk by chunk, finishing within a chunk of each other instead of one computing
+a last window alone while the others idle. Windows in between, other lanes' first
+ones included, are fused: the workers are busy with one window each, so a split
+would add tasks (a chunk's result sent between workers, the scheduler's and
+workers' messages for each) and gain nothing. Both encodings give the same bytes.
 
 With ``windows_per_task`` above 1, up to that many consecutive fused
 submissions go to the runner together (:meth:`Runner.submit_group`), which may
@@ -85,7 +88,7 @@ class WindowFetcher:
     def __init__(self, spec: PipelineSpec, runner, lanes: list[int], prefetch: int,
                  start_windows: dict[int, int] | None = None, fused: bool = False, split_first: int = 0,
                  windows_per_task: int | None = 1, alone_at_end: int = 0, prefetch_bytes: int | None = None,
-                 scale_prefetch: bool = False, threads: int = 1):
+                 scale_prefetch: bool = False, threads: int = 1, split_last: int = 0):
         self.spec, self.runner, self.lanes = spec, runner, list(lanes)
         self.base_prefetch = max(1, int(prefetch))
         self.prefetch_bytes = prefetch_bytes
@@ -97,7 +100,7 @@ class WindowFetcher:
         self.scale_prefetch = scale_prefetch and self.given is None
         self.threads = max(1, threads)  # worker threads of this consumer's share (the automatic size's bound)
         self.alone_at_end = alone_at_end
-        self.fused, self.split_first = fused, split_first
+        self.fused, self.split_first, self.split_last = fused, split_first, split_last
         start = start_windows or {}
         self.next_needed = {lane: start.get(lane, 0) for lane in self.lanes}
         self.next_submit = dict(self.next_needed)
@@ -157,12 +160,13 @@ class WindowFetcher:
 
     def _split(self, lane: int, w: int, later: int = 0) -> bool:
         """Whether ``(lane, w)``, submitted ``later`` submissions from now, is split into chunk tasks."""
-        return not self.fused or (w == self.first[lane] and self._seq + later < self.split_first)
+        near_end = self._left is not None and self._left - later <= self.split_last
+        return not self.fused or near_end or (w == self.first[lane] and self._seq + later < self.split_first)
 
     def submit(self, lane: int, w: int) -> None:
         """Submit lane ``lane``'s window ``w`` to the runner, after those already submitted: split
         into chunk tasks unless ``fused``, or if it is the lane's first and one of the first
-        ``split_first`` submitted."""
+        ``split_first`` submitted, or one of the iteration's last ``split_last``."""
         graph = window_graph(self.spec, lane, w, not self._split(lane, w))
         self.inflight[(lane, w)] = self.runner.submit(graph, priority=-self._seq)
         self._seq += 1

@@ -54,7 +54,7 @@ class BatchStream:
                  prefetch: int, deterministic: bool = True, fused: bool = False,
                  *, start: Mapping[int, Frontier], first_lane: int | None = None, split_first: int = 0,
                  windows_per_task: int | None = 1, alone_at_end: int = 0, prefetch_bytes: int | None = None,
-                 scale_prefetch: bool = False, threads: int = 1):
+                 scale_prefetch: bool = False, threads: int = 1, split_last: int = 0):
         self.lanes = list(lanes)
         self.deterministic = deterministic
         self.spec = spec
@@ -73,6 +73,7 @@ class BatchStream:
         self.fetcher = WindowFetcher(spec, runner, live, prefetch, fused=fused, split_first=split_first,
                                      windows_per_task=windows_per_task, alone_at_end=alone_at_end,
                                      prefetch_bytes=prefetch_bytes, scale_prefetch=scale_prefetch, threads=threads,
+                                     split_last=split_last,
                                      start_windows={lane: at[lane].window for lane in live})
         self.batchers = {
             lane: LaneBatcher(lane, batch_options, spec.source.names,

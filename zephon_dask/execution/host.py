@@ -125,7 +125,8 @@ class Host:
                 listener.listen()
                 code = (f"from zephon_dask.execution.host import serve; "
                         f"serve({listener.fileno()}, {alive_r}, {preload!r}, {self.directory!r})")
-                self.process = subprocess.Popen([sys.executable, "-c", code], env=env, stdin=subprocess.DEVNULL,
+                # -P: its sys.path is env's PYTHONPATH (the training process's), not the working directory first
+                self.process = subprocess.Popen([sys.executable, "-P", "-c", code], env=env, stdin=subprocess.DEVNULL,
                                                 pass_fds=(listener.fileno(), alive_r), start_new_session=True)
         except BaseException:
             os.close(alive_w)

@@ -163,6 +163,7 @@ class Session:
             alone_at_end=slots,  # an iteration's last windows, one per worker thread, one per task
             prefetch_bytes=settings["prefetch_bytes"],
             scale_prefetch=not settings["prefetch_windows"], threads=slots,
+            split_last=slots if slots > 1 else 0,  # so the workers share the iteration's end chunk by chunk
         )
 
     def next_start(self, lanes: list[int]) -> State | None:
