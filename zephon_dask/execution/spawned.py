@@ -153,9 +153,6 @@ def run_scheduler(options: dict) -> None:
         if gone is not None:
             loop.add_reader(gone, stop, "the process that started the scheduler is gone")
         await scheduler.finished()
-        # closed: a SIGTERM from now on ends the process (the default), instead of writing to the
-        # loop's signal pipe while asyncio.run closes it ("Exception ignored ... wakeup fd" on stderr)
-        loop.remove_signal_handler(signal.SIGTERM)
 
     try:
         asyncio.run(serve())
