@@ -109,29 +109,6 @@ def test_the_schedulers_log_reaches_this_process_and_never_blocks_it(capfd):
     assert capfd.readouterr().err.count("zephon-test") == 3000
 
 
-# a gather of a key no client holds, as when a training process closes while it fetches a window
-_gather_forgotten = lambda dask_scheduler: dask_scheduler.extensions.__setitem__(  # noqa: E731
-    "zephon-test-gather", __import__("asyncio").ensure_future(dask_scheduler.gather(keys=["zephon-test-released"])))
-_gathered = lambda dask_scheduler: dask_scheduler.extensions["zephon-test-gather"].done()  # noqa: E731
-_lost = lambda: __import__("logging").getLogger("distributed.scheduler").error(  # noqa: E731
-    "Couldn't gather keys: %s", {"zephon-test-held": "memory"})
-
-
-def test_the_scheduler_does_not_report_a_gather_of_keys_released_by_their_client(capfd):
-    """A gather of keys all forgotten (their client released them) is not reported; a gather of
-    keys still wanted is."""
-    from distributed import Client
-
-    from zephon_dask.execution.cluster import local_cluster
-
-    with local_cluster(1, dashboard_address=None) as cluster, Client(cluster, set_as_default=False) as client:
-        client.run_on_scheduler(_gather_forgotten)
-        assert wait_for(lambda: client.run_on_scheduler(_gathered), 30, 0.05), "the gather never ended"
-        client.run_on_scheduler(_lost)
-    err = capfd.readouterr().err
-    assert "zephon-test-held" in err and "zephon-test-released" not in err, err
-
-
 def test_a_module_only_this_process_can_import_reaches_the_scheduler(corpus_dir, tmp_path, monkeypatch):
     # the scheduler unpickles the graph: a function from a module beside the training script
     # (on sys.path here, not in the scheduler's working directory) must import there too

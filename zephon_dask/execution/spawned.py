@@ -43,7 +43,6 @@ import threading
 import time
 import uuid
 import weakref
-from collections.abc import Mapping
 from pathlib import Path
 
 import dask
@@ -95,16 +94,6 @@ def _not_a_dropped_fetch(record: logging.LogRecord) -> bool:
     return not str(record.msg).startswith("failed during get data")
 
 
-def _not_a_dropped_gather(record: logging.LogRecord) -> bool:
-    """False for the scheduler's report of a gather of keys that all were forgotten meanwhile: their
-    client released them (a training process closing, or exiting, while it fetched a window), so no
-    one is left to want them."""
-    if not str(record.msg).startswith("Couldn't gather keys"):
-        return True
-    states = record.args  # one mapping argument: the record's args are that mapping
-    return not (isinstance(states, Mapping) and states and all(s == "forgotten" for s in states.values()))
-
-
 class QuietWorker(Worker):
     """A worker that ignores SIGINT (a terminal's Ctrl-C is the training process's to handle) and
     does not report a result transfer the training process broke off."""
@@ -120,8 +109,7 @@ def run_scheduler(options: dict) -> None:
     """The scheduler's process (forked from the host): a ``distributed.Scheduler(**options)``
     until it is closed, asked to stop (SIGTERM) or the training process is gone; a close that
     takes over :data:`CLOSE_WAIT_S` seconds ends the process. Its dashboard, where bokeh is
-    installed, is made on its first visit (:func:`~.dask_compat.dashboard_on_first_visit`); a gather
-    of keys their client has released is not reported (:func:`_not_a_dropped_gather`)."""
+    installed, is made on its first visit (:func:`~.dask_compat.dashboard_on_first_visit`)."""
     scheduler_file = Path(options["scheduler_file"])
     options = dict(options)
     on_first_visit = bool(options.get("dashboard")) and importlib.util.find_spec("bokeh") is not None
@@ -131,8 +119,6 @@ def run_scheduler(options: dict) -> None:
     def end() -> None:
         scheduler_file.unlink(missing_ok=True)  # a process forked runs no exit handlers (Dask's removes it)
         os.kill(os.getpid(), signal.SIGKILL)
-
-    logging.getLogger("distributed.scheduler").addFilter(_not_a_dropped_gather)
 
     async def serve() -> None:
         scheduler = await Scheduler(**options)
