@@ -120,31 +120,3 @@ def test_a_module_only_this_process_can_import_reaches_the_scheduler(corpus_dir,
          .options(canonical_replicas=2, flush_every_k_chunks=2, n_workers=1, head_start=False))
     with p:
         assert len(next(iter(p))["tokens"]) == 3
-
-
-def _bokeh_loaded() -> bool:
-    return any(name == "bokeh" or name.startswith("bokeh.") for name in sys.modules)
-
-
-def test_the_dashboard_is_made_on_its_first_visit(corpus_dir):
-    """The embedded cluster's scheduler serves Dask's dashboard at its link, but imports bokeh and
-    builds the dashboard (~0.35 s of its CPU at every start, on the cores the windows need) only
-    when the dashboard is first visited; then every page of it is served."""
-    import urllib.request
-
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # 127.0.0.1, never a proxy
-    with build(corpus_dir, n_workers=1) as p:
-        next(iter(p))
-        runner = p.session.runner()
-        assert runner.client is not None  # the cluster up (the head start made the first batch)
-        link = runner.dashboard_link
-        assert link.startswith("http://127.0.0.1:") and link.endswith("/status")
-        assert not runner.client.run_on_scheduler(_bokeh_loaded)
-        with opener.open(link.rsplit("/", 1)[0] + "/health", timeout=30) as reply:  # the scheduler's own routes
-            assert reply.status == 200
-        assert not runner.client.run_on_scheduler(_bokeh_loaded)
-        with opener.open(link.rsplit("/", 1)[0] + "/", timeout=60) as reply:  # redirected to /status
-            assert reply.status == 200 and reply.url.endswith("/status") and b"bokeh" in reply.read().lower()
-        assert runner.client.run_on_scheduler(_bokeh_loaded)
-        with opener.open(link.rsplit("/", 1)[0] + "/workers", timeout=60) as reply:
-            assert reply.status == 200

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib.util
 import json
 import logging
 import os
@@ -99,43 +98,11 @@ class QuietWorker(Worker):
         super().__init__(*args, **kwargs)
 
 
-def dashboard_on_first_visit(scheduler: Scheduler, prefix: str = "/") -> None:
-    """Make Dask's dashboard on the first request for a path the scheduler's own routes do not
-    serve (its link, ``/status``, ...), then send that request to itself, which the dashboard now
-    serves. Made at the scheduler's start, it cost every run ~0.35 s of the scheduler's CPU
-    (importing bokeh, building the dashboard's applications), on the cores the head start and the
-    workers compute with, whether or not anyone looks at it."""
-    from tornado import web
-
-    application = scheduler.http_application
-
-    class FirstVisit(web.RequestHandler):
-        def get(self, _path: str) -> None:
-            if first in application.applications:
-                application.applications.remove(first)  # from now on the dashboard answers
-                try:
-                    import distributed.dashboard.scheduler as dashboard
-                except ImportError as exc:  # a bokeh Dask does not take: Dask warned on import
-                    self.set_status(503)
-                    self.finish(f"Dask's dashboard is not available: {exc}")
-                    return
-                dashboard.connect(application, scheduler.http_server, scheduler, prefix=prefix)
-            self.redirect(self.request.uri)
-
-    first = web.Application([(r"/(.*)", FirstVisit)])
-    application.add_application(first)  # asked only when no route of the scheduler's matches
-
-
 def run_scheduler(options: dict) -> None:
     """The scheduler's process (forked from the host): a ``distributed.Scheduler(**options)``
     until it is closed, asked to stop (SIGTERM) or the training process is gone; a close that
-    takes over :data:`CLOSE_WAIT_S` seconds ends the process. Its dashboard, where bokeh is
-    installed, is made on its first visit (:func:`dashboard_on_first_visit`)."""
+    takes over :data:`CLOSE_WAIT_S` seconds ends the process."""
     scheduler_file = Path(options["scheduler_file"])
-    options = dict(options)
-    on_first_visit = bool(options.get("dashboard")) and importlib.util.find_spec("bokeh") is not None
-    if on_first_visit:
-        options["dashboard"] = False  # its HTTP server and routes still start, at dashboard_address
 
     def end() -> None:
         scheduler_file.unlink(missing_ok=True)  # a process forked runs no exit handlers (Dask's removes it)
@@ -143,8 +110,6 @@ def run_scheduler(options: dict) -> None:
 
     async def serve() -> None:
         scheduler = await Scheduler(**options)
-        if on_first_visit:
-            dashboard_on_first_visit(scheduler)
         loop = asyncio.get_running_loop()
         gone = training_process_gone()
         closing: list[asyncio.Task] = []
