@@ -160,8 +160,13 @@ class WindowFetcher:
 
     def _split(self, lane: int, w: int, later: int = 0) -> bool:
         """Whether ``(lane, w)``, submitted ``later`` submissions from now, is split into chunk tasks."""
-        near_end = self._left is not None and self._left - later <= self.split_last
-        return not self.fused or near_end or (w == self.first[lane] and self._seq + later < self.split_first)
+        return (not self.fused or self._among_last(self.split_last, later)
+                or (w == self.first[lane] and self._seq + later < self.split_first))
+
+    def _among_last(self, n: int, later: int) -> bool:
+        """Whether the submission ``later`` submissions from now is among the iteration's last ``n``
+        (known once every lane ends)."""
+        return self._left is not None and self._left - later <= n
 
     def submit(self, lane: int, w: int) -> None:
         """Submit lane ``lane``'s window ``w`` to the runner, after those already submitted: split
@@ -180,8 +185,7 @@ class WindowFetcher:
     def _groupable(self, lane: int, w: int, later: int = 0) -> bool:
         """Whether ``(lane, w)``, submitted ``later`` submissions from now, may share a task: fused,
         and not among the iteration's last ``alone_at_end`` windows."""
-        near_end = self._left is not None and self._left - later <= self.alone_at_end
-        return not near_end and not self._split(lane, w, later)
+        return not self._among_last(self.alone_at_end, later) and not self._split(lane, w, later)
 
     def _submit_group(self, members: list[tuple[int, int]]) -> None:
         """Submit the fused windows ``members`` (consecutive submissions) together; the first
