@@ -44,4 +44,8 @@ def set_log_level(level: int | str = "INFO") -> None:
 
 
 if os.environ.get(ENV):
-    set_log_level(os.environ[ENV])
+    try:
+        set_log_level(os.environ[ENV])
+    except ConfigError as exc:
+        raise ConfigError(f"the environment variable {ENV}={os.environ[ENV]!r}: {exc}; unset it for "
+                          "the default (warnings only)") from None

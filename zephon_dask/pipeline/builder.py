@@ -48,7 +48,7 @@ from ..recipe import Recipe, load_recipe
 from ..state import steps
 from ..state.progress import StepShape
 from ..state.schema import State
-from ..validate import check_bool, check_int
+from ..validate import check_bool, check_int, check_keywords
 from .description import Description
 from .guard import refuse_fetching_ahead
 from .ranks import dp_identity
@@ -56,6 +56,7 @@ from .resume import check as check_resume
 from .session import Session
 
 
+@check_keywords
 class Pipeline:
     """``Pipeline(work_source).tokenize(...).pack(...).batch(...).options(...)``: an immutable
     description; iterating it runs its session (see the module docstring).
