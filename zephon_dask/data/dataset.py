@@ -407,7 +407,8 @@ class Dataset:
         return cls._from_files(
             name, reader, listing.fs, files, text_field, columns,
             storage_options=storage_options, progress=progress, cache_dir=cache_dir,
-            source=str(path), data_files=patterns, skipped=skipped,
+            source=", ".join(map(str, path)) if isinstance(path, list | tuple) else str(path),
+            data_files=patterns, skipped=skipped,
         )
 
     @classmethod
