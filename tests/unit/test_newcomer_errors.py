@@ -88,3 +88,27 @@ def test_explain_sections_are_found_by_prefix_and_print_as_text():
     assert two.section("lanes").title == "lanes"  # a whole title wins over a longer one it starts
     with pytest.raises(NotFoundError, match="several sections start with 'lan'"):
         two.section("lan")
+
+
+def small_corpus(**source):
+    ds = z.Dataset.from_records("notes", [{"text": "word " * 40}] * 700)
+    return (z.Pipeline(z.MixtureWorkSource([ds], **source)).tokenize().pack(128).batch(4)
+            .options(runner="synchronous"))
+
+
+def test_a_corpus_too_small_for_its_lanes_says_so_with_the_chunk_size_that_fits():
+    import warnings
+
+    from zephon_dask.errors import ElasticityWarning
+
+    pipe = small_corpus()  # 700 documents, chunk_size 1,024, 8 lanes: one chunk
+    (note,) = [w for w in pipe.explain().warnings if "lanes get no chunk" in w]
+    assert "7 lanes get no chunk" in note and "chunk_size=64" in note
+    with pytest.warns(ElasticityWarning, match="chunk_size=64"), pipe:
+        assert len({b.lane for b in pipe}) == 1
+    fitted = small_corpus(chunk_size=64)  # the fix it names: every lane gets work
+    assert not any("lanes get no chunk" in w for w in fitted.explain().warnings)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ElasticityWarning)
+        with fitted:
+            assert {b.lane for b in fitted} == set(range(8))

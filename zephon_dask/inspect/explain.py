@@ -19,6 +19,7 @@ import json
 import warnings
 from dataclasses import dataclass
 
+from ..consumer.checks import idle_lanes
 from ..curriculum import routing
 from ..errors import ClusterError, ConfigError, ElasticityWarning, NotFoundError, ZephonError
 from ..execution import RUNNERS, choose_runner
@@ -194,10 +195,9 @@ def _lanes(spec) -> tuple[Section, list[str]]:
                   ("windows in all", f"{sum(windows):,}")]
         empty = sum(1 for n in per_lane if n == 0)
         if empty:
-            notes.append(
-                f"{empty} of {replicas} lanes get no chunk: the stream has {source.num_chunks} chunks. "
-                "Lower chunk_size or canonical_replicas so every lane has data"
-            )
+            notes.append(idle_lanes(source, replicas) or
+                         f"{empty} of {replicas} lanes get no chunk: the stream has {source.num_chunks} chunks. "
+                         "Lower chunk_size or canonical_replicas so every lane has data")
     return Section("lanes and windows", pairs=tuple(pairs)), notes
 
 
