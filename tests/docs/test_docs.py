@@ -66,3 +66,14 @@ def test_every_python_block_of_the_own_data_guide_runs_as_written(tmp_path):
     out = run_page("own-data.md", tmp_path)
     assert "('content', 'headline')" in out and "(2, 256)" in out
     assert out.count("content") >= 2 and "news" in out and "wiki" in out
+
+
+def test_performance_is_a_summary_with_commands_and_its_logs_lie_beside_the_benchmarks():
+    page = (ROOT / "docs" / "performance.md").read_text()
+    assert len(page.splitlines()) < 700, "keep measurement logs in benchmarks/RESULTS.md"
+    scripts = set(re.findall(r"python benchmarks/(\w+\.py)", page))
+    assert scripts and all((ROOT / "benchmarks" / s).exists() for s in scripts), scripts
+    results = (ROOT / "benchmarks" / "RESULTS.md").read_text()
+    for anchor in set(re.findall(r"\(\.\./benchmarks/RESULTS\.md#([\w-]+)\)", page)):
+        assert any(re.sub(r"[^\w\- ]", "", h.lstrip("#").strip().lower()).replace(" ", "-") == anchor
+                   for h in results.splitlines() if h.startswith("#")), anchor
