@@ -217,7 +217,7 @@ def list_files(path: str | Sequence[str], storage_options: dict[str, Any] | None
     fixed prefix, or the file's own directory; for a list, the folder they all lie in).
     Raises DatasetNotFoundError when a path does not exist; an empty result is returned as is.
     """
-    if isinstance(path, list | tuple):
+    if not isinstance(path, str):
         return _list_many([os.fspath(p) for p in path], storage_options)
     with storage_errors(path):
         return _list_files(path, storage_options)
