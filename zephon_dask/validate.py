@@ -91,12 +91,18 @@ def check_seconds(value: object, name: str, hint: str = "e.g. 45") -> float:
 
 
 def check_keywords(cls: _T) -> _T:
-    """Class decorator: each public method of ``cls`` without ``**kwargs`` refuses a keyword it does
-    not take with an :class:`~zephon_dask.errors.UnknownArgumentError` (a ``ConfigError`` and a
-    ``TypeError``) naming the closest one, before it runs. A method added later is covered too."""
-    for name, fn in list(vars(cls).items()):
-        if not name.startswith("_") and inspect.isfunction(fn):
-            setattr(cls, name, _keywords_checked(fn, f"{cls.__name__}.{name}"))
+    """Class decorator: each public method and classmethod of ``cls`` and its ``__init__``, unless
+    it takes ``**kwargs``, refuses a keyword it does not take with an
+    :class:`~zephon_dask.errors.UnknownArgumentError` (a ``ConfigError`` and a ``TypeError``)
+    naming the closest one, before it runs. A method added to the class later is covered too."""
+    for name, member in list(vars(cls).items()):
+        if name.startswith("_") and name != "__init__":
+            continue
+        call = cls.__name__ if name == "__init__" else f"{cls.__name__}.{name}"
+        if inspect.isfunction(member):
+            setattr(cls, name, _keywords_checked(member, call))
+        elif isinstance(member, classmethod):
+            setattr(cls, name, classmethod(_keywords_checked(member.__func__, call)))
     return cls
 
 

@@ -30,6 +30,9 @@ def pipeline():
     (lambda p, kw: p.tokenize().shuffle(8, **kw), "sed", "seed"),
     (lambda p, kw: p.tokenize().pack(8, **kw), "algoritm", "algorithm"),
     (lambda p, kw: p.map(lambda r: r, **kw), "nam", "name"),
+    (lambda p, kw: z.Dataset.from_jsonl("web", "examples/data/prose.jsonl", **kw), "textfield", "text_field"),
+    (lambda p, kw: z.Dataset.from_records("web", ["a"], **kw), "text_feild", "text_field"),
+    (lambda p, kw: z.MixtureWorkSource([], **kw), "chunksize", "chunk_size"),
 ])
 def test_a_misspelled_keyword_is_a_config_error_naming_the_right_one(call, wrong, right):
     with pytest.raises(ConfigError) as info:

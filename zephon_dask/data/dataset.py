@@ -36,7 +36,7 @@ from ..errors import (
     RecordIndexError,
     ZephonWarning,
 )
-from ..validate import did_you_mean
+from ..validate import check_keywords, did_you_mean
 from . import fields as record_fields
 from . import formats, hf, integrity, mds, node_cache, records, tokens
 from .index import build_index
@@ -134,6 +134,7 @@ def _select(
     return files, others
 
 
+@check_keywords
 @dataclass(frozen=True, eq=False, repr=False)
 class Dataset:
     """A named collection of shards in one format (immutable, picklable).
