@@ -104,6 +104,10 @@ class ArgumentTypeError(ZephonError, TypeError):
     """An argument has the wrong type (``Dataset.read`` offsets that are not a 1-D sequence of ints, ...)."""
 
 
+class UnknownArgumentError(ConfigError, TypeError):
+    """A call got a keyword its method does not take (``.batch(4, label=True)``); names the closest."""
+
+
 class ZephonWarning(UserWarning):
     """Base class of zephon_dask's warnings."""
 

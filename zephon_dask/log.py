@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from .errors import ConfigError
 
@@ -43,5 +46,56 @@ def set_log_level(level: int | str = "INFO") -> None:
     logger.setLevel(level)
 
 
+class _DashboardLine(logging.Handler):
+    """Prints ``dashboard: <link>`` once, when a runner starts or reaches a cluster (a record with a
+    ``dashboard`` attribute), and the warnings Python's last-resort handler would have printed had
+    this handler not been there."""
+
+    _zephon_dashboard = True
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.shown = False
+
+    def emit(self, record: logging.LogRecord) -> None:
+        link = getattr(record, "dashboard", None)
+        ours = any(getattr(h, "_zephon", False) for h in logger.handlers)  # set_log_level's shows it all
+        if link and not self.shown and not ours:
+            self.shown = True
+            print(f"zephon_dask: Dask dashboard at {link}", file=sys.stderr, flush=True)
+        elif record.levelno >= logging.WARNING and not _other_handlers(self):
+            print(record.getMessage(), file=sys.stderr, flush=True)
+
+
+def _other_handlers(me: logging.Handler) -> bool:
+    """Whether a handler besides ``me`` would see the package's records (else Python's
+    last-resort handler would have printed its warnings)."""
+    log: logging.Logger | None = logger
+    while log is not None:
+        if any(h is not me for h in log.handlers):
+            return True
+        log = log.parent if log.propagate else None
+    return False
+
+
+@contextmanager
+def dashboard_link_shown() -> Iterator[None]:
+    """While inside: print the Dask dashboard's link once on stderr when the cluster starts (or is
+    reached), at the default log level; for ``zephon-dask run`` and the demo."""
+    handler, level = _DashboardLine(), logger.level
+    logger.addHandler(handler)
+    if logger.getEffectiveLevel() > logging.INFO:
+        logger.setLevel(logging.INFO)  # the start's record reaches the handler; it prints warnings only
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+
+
 if os.environ.get(ENV):
-    set_log_level(os.environ[ENV])
+    try:
+        set_log_level(os.environ[ENV])
+    except ConfigError as exc:
+        raise ConfigError(f"the environment variable {ENV}={os.environ[ENV]!r}: {exc}; unset it for "
+                          "the default (warnings only)") from None

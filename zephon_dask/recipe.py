@@ -154,7 +154,7 @@ SOURCE = Table("[source]", "how the datasets are ordered, mixed and cut into chu
 TOKENIZE = Table("[tokenize]", "how text becomes token ids", "`pipeline.tokenize(**tokenize)`", (
     Key("tokenizer", _STR, "bytes", "`\"bytes\"` (UTF-8 bytes, BOS 256, EOS 257; needs no file) or "
         "the path of a Hugging Face `tokenizer.json`, relative to the recipe's folder"),
-    Key("field", _STR, "text", "the record field to encode"),
+    Key("field", _STR, None, "the record field to encode", (), "each dataset's `text_field`"),
     Key("bos", _BOOL, False, "add the BOS id before each document"),
     Key("eos", _BOOL, True, "add the EOS id after each document"),
     Key("max_length", _INT, None, "cap a document's tokens (BOS/EOS included); the rest is dropped "

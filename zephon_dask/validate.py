@@ -10,11 +10,15 @@ An integer is a Python or numpy integer, never a ``bool``.
 from __future__ import annotations
 
 import difflib
+import functools
+import inspect
 import numbers
-from collections.abc import Iterable, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, TypeVar
 
-from .errors import ConfigError
+from .errors import ConfigError, UnknownArgumentError
+
+_T = TypeVar("_T", bound=type)
 
 
 def _label(name: str, value: object, call: str) -> str:
@@ -84,3 +88,38 @@ def check_seconds(value: object, name: str, hint: str = "e.g. 45") -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 < float(value) < 86_400:
         raise ConfigError(f"{name}={value!r} must be a number of seconds in (0, 86400), {hint}")
     return float(value)
+
+
+def check_keywords(cls: _T) -> _T:
+    """Class decorator: each public method and classmethod of ``cls`` and its ``__init__``, unless
+    it takes ``**kwargs``, refuses a keyword it does not take with an
+    :class:`~zephon_dask.errors.UnknownArgumentError` (a ``ConfigError`` and a ``TypeError``)
+    naming the closest one, before it runs. A method added to the class later is covered too."""
+    for name, member in list(vars(cls).items()):
+        if name.startswith("_") and name != "__init__":
+            continue
+        call = cls.__name__ if name == "__init__" else f"{cls.__name__}.{name}"
+        if inspect.isfunction(member):
+            setattr(cls, name, _keywords_checked(member, call))
+        elif isinstance(member, classmethod):
+            setattr(cls, name, classmethod(_keywords_checked(member.__func__, call)))
+    return cls
+
+
+def _keywords_checked(fn: Callable, call: str) -> Callable:
+    if fn.__code__.co_flags & inspect.CO_VARKEYWORDS:  # it checks its own names
+        return fn
+    params = inspect.signature(fn).parameters.values()
+    known = frozenset(p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
+
+    @functools.wraps(fn)
+    def checked(*args: Any, **kwargs: Any) -> Any:
+        if not known.issuperset(kwargs):
+            unknown = sorted(set(kwargs) - known)[0]
+            names = sorted(known - {"self", "cls"})
+            raise UnknownArgumentError(
+                f"{call}() has no argument {unknown!r}; {did_you_mean(unknown, names)}"
+                f"it takes: {', '.join(names)}")
+        return fn(*args, **kwargs)
+
+    return checked

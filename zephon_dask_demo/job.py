@@ -44,6 +44,7 @@ from zephon_dask import (
     save_state,
     verify_ledgers,
 )
+from zephon_dask.log import dashboard_link_shown
 from zephon_dask.pipeline.ranks import owned_lanes
 from zephon_dask.state import read_ledger
 
@@ -238,6 +239,7 @@ def run(workdir: str = ".zephon-demo", steps: int = 40, resume_at: int | None = 
     torch.set_num_threads(1)  # the other core runs a Dask worker
 
     with ExitStack() as stack:
+        stack.enter_context(dashboard_link_shown())  # printed once, when the cluster starts
         pipe = stack.enter_context(make_pipeline(corpus, tokenizer, batches_per_step=REPLICAS,
                                                  ledger=str(elastic)))
         runner = pipe.session.runner()  # starts the embedded LocalCluster (the first windows are computed here meanwhile)

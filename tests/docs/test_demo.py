@@ -19,6 +19,7 @@ def test_demo_resumes_on_dp2_with_the_same_global_steps(tmp_path):
     assert ("dp=1 -> checkpoint at step 2 -> dp=2: global steps 0..3 match the uninterrupted run "
             "(16 batches)") in done.stdout
     assert done.stdout.count("dashboard http") == 1
+    assert done.stderr.count("zephon_dask: Dask dashboard at http") == 1  # at the cluster's start
     assert (tmp_path / "tokenizer.json").exists() and (tmp_path / "ckpt" / "model.pt").exists()
     state = json.loads((tmp_path / "ckpt" / "data.json").read_text())["state"]
     assert state["step"]["global_step"] == 2 and sorted(state["lanes"], key=int) == ["0", "1", "2", "3"]

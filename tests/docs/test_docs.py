@@ -43,3 +43,37 @@ def test_the_concepts_picture_shows_the_example_pipelines_lanes_and_windows():
         shown = [[int(g) for g in w.split()] for w in re.findall(r"\[([\d ]+)\]", windows)]
         chunks = list(source.lane_chunks(int(lane), 4)[:6])
         assert shown == [chunks[0:2], chunks[2:4], chunks[4:6]], lane
+
+
+def run_page(page: str, tmp_path) -> str:
+    """Every python block of ``docs/<page>``, in order, as one script run from the repository root."""
+    script = tmp_path / f"{Path(page).stem}.py"
+    script.write_text("\n".join(blocks(page, "python")))
+    run = subprocess.run([sys.executable, str(script)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    return run.stdout
+
+
+def test_every_python_block_of_concepts_runs_as_written_and_prints_what_it_shows(tmp_path):
+    out = run_page("concepts.md", tmp_path)
+    lanes = next(b for b in blocks("concepts.md", "text") if b.startswith("lane 0:"))
+    schedule = next(b for b in blocks("concepts.md", "text") if b.startswith("mixture schedule:"))
+    assert lanes in out and schedule in out
+    assert "(Fraction(8741, 50), Fraction(1151, 10))" in out
+
+
+def test_every_python_block_of_the_own_data_guide_runs_as_written(tmp_path):
+    out = run_page("own-data.md", tmp_path)
+    assert "('content', 'headline')" in out and "(2, 256)" in out
+    assert out.count("content") >= 2 and "news" in out and "wiki" in out
+
+
+def test_performance_is_a_summary_with_commands_and_its_logs_lie_beside_the_benchmarks():
+    page = (ROOT / "docs" / "performance.md").read_text()
+    assert len(page.splitlines()) < 700, "keep measurement logs in benchmarks/RESULTS.md"
+    scripts = set(re.findall(r"python benchmarks/(\w+\.py)", page))
+    assert scripts and all((ROOT / "benchmarks" / s).exists() for s in scripts), scripts
+    results = (ROOT / "benchmarks" / "RESULTS.md").read_text()
+    for anchor in set(re.findall(r"\(\.\./benchmarks/RESULTS\.md#([\w-]+)\)", page)):
+        assert any(re.sub(r"[^\w\- ]", "", h.lstrip("#").strip().lower()).replace(" ", "-") == anchor
+                   for h in results.splitlines() if h.startswith("#")), anchor

@@ -27,3 +27,12 @@ def test_notebook_runs(path):
               if o.output_type == "stream" and o.name == "stderr"]
     assert not stderr, f"{path.name} printed on stderr (a warning?): {stderr}"
     assert any(o.output_type in ("display_data", "execute_result") for c in nb.cells for o in c.get("outputs", []))
+
+
+def test_the_environment_has_a_notebook_front_end():
+    """`make test` installs the dev extra; it brings JupyterLab, so `jupyter lab notebooks/` opens them."""
+    import shutil
+    import sys
+
+    bin_dir = str(Path(sys.executable).parent)
+    assert shutil.which("jupyter-lab", path=bin_dir) or shutil.which("jupyter-notebook", path=bin_dir)

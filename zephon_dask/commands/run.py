@@ -93,6 +93,7 @@ def tokens_per_s(tokens: int, seconds: float) -> str:
 
 def run(args) -> int:
     from ..errors import ZephonError
+    from ..log import dashboard_link_shown
     from ..pipeline import Pipeline
     from ..preemption import Preempted, Preemption
     from ..state import State, load_state
@@ -123,7 +124,7 @@ def run(args) -> int:
             shape = pipeline.step_shape()
             print(f"global step: {shape.global_batches} batches, {shape.per_rank} per rank "
                   f"at dp_degree={shape.dp_degree}")
-            with pipeline:
+            with dashboard_link_shown(), pipeline:  # the link once, when the cluster starts
                 job = _Run(pipeline, args, stop)
                 try:
                     job.stream()

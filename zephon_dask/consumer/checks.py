@@ -23,7 +23,7 @@ import numpy as np
 
 from ..core.spec import PipelineSpec
 from ..core.window import WindowOutput
-from ..errors import EmptyStreamError, ZephonWarning
+from ..errors import ElasticityWarning, EmptyStreamError, ZephonWarning
 
 MIN_RECORDS = 8  # records of a dataset read in the first window before its absence is worth a warning
 
@@ -36,6 +36,9 @@ def check_first_window(spec: PipelineSpec, lane: int, window: int, out: WindowOu
     """Warn for each dataset that contributes nothing to the window although at least
     :data:`MIN_RECORDS` of its records were read there; run the record operators' own checks."""
     where = f"lane {lane}, window {window}"
+    lanes_note = idle_lanes(spec.source, spec.canonical_replicas)
+    if lanes_note is not None:
+        warnings.warn(lanes_note, ElasticityWarning, stacklevel=2)
     names = spec.source.names
     if len(names) > 1:
         read = np.zeros(len(names), np.int64)
@@ -65,3 +68,20 @@ def empty_stream(stats: Mapping[str, int], what: str) -> EmptyStreamError:
         f"{_dropped(stats)}): a .filter or .map drops every record, or the documents are too "
         "short for what follows (pack's dropped tokens). Check the operators on pipeline.preview()"
     )
+
+
+def idle_lanes(source, replicas: int) -> str | None:
+    """What to say when the stream has fewer chunks than lanes, so lanes get no data and a few
+    lanes carry every batch (a small corpus with the default ``chunk_size``), with the fix: the
+    largest power-of-two ``chunk_size`` that gives every lane a chunk; ``None`` when every lane
+    has one, or the stream never ends. Pure."""
+    chunks = source.num_chunks
+    if chunks is None or chunks >= replicas:
+        return None
+    samples = sum(source.sizes) * max(1, getattr(source, "stop_after_passes", 1) or 1)
+    fit = max(1, 1 << max(0, (samples // replicas).bit_length() - 1)) if samples >= replicas else 1
+    return (f"the stream has {chunks} chunk{'s' if chunks != 1 else ''} of {source.chunk_size:,} samples "
+            f"for {replicas} lanes: {replicas - chunks} lanes get no chunk and the batches come from "
+            f"{chunks} lane{'s' if chunks != 1 else ''} only. For a corpus of {samples:,} samples pass "
+            f"MixtureWorkSource(..., chunk_size={fit}) (or lower canonical_replicas); both change the "
+            "data, so choose before training")

@@ -20,11 +20,20 @@ from ..errors import DeviceUnavailableError
 
 def check_device(device, call: str = "to_torch") -> torch.device | None:
     """``device`` as a ``torch.device`` (``None`` stays ``None``), or a
-    :class:`~zephon_dask.errors.DeviceUnavailableError` when it is a CUDA device this torch
-    cannot use (built without CUDA, no GPU visible, or an index past the GPUs present)."""
+    :class:`~zephon_dask.errors.DeviceUnavailableError` when it is a device this torch cannot use
+    (CUDA: built without it, no GPU visible, or an index past the GPUs present; ``mps`` and the
+    other accelerators: their backend says it is not available)."""
     if device is None:
         return None
     device = torch.device(device)
+    if device.type == "mps":
+        usable = torch.backends.mps.is_available()
+    else:  # xpu, mtia, ...: a backend module with is_available(); cpu and meta have none
+        usable = getattr(getattr(torch, device.type, None), "is_available", lambda: True)()
+    if device.type != "cuda" and not usable:
+        raise DeviceUnavailableError(
+            f"{call}(device={str(device)!r}): torch {torch.__version__} cannot use {device.type!r} on "
+            "this machine. Use device='cpu' (or leave device=None), or 'cuda' where a GPU is present")
     if device.type != "cuda":
         return device
     if not torch.cuda.is_available():

@@ -23,7 +23,7 @@ from ..errors import (
     EmptyDatasetError,
     EndlessStreamError,
 )
-from ..validate import check_choice, check_int
+from ..validate import check_choice, check_int, check_keywords
 from . import routing
 from . import schedule as schedules
 from .mixture import Mixture, exact_weight, interleave
@@ -123,6 +123,7 @@ class LaneChunks(Sequence):
         return f"LaneChunks(lane={self.lane}, replicas={self.replicas}, len={size})"
 
 
+@check_keywords
 class MixtureWorkSource:
     """A weighted mixture of datasets cut into chunks and routed to lanes (immutable).
 

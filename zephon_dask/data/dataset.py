@@ -36,7 +36,7 @@ from ..errors import (
     RecordIndexError,
     ZephonWarning,
 )
-from ..validate import did_you_mean
+from ..validate import check_keywords, did_you_mean
 from . import fields as record_fields
 from . import formats, hf, integrity, mds, node_cache, records, tokens
 from .index import build_index
@@ -134,6 +134,7 @@ def _select(
     return files, others
 
 
+@check_keywords
 @dataclass(frozen=True, eq=False, repr=False)
 class Dataset:
     """A named collection of shards in one format (immutable, picklable).
@@ -402,12 +403,13 @@ class Dataset:
         _check_text_field(text_field)
         reader = formats.get(fmt)
         patterns = _patterns(data_files)
-        listing = list_files(str(path), storage_options)
+        listing = list_files(list(path) if isinstance(path, list | tuple) else str(path), storage_options)
         files, skipped = _select(name, listing, reader, patterns)
         return cls._from_files(
             name, reader, listing.fs, files, text_field, columns,
             storage_options=storage_options, progress=progress, cache_dir=cache_dir,
-            source=str(path), data_files=patterns, skipped=skipped,
+            source=", ".join(map(str, path)) if isinstance(path, list | tuple) else str(path),
+            data_files=patterns, skipped=skipped,
         )
 
     @classmethod
@@ -455,7 +457,8 @@ class Dataset:
         progress: bool = True,
         cache_dir: str | os.PathLike | None = None,
     ) -> Dataset:
-        """JSON Lines, plain or gzip/zstd-compressed, from a file, a directory (recursive) or a glob.
+        """JSON Lines, plain or gzip/zstd-compressed, from a file, a directory (recursive), a glob
+        or a list of them.
 
         In a directory, ``*.jsonl``/``*.json`` (and ``.gz``/``.zst`` versions) are
         data; ``data_files`` globs (relative to the directory) narrow the choice.
@@ -485,7 +488,8 @@ class Dataset:
         progress: bool = True,
         cache_dir: str | os.PathLike | None = None,
     ) -> Dataset:
-        """Parquet from a file, a directory (``*.parquet`` and ``*.pq``, recursive) or a glob.
+        """Parquet from a file, a directory (``*.parquet`` and ``*.pq``, recursive), a glob or a list
+        of them (``["a.parquet", "b.parquet"]``).
 
         ``columns`` selects what :meth:`read` returns (default: all); ``text_field``
         is always included. Every file must have ``text_field`` and the columns.

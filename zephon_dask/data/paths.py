@@ -21,7 +21,7 @@ import posixpath
 import re
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
@@ -209,15 +209,30 @@ class Listing:
     files: list[FileInfo]
 
 
-def list_files(path: str, storage_options: dict[str, Any] | None = None) -> Listing:
-    """The data files of a file, a directory (recursive) or a glob, symbolic links followed.
+def list_files(path: str | Sequence[str], storage_options: dict[str, Any] | None = None) -> Listing:
+    """The data files of a file, a directory (recursive) or a glob, symbolic links followed; or of
+    a list of them, together.
 
     Files are sorted by their path relative to the root (the directory, the glob's
-    fixed prefix, or the file's own directory). Raises DatasetNotFoundError when
-    the path does not exist; an empty result is returned as is.
+    fixed prefix, or the file's own directory; for a list, the folder they all lie in).
+    Raises DatasetNotFoundError when a path does not exist; an empty result is returned as is.
     """
+    if not isinstance(path, str):
+        return _list_many([os.fspath(p) for p in path], storage_options)
     with storage_errors(path):
         return _list_files(path, storage_options)
+
+
+def _list_many(paths: list[str], storage_options: dict[str, Any] | None) -> Listing:
+    if not paths:
+        raise ConfigError("the dataset path is an empty list; pass a file, a folder, a glob or a list of them")
+    listings = [list_files(p, storage_options) for p in paths]
+    found = {f.name: f for one in listings for f in one.files}  # a file listed twice is read once
+    root = posixpath.commonpath([posixpath.dirname(n) for n in found]) if found else ""
+    files = sorted((replace(f, rel=posixpath.relpath(f.name, root)) for f in found.values()),
+                   key=lambda f: f.rel)
+    kind = "dir" if any(one.kind == "dir" for one in listings) else "file"
+    return Listing(listings[0].fs, kind, f"files of the {len(paths)} paths {paths!r}", files)
 
 
 def _list_files(path: str, storage_options: dict[str, Any] | None) -> Listing:

@@ -473,7 +473,8 @@ class DistributedRunner(Runner):
         if not self._own_cluster:
             self._connect(client if client is not None else open_client(address, timeout), address, timeout)
             if address is not None and client is None:
-                logger.info("connected to the Dask scheduler at %s", address)
+                logger.info("connected to the Dask scheduler at %s", address,
+                            extra={"dashboard": self.dashboard_link})
             return
         n_workers = n_workers or os.cpu_count() or 1
         self._planned_slots = n_workers * threads_per_worker
@@ -524,7 +525,7 @@ class DistributedRunner(Runner):
             client.register_plugin(TrimSchedulerRecords(), name=TrimSchedulerRecords.name)
             client.register_plugin(QuietClose(), name=QuietClose.name)
             logger.info("started an embedded cluster: %d worker(s), dashboard %s",
-                        len(cluster.workers), self.dashboard_link)
+                        len(cluster.workers), self.dashboard_link, extra={"dashboard": self.dashboard_link})
         except BaseException as exc:
             if self._head is not None:
                 self._head.fail(exc)

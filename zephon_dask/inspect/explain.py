@@ -19,6 +19,7 @@ import json
 import warnings
 from dataclasses import dataclass
 
+from ..consumer.checks import idle_lanes
 from ..curriculum import routing
 from ..errors import ClusterError, ConfigError, ElasticityWarning, NotFoundError, ZephonError
 from ..execution import RUNNERS, choose_runner
@@ -39,7 +40,7 @@ from .render import (
 )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class Section:
     """One titled part: key/value ``pairs`` and/or a table (``headers`` + ``rows``), then
     key/value ``notes`` about the table's rows."""
@@ -60,6 +61,15 @@ class Section:
         if self.notes:
             parts.append(text_pairs(self.notes))
         return "\n".join(parts)
+
+    def __str__(self) -> str:
+        return self.text()
+
+    def __repr__(self) -> str:
+        return self.text()
+
+    def _repr_html_(self) -> str:
+        return html_block(self.html())
 
     def html(self) -> str:
         """The section as an HTML fragment: a title, then its pairs and table."""
@@ -82,16 +92,21 @@ class Explanation:
     warnings: tuple[str, ...]
 
     def section(self, title: str) -> Section:
-        """The section called ``title``; a prefix before its parenthesis is enough (``"execution"``).
+        """The section called ``title``, or the one whose title starts with it (``"exec"``,
+        ``"lanes"``); case does not matter. Printed, a section is its text.
 
         Raises:
-            NotFoundError: no section has that title (the message lists them).
+            NotFoundError: no section, or several, start with ``title`` (the message lists them).
         """
-        for s in self.sections:
-            if title in (s.title, s.title.split(" (")[0]):
-                return s
-        titles = ", ".join(repr(s.title.split(" (")[0]) for s in self.sections)
-        raise NotFoundError(f"explain() has no section {title!r}; its sections are {titles}")
+        want = title.lower() if isinstance(title, str) else title
+        matches = [s for s in self.sections if s.title.lower() == want]
+        matches = matches or [s for s in self.sections if isinstance(want, str) and want
+                              and s.title.lower().startswith(want)]
+        if len(matches) == 1:
+            return matches[0]
+        titles = ", ".join(repr(s.title.split(" (")[0]) for s in (matches or self.sections))
+        which = "several sections start with" if matches else "no section starts with"
+        raise NotFoundError(f"explain(): {which} {title!r}; its sections are {titles}")
 
     def __repr__(self) -> str:
         return str(self)
@@ -180,10 +195,9 @@ def _lanes(spec) -> tuple[Section, list[str]]:
                   ("windows in all", f"{sum(windows):,}")]
         empty = sum(1 for n in per_lane if n == 0)
         if empty:
-            notes.append(
-                f"{empty} of {replicas} lanes get no chunk: the stream has {source.num_chunks} chunks. "
-                "Lower chunk_size or canonical_replicas so every lane has data"
-            )
+            notes.append(idle_lanes(source, replicas) or
+                         f"{empty} of {replicas} lanes get no chunk: the stream has {source.num_chunks} chunks. "
+                         "Lower chunk_size or canonical_replicas so every lane has data")
     return Section("lanes and windows", pairs=tuple(pairs)), notes
 
 

@@ -194,9 +194,12 @@ class Tokenize(RecordOp):
     makes_tokens = True
 
     def __init__(self, tokenizer="bytes", field="text", bos=False, eos=True, max_length=None,
-                 split_long=False, bos_id=None, eos_id=None, name=None, version=None):
+                 split_long=False, bos_id=None, eos_id=None, name=None, version=None,
+                 dataset_fields=None):
         self.tokenizer = resolve_tokenizer(tokenizer, name, version)
         check_name(field, "field", "the name of the text field, e.g. 'text'", call="tokenize")
+        # {dataset name: its text field} when the datasets' fields differ: each record reads its own
+        self.dataset_fields = None if dataset_fields is None else dict(dataset_fields)
         for flag, value in (("bos", bos), ("eos", eos), ("split_long", split_long)):
             check_bool(value, flag, call="tokenize")
         max_length = check_int(max_length, "max_length", 1, optional=True, call="tokenize",
@@ -240,7 +243,7 @@ class Tokenize(RecordOp):
         return {
             "op": "tokenize",
             "tokenizer": self.tokenizer.identity(),
-            "field": self.field,
+            "field": self.field if self.dataset_fields is None else self.dataset_fields,
             "bos_id": self.bos_id,
             "eos_id": self.eos_id,
             "max_length": self.max_length,
@@ -295,17 +298,23 @@ class Tokenize(RecordOp):
             for arr, i, start in zip(arrays, owners, starts, strict=True)
         ]
 
+    def field_of(self, row: Row, ctx: ChunkContext) -> str:
+        """The field ``row`` is read from: its dataset's text field, or ``field`` for all. Pure."""
+        if self.dataset_fields is None:
+            return self.field
+        return self.dataset_fields[ctx.dataset_names[int(ctx.pointers[row.pointer][0])]]
+
     def _text(self, row: Row, ctx: ChunkContext) -> str:
-        record = row.record
-        if self.field not in record:
+        record, field = row.record, self.field_of(row, ctx)
+        if field not in record:
             raise MissingFieldError(
-                f"record at {ctx.where(row.pointer)} has no field {self.field!r} (fields: {sorted(record)}); "
+                f"record at {ctx.where(row.pointer)} has no field {field!r} (fields: {sorted(record)}); "
                 "pass tokenize(field=...)"
             )
-        text = record[self.field]
+        text = record[field]
         if not isinstance(text, str):
             raise FieldTypeError(
-                f"record at {ctx.where(row.pointer)}: field {self.field!r} is {type(text).__name__} "
+                f"record at {ctx.where(row.pointer)}: field {field!r} is {type(text).__name__} "
                 f"{_short(text, 40)}, not a string; fix the data, or turn it into text with .map(...) "
                 "(or .decode_text() for bytes) before .tokenize()"
             )
@@ -319,7 +328,7 @@ class Tokenize(RecordOp):
                 self.encode_documents([text])
             except UnicodeError as exc:
                 raise DataFormatError(
-                    f"record at {ctx.where(row.pointer)}: field {self.field!r} is not valid Unicode ({exc}); "
+                    f"record at {ctx.where(row.pointer)}: field {self.field_of(row, ctx)!r} is not valid Unicode ({exc}); "
                     "clean the text, e.g. .map(lambda r: {**r, 'text': r['text'].encode('utf-8', "
                     "'replace').decode()})"
                 ) from None

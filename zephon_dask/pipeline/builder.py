@@ -48,7 +48,7 @@ from ..recipe import Recipe, load_recipe
 from ..state import steps
 from ..state.progress import StepShape
 from ..state.schema import State
-from ..validate import check_bool, check_int
+from ..validate import check_bool, check_int, check_keywords
 from .description import Description
 from .guard import refuse_fetching_ahead
 from .ranks import dp_identity
@@ -56,6 +56,7 @@ from .resume import check as check_resume
 from .session import Session
 
 
+@check_keywords
 class Pipeline:
     """``Pipeline(work_source).tokenize(...).pack(...).batch(...).options(...)``: an immutable
     description; iterating it runs its session (see the module docstring).
@@ -172,7 +173,7 @@ class Pipeline:
         """
         return self._add_record_op(DecodeText(field, encoding, errors))
 
-    def tokenize(self, tokenizer="bytes", field: str = "text", bos: bool = False, eos: bool = True,
+    def tokenize(self, tokenizer="bytes", field: str | None = None, bos: bool = False, eos: bool = True,
                  max_length: int | None = None, split_long: bool = False, bos_id=None, eos_id=None,
                  name: str | None = None, version=None) -> Pipeline:
         """Encode ``record[field]`` into token ids, a chunk at a time (stateless).
@@ -181,7 +182,8 @@ class Pipeline:
             tokenizer: ``"bytes"`` (UTF-8 bytes, BOS 256, EOS 257; needs no file),
                 the path of a Hugging Face ``tokenizer.json``, a
                 ``tokenizers.Tokenizer``, or a callable ``str -> list[int]``.
-            field: the text field.
+            field: the text field of every record (default: each dataset's ``text_field``,
+                so datasets whose text lies in different fields mix with no ``map``).
             bos, eos: add the tokenizer's BOS / EOS id around each document.
             max_length: cap a document's tokens (BOS/EOS included); the rest is
                 dropped and counted (``tokenize.truncated_tokens``) unless
@@ -208,8 +210,14 @@ class Pipeline:
         """
         if any(op.makes_tokens for op in self._description.record_ops):
             raise ConfigError("the pipeline already tokenizes; call .tokenize() once")
-        op = Tokenize(tokenizer, field, bos, eos, max_length, split_long, bos_id, eos_id, name, version)
-        self._check_field("tokenize", op.field)
+        dataset_fields = None
+        if field is None:  # each dataset's text_field; one field when they agree (the same spec)
+            texts = {ds.name: ds.text_field for ds in self._source.datasets if not ds.holds_tokens}
+            field = next(iter(texts.values()), "text")
+            dataset_fields = texts if len(set(texts.values())) > 1 else None
+        op = Tokenize(tokenizer, field, bos, eos, max_length, split_long, bos_id, eos_id, name, version,
+                      dataset_fields=dataset_fields)
+        self._check_field("tokenize", op.field, op.dataset_fields)
         return self._add_record_op(op)
 
     def tokenize_chat(self, tokenizer, field: str = "messages", chat_template: str | None = None,
@@ -259,16 +267,18 @@ class Pipeline:
         self._check_field("tokenize_chat", op.field)
         return self._add_record_op(op)
 
-    def _check_field(self, call: str, field: str) -> None:
-        """``field`` must be among each dataset's known fields (``Dataset.fields``) when the records
-        reach ``call`` unchanged: no ``map``/``filter`` before it, which could add or drop fields."""
+    def _check_field(self, call: str, field: str, per_dataset: dict[str, str] | None = None) -> None:
+        """``field`` (``per_dataset[name]`` where given) must be among each dataset's known fields
+        (``Dataset.fields``) when the records reach ``call`` unchanged: no ``map``/``filter`` before
+        it, which could add or drop fields."""
         if any(not isinstance(op, DecodeText) for op in self._description.record_ops):
             return
         for ds in self._source.datasets:
             known = getattr(ds, "fields", None)
-            if known is not None and field not in known:
+            wanted = (per_dataset or {}).get(ds.name, field)
+            if known is not None and wanted not in known:
                 raise record_fields.missing(
-                    ds.name, "its first record", field, known,
+                    ds.name, "its first record", wanted, known,
                     f"Pass {call}(field=<one of them>), or make the field with .map(...) before .{call}()")
 
     # -- accumulators ---------------------------------------------------------------
