@@ -1,0 +1,158 @@
+"""Lance datasets (what ``lance.write_dataset`` writes: ``_versions/``, ``data/*.lance``), read in place.
+
+A shard is one fragment, in the order of the dataset's fragments, its sample count
+the fragment's live rows from the manifest (deleted rows excluded). The dataset is
+pinned to the version current when it was opened: later writes (appends, deletions,
+overwrites make new versions) change nothing read. Rows are fetched with the
+fragment's ``take`` (Lance's range reads of the columns), sorted and deduplicated,
+then put in the order asked. Each fragment's first data file's signature
+(:mod:`zephon_dask.data.integrity`) is taken when the dataset is opened and checked
+on every read, so a data file rewritten in place is refused like any other format's.
+Reading needs the ``pylance`` package (``pip install 'zephon_dask[lance]'``); the
+opened dataset is kept per process (:data:`OPENED`). Local paths only. Pure apart
+from that cache.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from ..errors import ConfigError, DataFormatError, DatasetNotFoundError
+from . import integrity
+from .memo import byte_lru
+from .paths import file_mtime, filesystem, is_local, to_url
+from .reader import Reader
+from .shard import Shard
+
+OPENED = byte_lru(8, lambda _: 1)
+
+
+def _lance() -> Any:
+    try:
+        import lance
+    except ImportError:
+        raise ConfigError(
+            "reading a Lance dataset needs the pylance package: pip install 'zephon_dask[lance]'"
+        ) from None
+    return lance
+
+
+def is_folder(fs: Any, directory: str) -> bool:
+    """Whether ``directory`` is a Lance dataset (a ``_versions`` folder holding manifests)."""
+    versions = f"{directory.rstrip('/')}/_versions"
+    try:
+        return fs.isdir(versions) and any(str(n).endswith(".manifest") for n in fs.ls(versions, detail=False))
+    except OSError:
+        return False
+
+
+def _open(uri: str, version: int | None) -> Any:
+    key = (uri, version)
+    ds = OPENED.get(key)
+    if ds is None:
+        try:
+            ds = _lance().dataset(uri, version=version)
+        except (OSError, ValueError) as exc:
+            if version is None:
+                raise DatasetNotFoundError(f"Lance dataset {uri!r} cannot be opened ({exc})") from None
+            raise DatasetNotFoundError(
+                f"Lance dataset {uri!r}: version {version} cannot be opened ({exc}); it was read "
+                "when the Dataset was built: restore it (do not clean up versions a run reads), "
+                "or rebuild the Dataset"
+            ) from None
+        OPENED[key] = ds
+    return ds
+
+
+def open_dataset(
+    path: str, storage_options: dict[str, Any] | None
+) -> tuple[tuple[Shard, ...], dict[str, Any]]:
+    """``(shards, meta)`` of a Lance dataset at its current version. No row is read.
+
+    ``meta`` is ``{"uri", "version", "fragments": [fragment id per shard], "schema": [[name,
+    Arrow type], ...]}``.
+    """
+    fs, root = filesystem(path, storage_options)
+    root = root.rstrip("/")
+    url = to_url(fs, root)
+    if not is_local(fs):
+        raise ConfigError(
+            f"Lance dataset {url!r}: zephon_dask reads Lance datasets from local paths only; "
+            "copy it to a local or mounted path"
+        )
+    if not fs.isdir(root) or not is_folder(fs, root):
+        raise DatasetNotFoundError(f"Lance dataset {url!r} does not exist (no _versions/*.manifest)")
+    ds = _open(root, None)
+    version = int(ds.version)
+    shards, ids = [], []
+    for frag in ds.get_fragments():
+        files = frag.data_files()
+        if not files:
+            raise DataFormatError(f"Lance dataset {url!r}: fragment {frag.fragment_id} has no data file")
+        name = f"{root}/data/{files[0].path}"
+        try:
+            info = fs.info(name)
+            sig = integrity.local(name)
+        except FileNotFoundError:
+            raise DataFormatError(
+                f"Lance dataset {url!r}: fragment {frag.fragment_id}'s data file {name!r} is "
+                "missing; restore it or write the dataset again"
+            ) from None
+        n = int(frag.count_rows())
+        shards.append(Shard(f"fragment-{frag.fragment_id}", name, n, sig.size, file_mtime(info),
+                            sig.mtime_ns, sig.etag, sig.fingerprint))
+        ids.append(int(frag.fragment_id))
+    if not shards:
+        raise DataFormatError(f"Lance dataset {url!r} holds no fragments (no rows)")
+    schema = [[f.name, str(f.type)] for f in ds.schema]
+    return tuple(shards), {"uri": root, "version": version, "fragments": ids, "schema": schema}
+
+
+def read(meta: dict[str, Any], index: int, shard: Shard, offsets: np.ndarray) -> list[dict[str, Any]]:
+    """The rows at ``offsets`` (int64, validated) of fragment ``index``, in order; fresh dicts each."""
+    uniq, inverse = np.unique(offsets, return_inverse=True)
+    ds = _open(meta["uri"], meta["version"])
+    try:
+        table = ds.get_fragment(meta["fragments"][index]).take(uniq.tolist())
+    except (OSError, pa.ArrowInvalid) as exc:
+        raise DataFormatError(
+            f"Lance fragment {shard.shard_id!r} of {meta['uri']!r}: cannot read rows ({exc}); "
+            "the dataset is damaged: write it again"
+        ) from None
+    if table.num_rows != uniq.size:
+        raise DataFormatError(
+            f"Lance fragment {shard.shard_id!r} of {meta['uri']!r}: {table.num_rows} rows read "
+            f"for {uniq.size} asked; the dataset is damaged: write it again"
+        )
+    return fresh(table.to_pylist(), inverse.ravel().tolist())
+
+
+def fresh(rows: list[dict[str, Any]], order: list[int]) -> list[dict[str, Any]]:
+    """``rows[j]`` for each ``j`` of ``order``; a row asked again is a deep copy (no shared lists)."""
+    seen: set[int] = set()
+    out = []
+    for j in order:
+        out.append(copy.deepcopy(rows[j]) if j in seen else rows[j])
+        seen.add(j)
+    return out
+
+
+def _read(dataset: Any, index: int, offsets: np.ndarray) -> list[dict[str, Any]]:
+    return read(dataset.meta, index, dataset.shards[index], offsets)
+
+
+READER = Reader(
+    "lance",
+    "from_lance",
+    _read,
+    detect=is_folder,
+    identity=lambda dataset: {"lance": {k: dataset.meta[k] for k in ("version", "fragments", "schema")}},
+    html=lambda dataset: [
+        ("version", str(dataset.meta["version"])),
+        ("columns", ", ".join(f"{n} ({t})" for n, t in dataset.meta["schema"])),
+    ],
+)
