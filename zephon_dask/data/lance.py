@@ -51,8 +51,9 @@ def is_folder(fs: Any, directory: str) -> bool:
 
 
 def _open(uri: str, version: int | None) -> Any:
+    """The dataset at ``version`` (kept per process), or at its latest version (never kept)."""
     key = (uri, version)
-    ds = OPENED.get(key)
+    ds = None if version is None else OPENED.get(key)
     if ds is None:
         try:
             ds = _lance().dataset(uri, version=version)
@@ -64,7 +65,7 @@ def _open(uri: str, version: int | None) -> Any:
                 "when the Dataset was built: restore it (do not clean up versions a run reads), "
                 "or rebuild the Dataset"
             ) from None
-        OPENED[key] = ds
+        OPENED[(uri, int(ds.version))] = ds
     return ds
 
 
