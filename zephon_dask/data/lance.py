@@ -153,7 +153,7 @@ READER = Reader(
     detect=is_folder,
     identity=lambda dataset: {"lance": {k: dataset.meta[k] for k in ("version", "fragments", "schema")}},
     html=lambda dataset: [
-        ("version", str(dataset.meta["version"])),
+        ("version", f"{dataset.meta['version']} (read at this version; later writes are not read)"),
         ("columns", ", ".join(f"{n} ({t})" for n, t in dataset.meta["schema"])),
     ],
 )

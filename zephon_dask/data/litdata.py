@@ -271,7 +271,7 @@ def _footer(fs: Any, name: str, shard: Shard, span: tuple[int, int], data: bytes
         blob = data[start : start + length] if data is not None else fs.cat_file(
             name, start=start, end=start + length)
         try:
-            table = pa.ipc.open_file(pa.py_buffer(blob)).read_all()
+            table = pa.ipc.open_file(pa.py_buffer(blob)).read_all().combine_chunks()
         except (pa.ArrowInvalid, OSError) as exc:
             raise DataFormatError(
                 f"litData chunk {shard.path!r}: its Arrow footer cannot be read ({exc}); the file "
