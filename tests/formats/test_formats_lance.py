@@ -7,6 +7,7 @@ checked on every read, and run through a pipeline resumed on other data-parallel
 
 from __future__ import annotations
 
+import json
 import shutil
 
 import numpy as np
@@ -24,6 +25,7 @@ from zephon_dask.errors import (
     DatasetNotFoundError,
     FieldTypeError,
     MissingFieldError,
+    StorageAccessError,
 )
 
 lance = pytest.importorskip("lance")
@@ -127,13 +129,46 @@ def test_missing_and_refused_datasets_are_typed_errors(store, tmp_path):
         Dataset.from_lance("x", store, text_field="content")
     with pytest.raises(FieldTypeError, match="'id' is 'int64'"):
         Dataset.from_lance("x", store, text_field="id")
-    with pytest.raises(ConfigError, match="local paths only"):
+    with pytest.raises(ConfigError, match="local paths and s3:// URLs"):
         Dataset.from_lance("x", "memory://somewhere/web.lance")
+    with pytest.raises(ConfigError, match="node_cache"):
+        Dataset.from_lance("x", store, storage_options={"node_cache": {"max_bytes": 1 << 20}})
     path = shutil.copytree(store, tmp_path / "w.lance")
     first = sorted((path / "data").iterdir())[0]
     first.unlink()
     with pytest.raises(DataFormatError, match="missing"):
         Dataset.from_lance("x", path)
+
+
+# the moto server's Popen forks (preexec_fn) after Lance started its threads; the child execs at once
+@pytest.mark.filterwarnings("ignore:lance is not fork-safe")
+def test_read_from_a_bucket_as_from_disk(store):
+    pytest.importorskip("s3fs")
+    pytest.importorskip("moto")
+    from tests.helpers.s3server import S3Server
+
+    with S3Server() as s3:
+        fs = s3.filesystem()
+        fs.mkdir("lance")
+        fs.put(str(store) + "/", "lance/web.lance/", recursive=True)
+        remote = Dataset.from_path("web", "s3://lance/web.lance", storage_options=s3.options())
+        here = Dataset.from_lance("web", store)
+        assert remote.format == "lance" and remote.identity() == here.identity()
+        assert everything(remote) == rows(0, 150)
+        assert "secret" not in repr(remote) + json.dumps(remote.meta)
+        # an object rewritten under a run: a new ETag
+        key = remote.shards[1].path.removeprefix("s3://")
+        fs.pipe(key, fs.cat(key)[:-1] + b"x")
+        with pytest.raises(DataChangedError, match="ETag"):
+            remote.read(1, [0])
+        bad = dict(s3.options(), secret="wrong")
+        s3.set_auth(0)
+        try:
+            with pytest.raises(StorageAccessError, match="credentials") as refused:
+                Dataset.from_lance("web", "s3://lance/web.lance", storage_options=bad)
+            assert "wrong" not in str(refused.value) and s3.options()["secret"] not in str(refused.value)
+        finally:
+            s3.set_auth(float("inf"))
 
 
 @settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

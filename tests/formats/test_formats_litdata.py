@@ -26,6 +26,7 @@ from zephon_dask.errors import (
     DatasetNotFoundError,
     FieldTypeError,
     MissingFieldError,
+    StorageAccessError,
 )
 
 litdata = pytest.importorskip("litdata")
@@ -194,6 +195,18 @@ def test_read_from_a_bucket_as_from_disk(folders):
                 name, folders / name).shard_sizes
             got = everything(remote)
             assert all(same(g, w) for g, w in zip(got, expected(name), strict=True))
+        remote = Dataset.from_litdata("t", "s3://lit/tokens", storage_options=s3.options())
+        key = f"lit/tokens/{remote.shards[0].shard_id}"
+        fs.pipe(key, fs.cat(key)[:-1] + b"x")  # rewritten under a run: a new ETag
+        with pytest.raises(DataChangedError, match="ETag"):
+            remote.read(0, [0])
+        s3.set_auth(0)
+        try:
+            with pytest.raises(StorageAccessError, match="credentials") as refused:
+                Dataset.from_litdata("t", "s3://lit/tokens", storage_options=dict(s3.options(), secret="wrong"))
+            assert "wrong" not in str(refused.value)
+        finally:
+            s3.set_auth(float("inf"))
 
 
 @settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -658,7 +658,8 @@ class Dataset:
         """
         _check_name(name)
         _check_text_field(text_field)
-        shards, meta = litdata.open_folder(str(path), storage_options)
+        with storage_errors(str(path)):
+            shards, meta = litdata.open_folder(str(path), storage_options)
         kinds = dict(zip(meta["keys"], meta["data_format"], strict=True))
         return cls._from_folder(name, "litdata", "litData folder", path, text_field, shards, meta,
                                 kinds, kinds.get(text_field) in ("str", "text"), storage_options)
@@ -681,7 +682,8 @@ class Dataset:
         """
         _check_name(name)
         _check_text_field(text_field)
-        shards, meta = lance.open_dataset(str(path), storage_options)
+        with storage_errors(str(path)):
+            shards, meta = lance.open_dataset(str(path), storage_options)
         kinds = dict(meta["schema"])
         return cls._from_folder(name, "lance", "Lance dataset", path, text_field, shards, meta,
                                 kinds, is_text_type(kinds.get(text_field, "")), storage_options)

@@ -9,8 +9,10 @@ then put in the order asked. Each fragment's first data file's signature
 (:mod:`zephon_dask.data.integrity`) is taken when the dataset is opened and checked
 on every read, so a data file rewritten in place is refused like any other format's.
 Reading needs the ``pylance`` package (``pip install 'zephon_dask[lance]'``); the
-opened dataset is kept per process (:data:`OPENED`). Local paths only. Pure apart
-from that cache.
+opened dataset is kept per process (:data:`OPENED`). Local paths and ``s3://`` URLs:
+Lance's own object store reads the bucket, with the credentials and endpoint of the
+fsspec ``storage_options`` translated (:func:`lance_options`). Pure apart from that
+cache.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import pyarrow as pa
 from ..errors import ConfigError, DataFormatError, DatasetNotFoundError
 from . import integrity
 from .memo import byte_lru
-from .paths import file_mtime, filesystem, is_local, to_url
+from .paths import NODE_CACHE_KEY, file_mtime, filesystem, fs_options, is_local, to_url
 from .reader import Reader
 from .shard import Shard
 
@@ -50,13 +52,39 @@ def is_folder(fs: Any, directory: str) -> bool:
         return False
 
 
-def _open(uri: str, version: int | None) -> Any:
+def lance_options(url: str, storage_options: dict[str, Any] | None) -> dict[str, str]:
+    """Lance's object-store options for the fsspec ``storage_options`` of ``url`` (``s3://``):
+    the key, secret and session token, the endpoint (``endpoint_url``, also in ``client_kwargs``;
+    plain HTTP allowed when it is ``http://``), the region, anonymous access. Pure."""
+    if "://" not in url:
+        return {}
+    opts = fs_options(url, storage_options)
+    client = opts.get("client_kwargs") or {}
+    out = {name: str(opts[key]) for key, name in (("key", "aws_access_key_id"),
+                                                  ("secret", "aws_secret_access_key"),
+                                                  ("token", "aws_session_token")) if opts.get(key)}
+    endpoint = opts.get("endpoint_url") or client.get("endpoint_url")
+    if endpoint:
+        out["aws_endpoint"] = str(endpoint)
+        if str(endpoint).startswith("http://"):
+            out["allow_http"] = "true"
+    region = client.get("region_name") or opts.get("region_name")
+    if region:
+        out["aws_region"] = str(region)
+    elif endpoint:
+        out["aws_region"] = "us-east-1"  # an S3-compatible server: any region signs
+    if opts.get("anon"):
+        out["aws_skip_signature"] = "true"
+    return out
+
+
+def _open(uri: str, version: int | None, options: dict[str, str]) -> Any:
     """The dataset at ``version`` (kept per process), or at its latest version (never kept)."""
-    key = (uri, version)
+    key = (uri, version, tuple(sorted(options.items())))
     ds = None if version is None else OPENED.get(key)
     if ds is None:
         try:
-            ds = _lance().dataset(uri, version=version)
+            ds = _lance().dataset(uri, version=version, storage_options=options or None)
         except (OSError, ValueError) as exc:
             if version is None:
                 raise DatasetNotFoundError(f"Lance dataset {uri!r} cannot be opened ({exc})") from None
@@ -65,7 +93,7 @@ def _open(uri: str, version: int | None) -> Any:
                 "when the Dataset was built: restore it (do not clean up versions a run reads), "
                 "or rebuild the Dataset"
             ) from None
-        OPENED[(uri, int(ds.version))] = ds
+        OPENED[(uri, int(ds.version), key[2])] = ds
     return ds
 
 
@@ -80,14 +108,19 @@ def open_dataset(
     fs, root = filesystem(path, storage_options)
     root = root.rstrip("/")
     url = to_url(fs, root)
-    if not is_local(fs):
+    if not is_local(fs) and "s3" not in ((fs.protocol,) if isinstance(fs.protocol, str) else fs.protocol):
         raise ConfigError(
-            f"Lance dataset {url!r}: zephon_dask reads Lance datasets from local paths only; "
-            "copy it to a local or mounted path"
+            f"Lance dataset {url!r}: zephon_dask reads Lance datasets from local paths and s3:// "
+            "URLs; copy it there"
+        )
+    if (storage_options or {}).get(NODE_CACHE_KEY) is not None:
+        raise ConfigError(
+            f"Lance dataset {url!r}: storage_options {NODE_CACHE_KEY!r} does not apply to Lance "
+            "datasets (Lance fetches the column ranges it reads itself); remove it"
         )
     if not fs.isdir(root) or not is_folder(fs, root):
         raise DatasetNotFoundError(f"Lance dataset {url!r} does not exist (no _versions/*.manifest)")
-    ds = _open(root, None)
+    ds = _open(url, None, lance_options(url, storage_options))
     version = int(ds.version)
     shards, ids = [], []
     for frag in ds.get_fragments():
@@ -97,26 +130,27 @@ def open_dataset(
         name = f"{root}/data/{files[0].path}"
         try:
             info = fs.info(name)
-            sig = integrity.local(name)
+            sig = integrity.local(name) if is_local(fs) else integrity.from_info(info)
         except FileNotFoundError:
             raise DataFormatError(
                 f"Lance dataset {url!r}: fragment {frag.fragment_id}'s data file {name!r} is "
                 "missing; restore it or write the dataset again"
             ) from None
         n = int(frag.count_rows())
-        shards.append(Shard(f"fragment-{frag.fragment_id}", name, n, sig.size, file_mtime(info),
+        shards.append(Shard(f"fragment-{frag.fragment_id}", to_url(fs, name), n, sig.size, file_mtime(info),
                             sig.mtime_ns, sig.etag, sig.fingerprint))
         ids.append(int(frag.fragment_id))
     if not shards:
         raise DataFormatError(f"Lance dataset {url!r} holds no fragments (no rows)")
     schema = [[f.name, str(f.type)] for f in ds.schema]
-    return tuple(shards), {"uri": root, "version": version, "fragments": ids, "schema": schema}
+    return tuple(shards), {"uri": url, "version": version, "fragments": ids, "schema": schema}
 
 
-def read(meta: dict[str, Any], index: int, shard: Shard, offsets: np.ndarray) -> list[dict[str, Any]]:
+def read(meta: dict[str, Any], index: int, shard: Shard, offsets: np.ndarray,
+         storage_options: dict[str, Any] | None) -> list[dict[str, Any]]:
     """The rows at ``offsets`` (int64, validated) of fragment ``index``, in order; fresh dicts each."""
     uniq, inverse = np.unique(offsets, return_inverse=True)
-    ds = _open(meta["uri"], meta["version"])
+    ds = _open(meta["uri"], meta["version"], lance_options(meta["uri"], storage_options))
     try:
         table = ds.get_fragment(meta["fragments"][index]).take(uniq.tolist())
     except (OSError, pa.ArrowInvalid) as exc:
@@ -143,7 +177,7 @@ def fresh(rows: list[dict[str, Any]], order: list[int]) -> list[dict[str, Any]]:
 
 
 def _read(dataset: Any, index: int, offsets: np.ndarray) -> list[dict[str, Any]]:
-    return read(dataset.meta, index, dataset.shards[index], offsets)
+    return read(dataset.meta, index, dataset.shards[index], offsets, dataset.storage_options)
 
 
 READER = Reader(
