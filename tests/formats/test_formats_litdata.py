@@ -48,7 +48,9 @@ def tokens(i: int) -> dict:
     rng = np.random.default_rng(1000 + i)
     return {"text": _text(i), "tokens": rng.integers(0, 60_000, int(rng.integers(1, 30))).astype(np.uint16),
             "grid": rng.random((2, 3)).astype(np.float32), "raw": bytes(rng.integers(0, 256, i % 9).astype(np.uint8)),
-            "keep": bool(i % 2), "id": i}
+            "keep": bool(i % 2), "id": i,
+            "meta": {"source": f"s{i % 3}", "pos": [i, -i], "spans": [{"a": i, "b": "x", "c": None}] * (i % 2),
+                     "words": ["a", "é"][: i % 3], "odd": [1, "two", 3.0, True, None]}}
 
 
 ROWS = {"plain": (plain, 120, {}), "tokens": (tokens, 90, {}),

@@ -660,7 +660,7 @@ class Dataset:
         _check_text_field(text_field)
         with storage_errors(str(path)):
             shards, meta = litdata.open_folder(str(path), storage_options)
-        kinds = dict(zip(meta["keys"], meta["data_format"], strict=True))
+        kinds = meta["kinds"]
         return cls._from_folder(name, "litdata", "litData folder", path, text_field, shards, meta,
                                 kinds, kinds.get(text_field) in ("str", "text"), storage_options)
 

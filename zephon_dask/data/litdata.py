@@ -11,16 +11,17 @@ Layout (litData's ``BinaryWriter`` with its default ``PyTreeLoader``)::
                  size per leaf, then the leaves | optionally an Arrow IPC file of the same rows,
                  its uint32 length and the magic ``LDARW01\\0`` (rows of plain JSON types)
 
-A row is a dict; the ``data_spec`` names its keys, one leaf each, in ``data_format``
-order. Leaves decode as litData's serializers do: ``str``, ``text``, ``bytes``,
-``int`` (int64), ``float`` (float64), ``bool``, ``numpy`` (a dtype, shape header) and
+A row is a dict; the ``data_spec`` (a treespec) gives its shape: fields that are
+leaves, or dicts, lists and tuples of leaves, the leaves in ``data_format`` order. Leaves decode as litData's serializers do: ``str``, ``text``, ``bytes``,
+``int`` (int64), ``float`` (float64), ``bool``, ``json`` (a list or dict kept whole, in
+litData's tagged encoding), ``numpy`` (a dtype, shape header) and
 ``no_header_numpy:<dtype>`` (1-D arrays: token ids) to numpy arrays. A chunk ending in
 an Arrow footer reads its rows from the footer (as litData does), the footer fetched
 once per process and kept in :data:`TABLES`; other raw chunks keep only their offset
 table (:data:`OFFSETS`) and fetch the items' byte ranges. A ``zstd`` chunk file is
 decompressed whole once per process (:data:`DECODED`). Encrypted folders, other item
-loaders (``TokensLoader``), in-file framed compression, pickled and media leaves are
-refused with a DataFormatError naming them. The folder's ``index.json`` is the index;
+loaders (``TokensLoader``), pickled and media leaves are refused with a DataFormatError
+naming them. The folder's ``index.json`` is the index;
 each chunk file's signature (:mod:`zephon_dask.data.integrity`) is taken when the
 folder is opened and checked on every read. Pure apart from those caches.
 """
@@ -79,19 +80,60 @@ def _bad(url: str, problem: str) -> DataFormatError:
     )
 
 
-def _keys(config: dict[str, Any], url: str) -> list[str]:
-    """The row's keys, from the ``data_spec`` treespec: a dict of leaves."""
+_CONTAINERS = {"builtins.dict": "dict", "collections.OrderedDict": "dict", "builtins.list": "list",
+               "builtins.tuple": "tuple"}
+
+
+def _template(node: dict[str, Any]) -> Any:
+    """A treespec node as ``None`` (a leaf) or ``[kind, keys or None, [children]]``."""
+    if node.get("type") is None:
+        return None
+    kind = _CONTAINERS[node["type"]]  # KeyError: a container we do not rebuild
+    keys = [str(k) for k in json.loads(node["context"])] if kind == "dict" else None
+    children = [_template(c) for c in node["children_spec"]]
+    if keys is not None and len(keys) != len(children):
+        raise ValueError("keys and children differ")
+    return [kind, keys, children]
+
+
+def _leaves(template: Any) -> int:
+    return 1 if template is None else sum(_leaves(c) for c in template[2])
+
+
+def _tree(config: dict[str, Any], url: str) -> Any:
+    """The row's shape from the ``data_spec`` treespec: a dict of fields, each a leaf or a
+    dict, list or tuple of them (one ``data_format`` entry per leaf, in order)."""
     try:
         _, spec = json.loads(config["data_spec"])
-        keys = json.loads(spec["context"]) if spec.get("type") == "builtins.dict" else None
-        leaves = all(c.get("type") is None for c in spec["children_spec"])
+        tree = _template(spec)
+        ok = tree is not None and tree[0] == "dict" and _leaves(tree) == len(config["data_format"] or ())
     except (TypeError, ValueError, KeyError):
-        keys, leaves = None, False
-    if not isinstance(keys, list) or not leaves or len(keys) != len(config["data_format"] or ()):
+        ok = False
+    if not ok:
         raise _bad(url, "its rows are not dicts of fields (data_spec "
                    f"{str(config.get('data_spec'))[:120]!r}); zephon_dask reads rows that are "
-                   "dicts, one value per field")
-    return [str(k) for k in keys]
+                   "dicts")
+    return tree
+
+
+def _build(template: Any, values: Any) -> Any:
+    """The value of ``template`` from the decoded leaves (an iterator, in order)."""
+    if template is None:
+        return next(values)
+    kind, keys, children = template
+    items = [_build(c, values) for c in children]
+    if kind == "dict":
+        return dict(zip(keys, items, strict=True))
+    return items if kind == "list" else tuple(items)
+
+
+def _kinds(tree: Any, data_format: list[str]) -> dict[str, str]:
+    """Each field's leaf type (``"str"``, ...), or ``"dict"``/``"list"``/``"tuple"`` when nested."""
+    out, at = {}, 0
+    for key, child in zip(tree[1], tree[2], strict=True):
+        out[key] = data_format[at] if child is None else child[0]
+        at += _leaves(child)
+    return out
 
 
 def _level(config: dict[str, Any]) -> str | None:
@@ -129,7 +171,8 @@ def open_folder(
 ) -> tuple[tuple[Shard, ...], dict[str, Any]]:
     """``(shards, meta)`` of a litData folder from its ``index.json`` and a listing. No row is read.
 
-    ``meta`` is ``{"keys": [...], "data_format": [...], "compression": None | "chunk" | "batch"
+    ``meta`` is ``{"keys": [...], "tree": the row's shape, "kinds": {field: leaf type or
+    container}, "data_format": [...], "compression": None | "chunk" | "batch"
     | "sample" (zstd), "frame_rows", "types": litData's recorded field types, "sizes": chunk
     bytes}``; a shard is one chunk file, in index order.
     """
@@ -148,7 +191,7 @@ def open_folder(
     if not isinstance(entries, list) or not entries:
         raise _bad(url, f"{INDEX} lists no chunks")
     _check_config(config, url)
-    keys = _keys(config, url)
+    tree = _tree(config, url)
     listing = {posixpath.basename(i["name"]): i for i in fs.ls(root, detail=True)}
     level = _level(config)
     shards = []
@@ -168,7 +211,8 @@ def open_folder(
         sig = integrity.local(f"{root}/{name}") if is_local(fs) else integrity.from_info(info)
         shards.append(Shard(name, f"{url}/{name}", n, sig.size, file_mtime(info), sig.mtime_ns,
                             sig.etag, sig.fingerprint))
-    meta = {"keys": keys, "data_format": list(config["data_format"]), "compression": level,
+    meta = {"keys": tree[1], "tree": tree, "kinds": _kinds(tree, list(config["data_format"])),
+            "data_format": list(config["data_format"]), "compression": level,
             "frame_rows": int(config.get("compression_batch_size") or 256),
             "types": config.get("types"), "sizes": [int(e["chunk_bytes"]) for e in entries]}
     return tuple(shards), meta
@@ -199,24 +243,95 @@ def _leaf_decoder(leaf: str, where: str):
             shape = struct.unpack_from(f"<{ndim}I", b, 8)
             return np.frombuffer(b, NUMPY_DTYPES[code], offset=8 + 4 * ndim).reshape(shape).copy()
         return decode
-    raise DataFormatError(
-        f"{where}: leaf type {leaf!r} is stored in litData's own nested encoding, read by "
-        "zephon_dask only from a chunk's Arrow footer (which this chunk lacks)"
-    )
+    assert base == "json", base  # _check_config allowed only these
+    return _json_leaf
+
+
+def _json_leaf(b: bytes) -> Any:
+    """A ``json`` leaf (a list or dict litData keeps whole): its tagged binary, or JSON text."""
+    raw = bytes(b)
+    if not raw or raw[0] > 0x20:
+        return json.loads(raw)
+    value, end = _nested(raw, 0)
+    if end != len(raw):
+        raise ValueError(f"a nested value ends at byte {end} of {len(raw)}")
+    return value
+
+
+def _utf8(raw: bytes, at: int) -> tuple[str, int]:
+    n = struct.unpack_from("<I", raw, at)[0]
+    return raw[at + 4 : at + 4 + n].decode("utf-8"), at + 4 + n
+
+
+def _nested(raw: bytes, at: int) -> tuple[Any, int]:
+    """The value tagged at ``at`` in litData's nested encoding, and where it ends. Tags: 0 JSON
+    text, 1 strs, 2 int64s, 3 float64s, 4 bools, 5 dict, 6 records, 7 str, 8 int64, 9 float64,
+    10 bool, 11 None; a record's values tagged 0x10 None, 0x11 str, 0x12 int64, 0x13 float64,
+    0x14 bool."""
+    tag = raw[at]
+    if tag in (7, 8, 9, 10, 11):
+        if tag == 7:
+            return _utf8(raw, at + 1)
+        if tag in (8, 9):
+            return struct.unpack_from("<q" if tag == 8 else "<d", raw, at + 1)[0], at + 9
+        return (bool(raw[at + 1]), at + 2) if tag == 10 else (None, at + 1)
+    n = struct.unpack_from("<I", raw, at + 1)[0]
+    at += 5
+    if tag == 0:
+        return json.loads(raw[at : at + n]), at + n
+    if tag == 1:
+        out = []
+        for _ in range(n):
+            text, at = _utf8(raw, at)
+            out.append(text)
+        return out, at
+    if tag in (2, 3):
+        if at + 8 * n > len(raw):
+            raise ValueError("a nested array runs past its leaf")
+        return np.frombuffer(raw, "<i8" if tag == 2 else "<f8", n, at).tolist(), at + 8 * n
+    if tag == 4:
+        return [bool(x) for x in raw[at : at + n]], at + n
+    if tag == 5:
+        mapping = {}
+        for _ in range(n):
+            key, at = _utf8(raw, at)
+            mapping[key], at = _nested(raw, at)
+        return mapping, at
+    if tag == 6:
+        count, at, keys = struct.unpack_from("<I", raw, at)[0], at + 4, []
+        for _ in range(count):
+            key, at = _utf8(raw, at)
+            keys.append(key)
+        rows = []
+        for _ in range(n):
+            row: dict[str, Any] = {}
+            for key in keys:
+                kind, at = raw[at], at + 1
+                if kind == 0x11:
+                    row[key], at = _utf8(raw, at)
+                elif kind in (0x12, 0x13):
+                    row[key], at = struct.unpack_from("<q" if kind == 0x12 else "<d", raw, at)[0], at + 8
+                elif kind in (0x10, 0x14):
+                    row[key], at = (None, at) if kind == 0x10 else (bool(raw[at]), at + 1)
+                else:
+                    raise ValueError(f"unknown nested record tag {kind}")
+            rows.append(row)
+        return rows, at
+    raise ValueError(f"unknown nested tag {tag}")
 
 
 def _decode(data: bytes, meta: dict[str, Any], where: str) -> dict[str, Any]:
-    keys, leaves = meta["keys"], meta["data_format"]
+    leaves = meta["data_format"]
     k = len(leaves)
     try:
         sizes = struct.unpack_from(f"<{k}I", data)
         if 4 * k + sum(sizes) != len(data):
             raise DataFormatError(f"leaf sizes {list(sizes)} do not add up to the {len(data)} bytes")
-        out, at = {}, 4 * k
-        for key, leaf, n in zip(keys, leaves, sizes, strict=True):
-            out[key] = _leaf_decoder(leaf, where)(data[at : at + n])
+        values, at = [], 4 * k
+        for leaf, n in zip(leaves, sizes, strict=True):
+            values.append(_leaf_decoder(leaf, where)(data[at : at + n]))
             at += n
-        return out
+        return _build(meta["tree"], iter(values))
     except (ValueError, KeyError, IndexError, UnicodeDecodeError, struct.error) as exc:
         raise DataFormatError(
             f"{where}: cannot decode the row ({exc}); the chunk is corrupt: write it again"
@@ -406,9 +521,7 @@ READER = Reader(
     "from_litdata",
     _read,
     detect=is_folder,
-    identity=lambda dataset: {"litdata": {k: dataset.meta[k] for k in ("keys", "data_format",
+    identity=lambda dataset: {"litdata": {k: dataset.meta[k] for k in ("tree", "data_format",
                                                                          "compression")}},
-    html=lambda dataset: [("fields", ", ".join(
-        f"{k} ({f})" for k, f in zip(dataset.meta["keys"], dataset.meta["data_format"], strict=True)
-    ))],
+    html=lambda dataset: [("fields", ", ".join(f"{k} ({f})" for k, f in dataset.meta["kinds"].items()))],
 )
