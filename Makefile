@@ -11,6 +11,7 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet "$(TORCH_SPEC)" -e '.[dev]'
+	$(BIN)/python -m pip install --quiet --no-deps "litdata>=0.2.76,<0.3"  # its deps: in dev
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -4,7 +4,9 @@ Writes the same documents (fixed seed; ~600 bytes of text each; 100,000 by defau
 in every format zephon_dask reads: JSONL plain, gzip, zstd in one frame and
 zstd in frames of 4 MiB of text (``zst frames``); parquet (row
 groups of 8,192); Arrow IPC stream (what ``save_to_disk`` writes); MDS raw and
-zstd. Then, per format:
+zstd; a litData chunk as ``litdata.optimize`` writes these rows (with its Arrow
+footer) and a Lance fragment (``lance.write_dataset``), when those libraries are
+installed. Then, per format:
 
 * ``index``: building the Dataset with an empty index cache (counting records;
   for compressed JSONL this decompresses the shard once and records checkpoints);
@@ -13,7 +15,8 @@ zstd. Then, per format:
 * ``chunks``: records/s over ``--reads`` reads of ``--chunk`` consecutive records
   at random offsets (warm process caches, as a Dask worker has them);
 * ``uncached``: the same for ``--reads / 10`` chunks with the decoded-data caches
-  (compressed JSONL segments, decompressed MDS shards) emptied before each read:
+  (compressed JSONL segments, decompressed MDS shards, litData's Arrow footers and
+  decompressed chunks) emptied before each read:
   what a chunk costs when nothing decoded is reused (line index and checkpoints kept);
 * ``scattered``: records/s over ``--reads / 10`` reads of ``--chunk`` random offsets
   anywhere in the shard (what ``shuffle_within_shard`` with large blocks asks);
@@ -45,7 +48,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import zstandard
 
-from zephon_dask.data import Dataset, arrow, compressed, integrity, jsonl, mds
+from zephon_dask.data import Dataset, arrow, compressed, integrity, jsonl, lance, litdata, mds
 
 
 def documents(n: int) -> list[dict]:
@@ -102,11 +105,31 @@ def write_all(root: Path, docs: list[dict]) -> dict[str, Path]:
     for name, comp in (("mds", None), ("mds.zst", "zstd")):
         write_mds(root / name.replace(".", "_"), docs, comp)
         out[name] = root / name.replace(".", "_")
+    try:
+        import litdata as lit
+
+        lit.optimize(fn=_same, inputs=docs, output_dir=str(root / "litdata"), chunk_bytes="4GB",
+                     num_workers=1)
+        out["litdata"] = root / "litdata"
+    except ImportError:
+        print("litdata is not installed: no litdata line")
+    try:
+        import lance as pylance
+
+        pylance.write_dataset(table, str(root / "a.lance"), max_rows_per_file=len(docs))
+        out["lance"] = root / "a.lance"
+    except ImportError:
+        print("pylance is not installed: no lance line")
     return out
 
 
+def _same(doc: dict) -> dict:
+    return doc
+
+
 def clear() -> None:
-    for cache in (jsonl.SPANS, compressed.SEGMENTS, mds.OFFSETS, mds.DECODED, arrow.TABLES):
+    for cache in (jsonl.SPANS, compressed.SEGMENTS, mds.OFFSETS, mds.DECODED, arrow.TABLES,
+                  litdata.OFFSETS, litdata.DECODED, litdata.TABLES, lance.OPENED):
         cache.clear()
 
 
@@ -132,6 +155,8 @@ def bench(label: str, path: Path, chunk: int, reads: int, rng) -> dict:
     for s in starts.tolist():
         compressed.SEGMENTS.clear()  # decoded data dropped; line index and checkpoints kept
         mds.DECODED.clear()
+        litdata.DECODED.clear()
+        litdata.TABLES.clear()
         t0 = time.perf_counter()
         ds.read(0, np.arange(s, s + chunk))
         elapsed += time.perf_counter() - t0
@@ -141,7 +166,7 @@ def bench(label: str, path: Path, chunk: int, reads: int, rng) -> dict:
     for offs in scattered:
         ds.read(0, offs)
     scattered_s = time.perf_counter() - t0
-    size = sum(p.stat().st_size for p in ([path] if path.is_file() else path.iterdir()))
+    size = sum(p.stat().st_size for p in ([path] if path.is_file() else path.rglob("*")) if p.is_file())
     ratio, check_us = check_cost(ds, chunk, reads, rng)
     return {"format": label, "MiB": size / 2**20, "index_s": index_s, "first_ms": first_s * 1e3,
             "chunks": chunk * reads / chunks_s, "uncached": uncached,

@@ -38,7 +38,7 @@ from ..errors import (
 )
 from ..validate import check_keywords, did_you_mean
 from . import fields as record_fields
-from . import formats, hf, integrity, mds, node_cache, records, tokens
+from . import formats, hf, integrity, lance, litdata, mds, node_cache, records, tokens
 from .index import build_index
 from .parquet import is_text_type
 from .paths import (
@@ -141,8 +141,8 @@ class Dataset:
 
     Build one with :meth:`from_path` (any format, detected), :meth:`from_jsonl`,
     :meth:`from_parquet`, :meth:`from_arrow`, :meth:`from_hf`, :meth:`from_mds`,
-    :meth:`from_records` or :meth:`from_tokens`. Shards are sorted by ``shard_id``
-    (MDS shards keep their ``index.json`` order, ``save_to_disk`` files their
+    :meth:`from_litdata`, :meth:`from_lance`, :meth:`from_records` or :meth:`from_tokens`. Shards are sorted by ``shard_id``
+    (MDS shards and litData chunks keep their ``index.json`` order, Lance fragments theirs, ``save_to_disk`` files their
     ``state.json`` order). ``source`` is the path given and
     ``data_files`` the globs that chose the files; ``skipped`` names the first
     files that discovery passed over (not of the format) and ``num_skipped``
@@ -645,6 +645,75 @@ class Dataset:
         )
 
     @classmethod
+    def from_litdata(
+        cls, name: str, path: Any, text_field: str = "text", *,
+        storage_options: dict[str, Any] | None = None, progress: bool = True,
+        cache_dir: str | os.PathLike | None = None,
+    ) -> Dataset:
+        """A litData folder (what ``litdata.optimize`` writes: ``index.json`` + ``chunk-*.bin``),
+        read in place; its chunks are the shards, in ``index.json`` order.
+
+        Its ``index.json`` is the index (``progress`` and ``cache_dir`` are accepted so that
+        ``from_path`` takes the same arguments for every format); ``text_field`` must be a
+        ``str`` field of its rows.
+
+        Example:
+            >>> zephon_dask.Dataset.from_litdata("web", "s3://bucket/web-optimized/")  # doctest: +SKIP
+        """
+        _check_name(name)
+        _check_text_field(text_field)
+        with storage_errors(str(path)):
+            shards, meta = litdata.open_folder(str(path), storage_options)
+        kinds = meta["kinds"]
+        return cls._from_folder(name, "litdata", "litData folder", path, text_field, shards, meta,
+                                kinds, kinds.get(text_field) in ("str", "text"), storage_options)
+
+    @classmethod
+    def from_lance(
+        cls, name: str, path: Any, text_field: str = "text", *,
+        storage_options: dict[str, Any] | None = None, progress: bool = True,
+        cache_dir: str | os.PathLike | None = None,
+    ) -> Dataset:
+        """A Lance dataset (what ``lance.write_dataset`` writes), read in place at its current
+        version; its fragments are the shards. Needs ``pip install 'zephon_dask[lance]'``.
+
+        Its manifest is the index (``progress`` and ``cache_dir`` are accepted so that
+        ``from_path`` takes the same arguments for every format); ``text_field`` must be a
+        string column.
+
+        Example:
+            >>> zephon_dask.Dataset.from_lance("web", "data/web.lance")  # doctest: +SKIP
+        """
+        _check_name(name)
+        _check_text_field(text_field)
+        with storage_errors(str(path)):
+            shards, meta = lance.open_dataset(str(path), storage_options)
+        kinds = dict(meta["schema"])
+        return cls._from_folder(name, "lance", "Lance dataset", path, text_field, shards, meta,
+                                kinds, is_text_type(kinds.get(text_field, "")), storage_options)
+
+    @classmethod
+    def _from_folder(
+        cls, name: str, fmt: str, what: str, path: Any, text_field: str, shards: tuple[Shard, ...],
+        meta: dict[str, Any], kinds: dict[str, str], is_text: bool,
+        storage_options: dict[str, Any] | None,
+    ) -> Dataset:
+        """A folder format's Dataset, once ``text_field`` is checked against its fields' ``kinds``."""
+        where = f"{what} {str(path)!r}"
+        if text_field not in kinds:
+            raise record_fields.missing(name, where, text_field, list(kinds))
+        if not is_text:
+            raise FieldTypeError(
+                f"dataset {name!r}: {where}: text field {text_field!r} is {kinds[text_field]!r}, "
+                "not a string. Pass text_field=<a string field>; to tokenize a non-string field, "
+                "turn it into text with .map(...) in the pipeline and .tokenize(field=...) that field"
+            )
+        return cls(
+            name, fmt, text_field, shards, storage_options=dict(storage_options or {}),
+            source=str(path), _meta_json=json.dumps(meta, sort_keys=True), fields=tuple(kinds),
+        )
+
+    @classmethod
     def from_records(cls, name: str, records_or_mapping: Any, text_field: str = "text") -> Dataset:
         """In-memory records: a list (one shard ``"0"``) or ``{shard_id: list}`` (ids as str, sorted).
 
@@ -711,8 +780,8 @@ class Dataset:
     def from_path(cls, name: str, path: Any, **kwargs: Any) -> Dataset:
         """Detect the format of ``path`` and build the Dataset; ``kwargs`` go to that constructor.
 
-        A folder layout is recognised first (a token store's ``zarr.json``, an MDS
-        ``index.json``, a ``save_to_disk`` folder); otherwise files decide by their
+        A folder layout is recognised first (a token store's ``zarr.json``, an MDS or litData
+        ``index.json``, a Lance dataset's ``_versions``, a ``save_to_disk`` folder); otherwise files decide by their
         extensions (``.jsonl``/``.json`` and their ``.gz``/``.zst`` forms, ``.parquet``/``.pq``,
         ``.arrow``). A directory or glob mixing formats is refused; in a directory,
         files of no known format are ignored with one warning.
@@ -772,7 +841,7 @@ def _detect(
         known = sorted({e for r in formats.READERS.values() for e in r.extensions})
         raise ConfigError(
             f"dataset {name!r}: cannot tell the format of {path!r} from extension(s) {exts}; "
-            f"known: {known}. Use Dataset.from_jsonl/from_parquet/from_hf/from_mds/from_tokens"
+            f"known: {known}. Use Dataset.from_jsonl/from_parquet/from_hf/from_mds/from_litdata/from_lance/from_tokens"
         )
     if unknown and listing.kind != "dir" and patterns is None:
         raise ConfigError(

@@ -12,7 +12,7 @@ import posixpath
 from fsspec import AbstractFileSystem
 
 from ..errors import ConfigError
-from . import arrow, jsonl, mds, parquet, records, tokens
+from . import arrow, jsonl, lance, litdata, mds, parquet, records, tokens
 from .reader import Reader
 
 READERS: dict[str, Reader] = {
@@ -24,11 +24,13 @@ READERS: dict[str, Reader] = {
         mds.READER,
         tokens.READER,
         records.READER,
+        litdata.READER,
+        lance.READER,
     )
 }
 NAMES = tuple(READERS)
 # Folder layouts recognised before file extensions, in this order.
-_FOLDERS = ("tokens", "mds", "arrow")
+_FOLDERS = ("tokens", "mds", "litdata", "lance", "arrow")
 
 
 def get(name: str) -> Reader:
@@ -60,7 +62,8 @@ def extension(rel: str) -> str:
 
 
 def of_folder(fs: AbstractFileSystem, directory: str) -> Reader | None:
-    """The format of a folder layout (token store, MDS, ``save_to_disk``), if it is one."""
+    """The format of a folder layout (token store, MDS, litData, Lance, ``save_to_disk``), if it
+    is one."""
     for name in _FOLDERS:
         detect = READERS[name].detect
         if detect is not None and detect(fs, directory):

@@ -143,6 +143,8 @@ def _datasets(source) -> Section:
         chosen = ds.chosen_files() if hasattr(ds, "chosen_files") else ""
         if chosen:
             notes.append((f"{ds.name} files", chosen))
+        reader = getattr(ds, "reader", None)  # what defines a format's data: a Lance version, fields
+        notes += [(f"{ds.name} {label}", value) for label, value in (reader.html(ds) if reader else ())]
     headers: tuple[str, ...] = ("name", "format", "shards", "samples", "text field")
     headers += ("token weight", "tokens/sample", "sample weight") if by_tokens else ("weight",)
     return Section("datasets", headers=headers, rows=tuple(rows), notes=tuple(notes))
