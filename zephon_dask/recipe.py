@@ -234,7 +234,8 @@ _EXAMPLES = {int: "8", float: "0.5", bool: "true", str: '"..."', dict: '{ key = 
 
 # -- the reference ------------------------------------------------------------------------
 
-_TOML_TYPE_NAMES = {int: "integer", float: "number", bool: "bool", str: "string", dict: "inline table"}
+_TOML_TYPE_NAMES = {int: "integer", float: "number", bool: "bool", str: "string", dict: "inline table",
+                    list: "array"}
 ALL_TABLES = (DATASETS, SOURCE, TOKENIZE, SHUFFLE, PACK, BATCH, OPTIONS_TABLE, SCHEDULE)
 
 
