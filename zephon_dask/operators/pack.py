@@ -136,7 +136,7 @@ class Pack(Accumulator):
             ctx.count("pack.short_documents", int(np.count_nonzero(short)))
             keep &= ~short
         if self.drop_oversized:
-            long = lengths > self.max_length
+            long = keep & (lengths > self.max_length)  # a document too short is counted there only
             ctx.count("pack.oversized_documents", int(np.count_nonzero(long)))
             keep &= ~long
         if not keep.all():
