@@ -67,8 +67,8 @@ class BatchOptions:
                               "label of positions not trained on)")
 
     def config(self) -> dict:
-        """The options as a plain dict (for the pipeline's config and fingerprint); ``dataset_ids``
-        only when set, so pipelines without it fingerprint as before it existed."""
+        """The options as a plain dict (for the pipeline's config); ``dataset_ids`` only when set,
+        so configs without it read as before it existed."""
         return {k: v for k, v in self.__dict__.items() if k != "dataset_ids" or v}
 
     @property
