@@ -24,8 +24,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..operators.table import KEPT_FILL, SampleTable, token_lineage
 from ..errors import DataFormatError
+from ..operators.table import KEPT_FILL, SampleTable, token_lineage
 from .batch import Batch, BatchOptions
 
 

@@ -35,6 +35,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 
@@ -221,7 +222,7 @@ class SampleTable:
         """``(this table with each of NARROW_FIELDS in its smallest dtype (:func:`narrowest`), the
         dtype each narrowed field had)``: equal values, so :meth:`widened` gives this table back
         byte for byte."""
-        arrays = {name: narrowest(getattr(self, name)) for name in NARROW_FIELDS}
+        arrays: dict[str, Any] = {name: narrowest(getattr(self, name)) for name in NARROW_FIELDS}
         wide = {name: getattr(self, name).dtype for name, a in arrays.items() if a is not getattr(self, name)}
         if not wide:
             return self, {}
@@ -249,7 +250,8 @@ class SampleTable:
         h = hashlib.sha256()
         names = ("tokens", "offsets", "positions", "document_ids", "lineage", "lineage_offsets")
         arrays = [(name, getattr(self, name)) for name in names + (("loss_mask",) if self.loss_mask is not None else ())]
-        arrays += [(f"fields.{k}", self.fields[k]) for k in sorted(self.fields or ())]
+        kept = self.fields or {}
+        arrays += [(f"fields.{k}", kept[k]) for k in sorted(kept)]
         for name, a in arrays:
             a = np.ascontiguousarray(a)
             h.update(name.encode())

@@ -26,8 +26,8 @@ from ..errors import (
 )
 from ..validate import check_bool, check_int, check_name, did_you_mean
 from .base import ChunkContext, RecordOp, Row
-from .table import KEPT_DTYPES
 from .identity import check_pins, function_identity
+from .table import KEPT_DTYPES
 
 ID_LIMIT = 2**31  # ids must fit int32 when the vocabulary size is unknown
 EOS_CANDIDATES = ("<|endoftext|>", "</s>", "<eos>", "<|end_of_text|>", "[SEP]")
@@ -376,7 +376,7 @@ def kept_fields(keep: dict[str, str | None], records: list[dict], ctx: ChunkCont
         return None
     out = {}
     for name, dtype in keep.items():
-        values = []
+        values: list = []
         for record, pointer in zip(records, pointers, strict=True):
             if name not in record:
                 raise MissingFieldError(
