@@ -193,3 +193,24 @@ def test_groups_need_the_field_kept():
     with pytest.raises(ConfigError, match="keep"):
         Pack(4, groups="domain").apply(table, WindowContext(0, 0, 0, ("a",)))
     assert docs
+
+
+def test_kept_fields_survive_every_table_helper_and_a_stateful_pass_through():
+    import pickle
+
+    from zephon_dask.operators.stateful import Stateful
+
+    docs = [[1, 2, 3], [4], [5, 6]]
+    lineage = [[0, 0, d, 0, len(doc)] for d, doc in enumerate(docs)]
+    table = make_table(docs, lineage, [7, 8, 9])
+    plain = SampleTable.from_documents(table.tokens, table.offsets, table.lineage)
+    assert plain.digest() != table.digest()  # fields hash; a table without them hashes as before
+    assert table.take([2, 0]).fields["domain"].tolist() == [9, 7]
+    assert table.slice(1, 3).fields["domain"].tolist() == [8, 9]
+    assert SampleTable.concat([table, table.slice(0, 1)]).fields["domain"].tolist() == [7, 8, 9, 7]
+    narrow, wide = table.narrowed()
+    assert narrow.fields["domain"].dtype == np.int64 and narrow.widened(wide).digest() == table.digest()
+    assert pickle.loads(pickle.dumps(narrow)).digest() == narrow.digest()
+    through = Stateful("id", list, lambda state, sample: [sample], lambda state: []).apply(
+        table, WindowContext(0, 0, 0, ("a",)))
+    assert through.digest() == table.digest()

@@ -97,12 +97,14 @@ class CutBatch:
             at = token_lineage(run.lineage_offsets, docs.astype(np.int64), rows, self.width)
         except ValueError as exc:
             raise DataFormatError(f"batch {self.index} of this cut: {exc}") from None
-        real = at >= 0
-        source = at[real]
+        pad = at < 0
+        clipped = np.maximum(at, 0)
 
         def gather(values: np.ndarray, fill) -> np.ndarray:
-            out = np.full(len(at), fill, dtype=values.dtype)
-            out[real] = values[source]
+            if not len(values):  # every slot is padding
+                return np.full(shape, fill, dtype=values.dtype)
+            out = values.take(clipped)
+            out[pad] = fill
             return out.reshape(shape)
 
         out = {} if run.datasets is None else {"dataset_ids": gather(run.datasets, -1)}
