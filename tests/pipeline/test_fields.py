@@ -161,3 +161,10 @@ def test_keep_and_groups_are_checked_at_the_door(corpus):
     ids = z.Pipeline(ws).tokenize().pack(64).batch(2, dataset_ids=True)
     assert ids.spec.fingerprint == plain.spec.fingerprint  # a view of the same samples, like labels
     assert "per-token fields" in str(kept.explain()) and "dataset_ids (0=web, 1=code)" in str(ids.explain())
+
+
+def test_the_distributed_runner_delivers_the_same_fields(corpus):
+    """Windows computed in worker processes (pickled, held narrowed) give the same batches."""
+    with pipe(corpus, runner="distributed", n_workers=1) as p:
+        got = dict(content(b) for b in p)
+    assert got == single_rank(corpus, "best_fit", 2, False)
