@@ -168,3 +168,16 @@ def test_the_distributed_runner_delivers_the_same_fields(corpus):
     with pipe(corpus, runner="distributed", n_workers=1) as p:
         got = dict(content(b) for b in p)
     assert got == single_rank(corpus, "best_fit", 2, False)
+
+
+def test_stats_count_the_documents_pack_dropped_and_the_rows_per_group(corpus):
+    options = {"groups": "domain", "drop_oversized": True, "min_sequence_length": 40}
+    with pipe(corpus, "first_fit", pack=options) as p:
+        batches = list(p)
+        stats = p.stats()
+    assert stats.counters["pack.oversized_documents"] > 0 and stats.counters["pack.short_documents"] > 0
+    groups = {k: v for k, v in stats.counters.items() if k.startswith("pack.group_rows.")}
+    assert set(groups) <= {f"pack.group_rows.{d}" for d in range(4)} and sum(groups.values()) == stats.counters[
+        "pack.rows"]
+    assert all(len(set(row[2])) == 1 for b in batches for row in content(b)[1] if row[2])  # one domain a row
+    assert "packed rows per group" in str(stats) and "over max_length (dropped)" in str(stats)
