@@ -181,3 +181,15 @@ def test_stats_count_the_documents_pack_dropped_and_the_rows_per_group(corpus):
         "pack.rows"]
     assert all(len(set(row[2])) == 1 for b in batches for row in content(b)[1] if row[2])  # one domain a row
     assert "packed rows per group" in str(stats) and "over max_length (dropped)" in str(stats)
+
+
+def test_a_field_int_in_one_chunk_and_float_in_another_asks_for_its_type(tmp_path):
+    write(tmp_path, "web", 1, 12, 1, lambda r: {**r, "domain": 0.5})
+    write(tmp_path, "code", 1, 12, 2)
+    ws = z.MixtureWorkSource(datasets(tmp_path), {"web": 1, "code": 1}, chunk_size=4, seed=0)
+    mixed = z.Pipeline(ws).tokenize(keep=["domain"]).pack(64).batch(1).options(runner="synchronous")
+    with pytest.raises(FieldTypeError, match="give its type"), mixed:
+        list(mixed)
+    fixed = z.Pipeline(ws).tokenize(keep={"domain": "float32"}).pack(64).batch(1).options(runner="synchronous")
+    with fixed:
+        assert all(b["domain"].dtype == np.float32 for b in fixed)

@@ -39,6 +39,8 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import FieldTypeError
+
 TOKEN_DTYPE = np.int32
 MASK_DTYPE = np.uint8
 KEPT_DTYPES = ("int64", "float32", "float64", "bool")  # the dtypes of kept fields (tokenize(keep=))
@@ -262,17 +264,17 @@ class SampleTable:
 
 def concat_fields(parts: list[Mapping[str, np.ndarray] | None]) -> dict[str, np.ndarray] | None:
     """The kept fields of tables laid end to end: ``None`` when none has any; the same names and
-    dtypes in every part, else a :class:`ValueError` naming the field."""
+    dtypes in every part, else a :class:`~zephon_dask.errors.FieldTypeError` naming the field."""
     if all(p is None for p in parts):
         return None
     first = next(p for p in parts if p is not None)
     for p in parts:
         if p is None or sorted(p) != sorted(first):
-            raise ValueError(f"kept fields differ between tables: {sorted(first)} and {sorted(p or ())}")
+            raise FieldTypeError(f"kept fields differ between tables: {sorted(first)} and {sorted(p or ())}")
         for k, v in p.items():
             if v.dtype != first[k].dtype:
-                raise ValueError(f"kept field {k!r} is {first[k].dtype} in one part and {v.dtype} in another; "
-                                 f"give its type, tokenize(keep={{{k!r}: 'float32'}})")
+                raise FieldTypeError(f"kept field {k!r} is {first[k].dtype} in one chunk and {v.dtype} in another; "
+                                     f"give its type, tokenize(keep={{{k!r}: 'float32'}})")
     return {k: np.concatenate([p[k] for p in parts if p is not None]) for k in first}
 
 
