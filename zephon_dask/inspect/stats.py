@@ -89,7 +89,8 @@ class PipelineStats:
 
     def _pack_options(self) -> list[tuple[str, object]]:
         """Lines for ``pack``'s options when they acted: documents dropped, rows per group."""
-        c, out = self.counters, []
+        c = self.counters
+        out: list[tuple[str, object]] = []
         for key, label in (("pack.short_documents", "documents under min_sequence_length (dropped)"),
                            ("pack.oversized_documents", "documents over max_length (dropped)")):
             if key in c:
