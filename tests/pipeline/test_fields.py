@@ -49,12 +49,13 @@ def datasets(root):
     return [z.Dataset.from_jsonl(n, str(root / n), progress=False) for n in ("web", "code")]
 
 
-def pipe(root, algorithm="best_fit", microbatch=2, dp=1, group=0, runner="synchronous", pack=None, **options):
+def pipe(root, algorithm="best_fit", microbatch=2, dp=1, group=0, runner="synchronous", pack=None,
+         drop_last=True, **options):
     ws = z.MixtureWorkSource(datasets(root), {"web": 2, "code": 1}, chunk_size=6, seed=3)
     p = z.Pipeline(ws).tokenize(keep=list(FIELDS)).shuffle(8).pack(64, algorithm=algorithm, **(pack or {}))
-    return p.batch(microbatch, dataset_ids=True).options(
+    return p.batch(microbatch, dataset_ids=True, drop_last=drop_last).options(
         canonical_replicas=4, flush_every_k_chunks=1, runner=runner, dp_degree=dp, dp_group_id=group,
-        batches_per_step=4 // dp, **options)
+        batches_per_step=8 // microbatch // dp, **options)
 
 
 def content(batch) -> tuple:
@@ -193,3 +194,33 @@ def test_a_field_int_in_one_chunk_and_float_in_another_asks_for_its_type(tmp_pat
     fixed = z.Pipeline(ws).tokenize(keep={"domain": "float32"}).pack(64).batch(1).options(runner="synchronous")
     with fixed:
         assert all(b["domain"].dtype == np.float32 for b in fixed)
+
+
+def lane_rows(batches) -> dict:
+    """Per lane, its rows (with their fields) in delivery order, whatever the batches' sizes."""
+    out: dict = {}
+    for (lane, _), rows in batches:
+        out.setdefault(lane, []).extend(rows)
+    return out
+
+
+@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(before=st.sampled_from([(1, 1), (2, 2), (1, 2)]), after=st.sampled_from([(1, 1), (2, 2), (4, 1)]),
+       steps=st.integers(0, 4))
+def test_a_resume_with_another_microbatch_and_dp_gives_each_lane_the_same_rows(corpus, before, after, steps):
+    """``(dp, microbatch)`` before and after a checkpoint at a step boundary: each lane's rows and their
+    fields, in order, as in the single-rank run with microbatch 1."""
+    truth = lane_rows(single_rank(corpus, "best_fit", 1, False).items())
+    got = []
+    (dp, mb), (dp2, mb2) = before, after
+    ranks = [pipe(corpus, microbatch=mb, dp=dp, group=g, drop_last=False) for g in range(dp)]
+    for p in ranks:
+        it = iter(p)
+        got += [content(b) for _, b in zip(range(steps * (8 // mb // dp)), it, strict=False)]
+    state = z.merge_states([p.state_dict() for p in ranks])
+    for p in ranks:
+        p.close()
+    for g in range(dp2):
+        with pipe(corpus, microbatch=mb2, dp=dp2, group=g, drop_last=False).load_state_dict(state) as p:
+            got += [content(b) for b in p]
+    assert lane_rows(got) == truth
