@@ -284,11 +284,9 @@ def token_lineage(lineage_offsets: np.ndarray, document_ids: np.ndarray, rows: n
     slot's lineage row: the row's first lineage row plus the slot's document id (the k-th document
     segment of a row is its k-th lineage row, as every built-in operator lays them), -1 on padding.
     A :class:`ValueError` when a document id names a lineage row the row does not have."""
-    first = np.repeat(lineage_offsets[rows], width)
-    end = np.repeat(lineage_offsets[rows + 1], width)
-    index = first + document_ids
-    real = document_ids >= 0
-    if np.any(real & (index >= end)):
+    docs = document_ids.reshape(len(rows), width)
+    first = lineage_offsets[rows]
+    if width and np.any(docs.max(axis=1) >= lineage_offsets[rows + 1] - first):
         raise ValueError("a sample's document ids outnumber its lineage rows; an accumulator must give "
                          "the k-th document of a sample its k-th lineage row")
-    return np.where(real, index, -1)
+    return np.where(docs >= 0, docs + first[:, None], -1).reshape(-1)
