@@ -214,3 +214,10 @@ def test_kept_fields_survive_every_table_helper_and_a_stateful_pass_through():
     through = Stateful("id", list, lambda state, sample: [sample], lambda state: []).apply(
         table, WindowContext(0, 0, 0, ("a",)))
     assert through.digest() == table.digest()
+
+
+def test_groups_refuse_a_float_field():
+    table = SampleTable.from_documents(np.array([1, 2]), np.array([0, 2]), np.zeros((1, 5), np.int64),
+                                       fields={"score": np.array([0.5], np.float32)})
+    with pytest.raises(ConfigError, match="int or bool field"):
+        Pack(4, groups="score").apply(table, WindowContext(0, 0, 0, ("a",)))

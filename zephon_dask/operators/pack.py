@@ -148,6 +148,9 @@ class Pack(Accumulator):
                 raise ConfigError(f"pack(groups={self.groups!r}) needs tokenize(keep=[{self.groups!r}]): the "
                                   f"field is not kept (kept: {sorted(table.fields or ())})")
             values = table.fields[self.groups]
+            if values.dtype.kind == "f":
+                raise ConfigError(f"pack(groups={self.groups!r}): the field is {values.dtype}; groups are the "
+                                  "values of an int or bool field (keep it as 'int64')")
             parts = []
             for value in np.unique(values):
                 part = self._pack(table.take(np.flatnonzero(values == value)), ctx)
