@@ -162,6 +162,38 @@ def main() -> None:
             f"{slow_s / fast_s:>8.1f}x {packed / len(out.tokens):>11.4f} "
             f"{packed / len(table.tokens):>7.4f} {cut:>9}"
         )
+    options_and_fields(table, max_length, repeats)
+
+
+def options_and_fields(table: SampleTable, max_length: int, repeats: int) -> None:
+    """Packing tokens/s of ``best_fit`` with each option, and of packing and batch cutting with two
+    kept fields against none (one value per document each: an int domain and a float score)."""
+    from zephon_dask.consumer.batch import BatchOptions
+    from zephon_dask.consumer.cut import cut_batches
+
+    rng = np.random.default_rng(1)
+    kept = SampleTable.from_documents(table.tokens, table.offsets, table.lineage, fields={
+        "domain": rng.integers(0, 4, len(table)).astype(np.int64), "score": rng.random(len(table)).astype(np.float32)})
+    ctx = WindowContext(seed=0, lane=0, window=0, dataset_names=("synthetic",))
+    print(f"\n{'best_fit with':>28} {'numpy tok/s':>14} {'efficiency':>11}")
+    for label, source, options in (("no option", table, {}), ("two kept fields", kept, {}),
+                                   ("groups (4 values)", kept, {"groups": "domain"}),
+                                   ("max_sequences_per_bin=4", table, {"max_sequences_per_bin": 4}),
+                                   ("shuffle_bins", table, {"shuffle_bins": True})):
+        op = Pack(max_length, "best_fit", **options)
+        seconds, out = median_time(lambda op=op, source=source: op.apply(source, ctx), repeats)
+        print(f"{label:>28} {out.num_tokens / seconds:>14,.0f} {out.num_tokens / len(out.tokens):>11.4f}")
+    print(f"\n{'cut and hand out batches of 8':>28} {'tok/s':>14}")
+    for label, source, dataset_ids in (("plain", table, False), ("two kept fields", kept, False),
+                                       ("kept fields + dataset_ids", kept, True)):
+        rows = Pack(max_length, "best_fit").apply(source, ctx)
+        opts = BatchOptions(microbatch_size=8, dataset_ids=dataset_ids)
+
+        def cut(rows=rows, opts=opts):
+            return [b.arrays() for b in cut_batches(rows, 0, len(rows) // 8, opts, 1)]
+
+        seconds, _ = median_time(cut, repeats)
+        print(f"{label:>28} {len(rows) // 8 * 8 * max_length / seconds:>14,.0f}")
 
 
 if __name__ == "__main__":

@@ -163,6 +163,9 @@ TOKENIZE = Table("[tokenize]", "how text becomes token ids", "`pipeline.tokenize
     Key("bos_id", (int, str), None, "the BOS id: an integer, or a token string of a Hugging Face "
         "tokenizer", (), "the tokenizer's, found by name"),
     Key("eos_id", (int, str), None, "the EOS id, like `bos_id`", (), "the tokenizer's, found by name"),
+    Key("keep", (list, dict), None, "numeric record fields carried into each batch, one value per token "
+        "(its document's): a list of names, or a table `{ name = \"int64\" }` (`int64`, `float32`, "
+        "`float64` or `bool`)", (), "none"),
 ))
 SHUFFLE = Table("[shuffle]", "a reservoir shuffle inside each window (runs before `[pack]`)",
                 "`pipeline.shuffle(**shuffle)`", (
@@ -177,6 +180,14 @@ PACK = Table("[pack]", "documents packed into rows of exactly `max_length` token
         "most one document per row (see [operators](operators.md))", PACK_ALGORITHMS),
     Key("pad_id", _INT, 0, "the padding id (bin packing, and batches)"),
     Key("num_bins", _INT, None, "open bins of `first_fit` / `best_fit`", (), "64"),
+    Key("drop_oversized", _BOOL, False, "`first_fit` / `best_fit`: drop documents longer than "
+        "`max_length` instead of cutting them"),
+    Key("max_sequences_per_bin", _INT, None, "`first_fit` / `best_fit`: at most this many documents in a "
+        "row", (), "no cap"),
+    Key("min_sequence_length", _INT, None, "drop documents shorter than this many tokens", (), "none dropped"),
+    Key("groups", _STR, None, "a field kept by `[tokenize]` `keep`: only documents with the same value "
+        "share a row", (), "no groups"),
+    Key("shuffle_bins", _BOOL, False, "emit each window's rows in a seeded order instead of packing order"),
 ))
 BATCH = Table("[batch]", "the batch shape (cut per lane; a batch never mixes lanes)",
               "`pipeline.batch(**batch)`", (
@@ -188,6 +199,8 @@ BATCH = Table("[batch]", "the batch shape (cut per lane; a batch never mixes lan
     Key("ignore_index", _INT, -100, "the label of positions that are not trained on"),
     Key("mask_document_boundaries", _BOOL, False, "no label across a document boundary"),
     Key("cu_seqlens", _BOOL, False, "also build `cu_seqlens` for variable-length attention"),
+    Key("dataset_ids", _BOOL, False, "also build `dataset_ids`: each token's dataset index, in the "
+        "order of `[[datasets]]` (-1 on padding)"),
 ))
 SCHEDULE = Table("[[mixture.schedule]]", "optional, one table per phase in order: weights that change "
                  "during the run (see [Mixture schedules](#mixture-schedules))",
@@ -221,7 +234,8 @@ _EXAMPLES = {int: "8", float: "0.5", bool: "true", str: '"..."', dict: '{ key = 
 
 # -- the reference ------------------------------------------------------------------------
 
-_TOML_TYPE_NAMES = {int: "integer", float: "number", bool: "bool", str: "string", dict: "inline table"}
+_TOML_TYPE_NAMES = {int: "integer", float: "number", bool: "bool", str: "string", dict: "inline table",
+                    list: "array"}
 ALL_TABLES = (DATASETS, SOURCE, TOKENIZE, SHUFFLE, PACK, BATCH, OPTIONS_TABLE, SCHEDULE)
 
 

@@ -406,4 +406,14 @@ def ref_batch_arrays(table, opts) -> dict:
         flat = docs.reshape(-1).tolist()
         cu = [k for k in range(len(flat)) if k % width == 0 or flat[k] != flat[k - 1]] if width else []
         out["cu_seqlens"] = np.array([*cu, len(flat)], dtype=np.int32)
+    per_token = {"dataset_ids": table.lineage[:, 0]} if opts.dataset_ids else {}
+    per_token.update(table.fields or {})
+    for name, values in per_token.items():  # a row's lineage rows, each token_count times, then the fill
+        fill = -1 if values.dtype.kind in "iu" else np.nan if values.dtype.kind == "f" else False
+        out[name] = np.full((b, width), fill, dtype=values.dtype)
+        for i in range(b):
+            expanded = [v for (*_, count), v in zip(table.sample_lineage(i).tolist(),
+                                                    values[table.lineage_offsets[i]:table.lineage_offsets[i + 1]].tolist(),
+                                                    strict=True) for _ in range(count)]
+            out[name][i, :len(expanded)] = expanded
     return out

@@ -205,3 +205,51 @@ def test_bad_evaluation_pipelines_are_refused(corpus_dir, eval_corpus_dir, tmp_p
         for kw, match in cases:
             with pytest.raises(ConfigError, match=match):
                 ZephonTrainer(model=tiny_gpt2(), args=args(tmp_path), train_dataset=pipe, **kw)
+
+
+def with_domain(record):
+    return {**record, "domain": len(record["text"]) % 3}
+
+
+def test_kept_fields_and_dataset_ids_reach_compute_loss_not_the_model(corpus_dir, tmp_path):
+    """A batch with ``domain`` (kept) and ``dataset_ids``: the model gets only its forward's fields,
+    a ``compute_loss`` override reads the others (a per-domain loss), no TypeError."""
+    import zephon_dask as z
+
+    web = z.Dataset.from_jsonl("web", str(corpus_dir / "web"), progress=False)
+    code = z.Dataset.from_jsonl("code", str(corpus_dir / "code"), progress=False)
+    ws = z.MixtureWorkSource([web, code], {"web": 3, "code": 1}, chunk_size=12, seed=5)
+    pipe = (z.Pipeline(ws).map(with_domain, name="with_domain", version=1).tokenize(keep=["domain"])
+            .pack(96, algorithm="best_fit").batch(2, labels="hf", dataset_ids=True)
+            .options(canonical_replicas=4, flush_every_k_chunks=1, runner="synchronous"))
+    model, given, extras = tiny_gpt2(), [], []
+    model.register_forward_pre_hook(lambda m, a, kw: given.append(set(kw) - {"num_items_in_batch"}),
+                                    with_kwargs=True)
+
+    class PerDomain(ZephonTrainer):
+        def compute_loss(self, model, inputs, *a, **kw):
+            extras.append({k: tuple(inputs[k].shape) for k in ("domain", "dataset_ids", "input_ids")})
+            return super().compute_loss(model, inputs, *a, **kw)
+
+    with pipe:
+        trainer = PerDomain(model=model, args=args(tmp_path, max_steps=2, save_strategy="no"), train_dataset=pipe)
+        trainer.train()
+    assert given and all(g == {"input_ids", "labels", "attention_mask", "position_ids"} for g in given)
+    assert extras and all(e["domain"] == e["dataset_ids"] == e["input_ids"] for e in extras)
+    assert set(trainer.batch_extras) == {"domain", "dataset_ids"}
+
+
+def test_forward_fields_follow_the_signature():
+    from zephon_dask.integrations.forward import forward_fields
+
+    available = ("input_ids", "labels", "attention_mask", "position_ids", "domain", "dataset_ids")
+
+    def named(input_ids, labels=None, domain=None):
+        pass
+
+    def wrapper(*args, **kwargs):
+        pass
+
+    assert forward_fields(named, available) == ("input_ids", "labels", "domain")
+    assert forward_fields(wrapper, available) == available[:4]
+    assert forward_fields(tiny_gpt2(), available) == available[:4]

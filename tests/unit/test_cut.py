@@ -18,9 +18,11 @@ NAMES = ("prose", "code", "chat")
 
 
 @st.composite
-def window(draw, packed: bool, masked: bool, width: int) -> SampleTable:
+def window(draw, packed: bool, masked: bool, width: int, kept: bool = False) -> SampleTable:
     """A window's samples: packed rows of ``width`` slots (documents, then padding), or
-    unpacked ones of 1 to ``width`` tokens (now and then an empty one)."""
+    unpacked ones of 1 to ``width`` tokens (now and then an empty one). ``kept``: lineage as
+    the operators lay it (a row's k-th document segment is its k-th lineage row, its token count
+    the segment's length) and kept fields of each dtype, one value per lineage row."""
     n = draw(st.integers(0, 14))
     seed = draw(st.integers(0, 2**32 - 1))
     rng = np.random.default_rng(seed)
@@ -41,6 +43,8 @@ def window(draw, packed: bool, masked: bool, width: int) -> SampleTable:
         doc_ids.append(ids)
         positions.append(np.where(ids < 0, 0, pos))
     total = int(offsets[-1])
+    if kept:
+        return _kept_window(rng, offsets, doc_ids, positions, masked)
     per_row = rng.integers(0, 4, n)
     lineage = np.stack([rng.integers(0, len(NAMES), per_row.sum()), rng.integers(0, 5, per_row.sum()),
                         rng.integers(0, 100, per_row.sum()), rng.integers(0, 3, per_row.sum()),
@@ -54,15 +58,42 @@ def window(draw, packed: bool, masked: bool, width: int) -> SampleTable:
     )
 
 
+def _kept_window(rng, offsets, doc_ids, positions, masked) -> SampleTable:
+    """The window of ``window(kept=True)``: document ids made dense (0, 1, ... per row), one lineage
+    row per document segment, kept fields ``domain`` (int64), ``score`` (float32), ``flag`` (bool)."""
+    segments, dense = [], []
+    for ids in doc_ids:
+        real = ids[ids >= 0]
+        _, first, counts = np.unique(real, return_index=True, return_counts=True)
+        rank = np.repeat(np.arange(len(counts)), counts)
+        dense.append(np.concatenate((rank, np.full(len(ids) - len(real), -1))).astype(np.int64))
+        segments.append(counts)
+    per_row = np.array([len(c) for c in segments], dtype=np.int64)
+    m = int(per_row.sum())
+    lineage = np.stack([rng.integers(0, len(NAMES), m), rng.integers(0, 5, m), rng.integers(0, 100, m),
+                        rng.integers(0, 3, m), np.concatenate(segments or [np.zeros(0)])], axis=1).astype(np.int64)
+    total = int(offsets[-1])
+    return SampleTable(
+        rng.integers(1, 1000, total).astype(np.int32), offsets,
+        np.concatenate(positions or [np.zeros(0)]).astype(np.int32),
+        np.concatenate(dense or [np.zeros(0)]).astype(np.int32),
+        lineage, np.concatenate(([0], np.cumsum(per_row))).astype(np.int64),
+        rng.integers(0, 2, total).astype(np.uint8) if masked else None,
+        {"domain": rng.integers(0, 4, m).astype(np.int64), "score": rng.random(m).astype(np.float32),
+         "flag": rng.integers(0, 2, m).astype(bool)},
+    )
+
+
 @st.composite
 def lane(draw):
-    packed, masked = draw(st.booleans()), draw(st.booleans())
+    packed, masked, kept = draw(st.booleans()), draw(st.booleans()), draw(st.booleans())
     width = draw(st.integers(1, 9))
-    windows = draw(st.lists(window(packed, masked, width), min_size=1, max_size=6))
+    windows = draw(st.lists(window(packed, masked, width, kept), min_size=1, max_size=6))
     opts = BatchOptions(microbatch_size=draw(st.integers(1, 5)), drop_last=draw(st.booleans()),
                         labels=draw(st.sampled_from([False, True, "shifted", "hf"])), ignore_index=-100,
                         mask_document_boundaries=draw(st.booleans()), cu_seqlens=draw(st.booleans()),
-                        pad_id=draw(st.sampled_from([0, 1, 2, 3, 300, 70_000, 2**31])))  # some not uint8/uint16/int32
+                        pad_id=draw(st.sampled_from([0, 1, 2, 3, 300, 70_000, 2**31])),  # some not uint8/uint16/int32
+                        dataset_ids=kept and draw(st.booleans()))
     skip = draw(st.integers(0, len(windows[0])))
     return windows, opts, skip, draw(st.booleans())
 

@@ -316,3 +316,45 @@ def test_in_recipe_terms_rewords_python_calls():
     assert in_recipe_terms("labels=True needs tokens", BATCH) == "labels = true needs tokens"
     untouched = "every dataset's first pass; pass the schedule it resolves"
     assert in_recipe_terms(untouched, BATCH) == untouched
+
+
+def test_keep_pack_options_and_dataset_ids_from_a_recipe_match_the_hand_built_pipeline(tmp_path):
+    for name, domain in (("prose", 0), ("code", 1)):
+        write_jsonl(tmp_path / "data" / f"{name}.jsonl",
+                    [{"text": f"{name} {i} " * (i % 4 + 1), "domain": domain + i % 2} for i in range(30)])
+    path = recipe(tmp_path, """
+        [[datasets]]
+        name = "prose"
+        path = "data/prose.jsonl"
+        [[datasets]]
+        name = "code"
+        path = "data/code.jsonl"
+        [source]
+        chunk_size = 6
+        [tokenize]
+        keep = ["domain"]
+        [pack]
+        max_length = 32
+        algorithm = "best_fit"
+        max_sequences_per_bin = 2
+        min_sequence_length = 3
+        drop_oversized = true
+        groups = "domain"
+        shuffle_bins = true
+        [batch]
+        microbatch_size = 2
+        dataset_ids = true
+        [options]
+        runner = "synchronous"
+        canonical_replicas = 2
+        """)
+    p = z.Pipeline.from_config(path)
+    source = z.MixtureWorkSource([z.Dataset.from_jsonl(n, tmp_path / "data" / f"{n}.jsonl") for n in ("prose", "code")],
+                                 chunk_size=6)
+    q = (z.Pipeline(source).tokenize(keep=["domain"])
+         .pack(32, "best_fit", max_sequences_per_bin=2, min_sequence_length=3, drop_oversized=True, groups="domain",
+               shuffle_bins=True).batch(2, dataset_ids=True).options(runner="synchronous", canonical_replicas=2))
+    assert p.fingerprint() == q.fingerprint() and p.description.batch == q.description.batch
+    with p:
+        batch = next(iter(p))
+    assert batch["domain"].shape == batch["dataset_ids"].shape == batch["tokens"].shape

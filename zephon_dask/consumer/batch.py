@@ -2,8 +2,11 @@
 
 A batch never mixes lanes. Its arrays are ``[microbatch, length]``:
 ``tokens`` (padded with ``pad_id``), ``positions``, ``document_ids`` (``-1``
-on padding) and ``lengths``; on request ``input_ids``/``labels``/``loss_mask``
-and ``cu_seqlens`` (for variable-length attention).
+on padding) and ``lengths``; on request ``input_ids``/``labels``/``loss_mask``,
+``cu_seqlens`` (for variable-length attention) and ``dataset_ids`` (each token's dataset index,
+in the order of the pipeline's datasets, -1 on padding); and one array per field kept by
+``tokenize(keep=[...])``, each token's document value (padding: -1 for ints, NaN for floats,
+False for bools).
 
 Two label conventions (``BatchOptions.labels``):
 
@@ -33,6 +36,8 @@ from ..errors import ConfigError
 from ..validate import check_int, did_you_mean
 
 LABEL_CONVENTIONS = (False, True, "shifted", "hf")
+BATCH_KEYS = ("tokens", "positions", "document_ids", "lengths", "input_ids", "labels", "loss_mask",
+              "attention_mask", "position_ids", "cu_seqlens", "dataset_ids")  # the names a kept field may not take
 
 
 @dataclass(frozen=True)
@@ -46,6 +51,7 @@ class BatchOptions:
     mask_document_boundaries: bool = False
     cu_seqlens: bool = False
     pad_id: int = 0
+    dataset_ids: bool = False
 
     def __post_init__(self):
         object.__setattr__(self, "microbatch_size",  # a numpy int becomes an int (JSON in states)
@@ -61,8 +67,9 @@ class BatchOptions:
                               "label of positions not trained on)")
 
     def config(self) -> dict:
-        """The options as a plain dict (for the pipeline's config and fingerprint)."""
-        return dict(self.__dict__)
+        """The options as a plain dict (for the pipeline's config); ``dataset_ids`` only when set,
+        so configs without it read as before it existed."""
+        return {k: v for k, v in self.__dict__.items() if k != "dataset_ids" or v}
 
     @property
     def label_convention(self) -> str | None:

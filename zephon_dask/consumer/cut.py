@@ -24,7 +24,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..operators.table import SampleTable
+from ..errors import DataFormatError
+from ..operators.table import KEPT_FILL, SampleTable, token_lineage
 from .batch import Batch, BatchOptions
 
 
@@ -41,6 +42,10 @@ class Run:
     untrained: np.ndarray | None  # None without labels
     lengths: np.ndarray  # [count, size] int64
     cu_seqlens: list[np.ndarray] | None  # per batch, None unless asked
+    start: int = 0  # the table row of the run's first row
+    lineage_offsets: np.ndarray | None = None  # the table's, when kept fields or dataset ids are built
+    datasets: np.ndarray | None = None  # the table's lineage datasets, when dataset ids are built
+    fields: dict[str, np.ndarray] | None = None  # the table's kept fields (one value per lineage row)
 
 
 @dataclass(frozen=True)
@@ -79,7 +84,33 @@ class CutBatch:
             batch.update(input_ids=tokens, labels=labels.reshape(shape), loss_mask=~untrained.reshape(shape))
         if run.cu_seqlens is not None:
             batch["cu_seqlens"] = run.cu_seqlens[self.index]
+        if run.lineage_offsets is not None:
+            batch.update(self._per_token(docs, shape))
         return batch
+
+    def _per_token(self, docs: np.ndarray, shape: tuple[int, int]) -> dict[str, np.ndarray]:
+        """Each slot's dataset index and kept fields, from its lineage row (fill on padding)."""
+        run = self.run
+        assert run.lineage_offsets is not None
+        rows = run.start + self.index * run.size + np.arange(run.size, dtype=np.int64)
+        try:
+            at = token_lineage(run.lineage_offsets, docs.astype(np.int64), rows, self.width)
+        except ValueError as exc:
+            raise DataFormatError(f"batch {self.index} of this cut: {exc}") from None
+        pad = at < 0
+        clipped = np.maximum(at, 0)
+
+        def gather(values: np.ndarray, fill) -> np.ndarray:
+            if not len(values):  # every slot is padding
+                return np.full(shape, fill, dtype=values.dtype)
+            out = values.take(clipped)
+            out[pad] = fill
+            return out.reshape(shape)
+
+        out = {} if run.datasets is None else {"dataset_ids": gather(run.datasets, -1)}
+        for name, values in (run.fields or {}).items():
+            out[name] = gather(values, KEPT_FILL[values.dtype.kind])
+        return out
 
 
 def cut_batches(table: SampleTable, start: int, count: int, opts: BatchOptions,
@@ -116,9 +147,12 @@ def cut_batches(table: SampleTable, start: int, count: int, opts: BatchOptions,
         untrained = _untrained(doc_ids, first, slot[1:][filled], opts,
                                None if table.loss_mask is None else block(table.loss_mask, 0))
     bounds = slot[np.arange(count + 1) * m]  # where each batch starts in the flat blocks, and the end
+    per_token = opts.dataset_ids or bool(table.fields)
     run = Run(opts, m, block(table.tokens, opts.pad_id), block(table.positions, 0), doc_ids, untrained,
               lengths.astype(np.int64).reshape(count, m),
-              _cu_seqlens(doc_ids, first, bounds) if opts.cu_seqlens else None)
+              _cu_seqlens(doc_ids, first, bounds) if opts.cu_seqlens else None,
+              start, table.lineage_offsets if per_token else None,
+              table.lineage[:, 0] if opts.dataset_ids else None, dict(table.fields) if table.fields else None)
     edges = bounds.tolist()
     lineage = _lineage(table, start, rows)
     counts = _counts(table, start, rows, m, count, n_datasets)

@@ -37,6 +37,7 @@ import numpy as np
 from ..errors import DataFormatError, MissingFieldError
 from ..operators.base import ChunkContext, Row, WindowContext
 from ..operators.table import SampleTable
+from ..operators.tokenize import kept_fields
 from .spec import PipelineSpec
 
 
@@ -206,8 +207,10 @@ def apply_record_ops(record_ops, dataset_names: tuple[str, ...], g: int, pointer
         lineage[:, 3] = [r.token_start for r in rows]
         lineage[:, 4] = lengths
     flat = np.concatenate(arrays) if arrays else np.zeros(0, np.int32)
-    return ChunkOutput(g, SampleTable.from_documents(flat, offsets, lineage, _loss_mask(masks, arrays, ctx, rows)),
-                       ctx.stats)
+    keep: dict = next((op.keep for op in record_ops if getattr(op, "keep", None)), {})
+    fields = kept_fields(keep, [r.record for r in rows], ctx, [r.pointer for r in rows])
+    return ChunkOutput(g, SampleTable.from_documents(flat, offsets, lineage, _loss_mask(masks, arrays, ctx, rows),
+                                                     fields), ctx.stats)
 
 
 def _loss_mask(masks: list, arrays: list[np.ndarray], ctx: ChunkContext, rows: list[Row]) -> np.ndarray | None:

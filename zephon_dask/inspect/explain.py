@@ -275,6 +275,14 @@ def _operators(spec) -> Section:
     return Section("operators", headers=("#", "operator", "kind", "settings"), rows=tuple(rows))
 
 
+def _per_token(spec, batch) -> tuple[tuple[str, str], ...]:
+    """The batch's per-token extras (kept fields, dataset ids), one line when there are any."""
+    kept = [f"{k} (tokenize keep)" for op in spec.record_ops for k in getattr(op, "keep", None) or ()]
+    if batch.dataset_ids:
+        kept.append("dataset_ids (" + ", ".join(f"{i}={n}" for i, n in enumerate(spec.source.names)) + ")")
+    return (("per-token fields", "; ".join(kept)),) if kept else ()
+
+
 def _fetcher(pipeline):
     """The window fetcher of the pipeline's live iteration, or ``None``."""
     stream = pipeline.session.stream
@@ -364,7 +372,8 @@ def explain(pipeline) -> Explanation:
     fingerprint = spec.fingerprint
     lanes, lane_notes = _lanes(spec)
     group, group_notes = _group(pipeline, spec.canonical_replicas, options)
-    batch = Section("batches", pairs=tuple((k, str(v)) for k, v in pipeline.description.batch.config().items()))
+    batch = Section("batches", pairs=tuple((k, str(v)) for k, v in pipeline.description.batch.config().items())
+                    + _per_token(spec, pipeline.description.batch))
     schedule = phase_rows(pipeline)
     phases = (Section("mixture schedule", headers=PHASE_HEADERS, rows=schedule),) if schedule else ()
     sections = (_datasets(spec.source), _mixture(spec.source), *phases, lanes, group, _operators(spec), batch,

@@ -56,6 +56,7 @@ class PipelineStats:
     whole_windows: int = 0
     partial_windows: int = 0
     packing: str = ""
+    counters: dict = field(default_factory=dict, repr=False)  # the fetched windows' counters, summed
 
     @property
     def tokens_per_s(self) -> float:
@@ -84,7 +85,20 @@ class PipelineStats:
             ("padding efficiency", pct(self.padding_efficiency)),
             ("packing efficiency", pct(self.packing_efficiency)),
             ("windows fetched / in flight", f"{self.windows_done} / {self.windows_in_flight}"),
-        ]
+        ] + self._pack_options()
+
+    def _pack_options(self) -> list[tuple[str, object]]:
+        """Lines for ``pack``'s options when they acted: documents dropped, rows per group."""
+        c = self.counters
+        out: list[tuple[str, object]] = []
+        for key, label in (("pack.short_documents", "documents under min_sequence_length (dropped)"),
+                           ("pack.oversized_documents", "documents over max_length (dropped)")):
+            if key in c:
+                out.append((label, f"{c[key]:,}"))
+        groups = {k.removeprefix("pack.group_rows."): v for k, v in c.items() if k.startswith("pack.group_rows.")}
+        if groups:
+            out.append(("packed rows per group", ", ".join(f"{k}: {v:,}" for k, v in sorted(groups.items()))))
+        return out
 
     _MIXTURE_HEADER = ["dataset", "sample target", "sample share", "whole windows", "token target", "token share",
                        "samples", "tokens", "held"]
@@ -268,6 +282,7 @@ def stats(pipeline) -> PipelineStats:
         whole_windows=int(whole[0]),
         partial_windows=partial or 0,
         packing=packs[-1].spec()["algorithm"] if packs else "",
+        counters=dict(pack),
     )
 
 

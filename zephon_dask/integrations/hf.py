@@ -50,6 +50,7 @@ from ..log import logger
 from ..pipeline import Pipeline
 from ..pipeline.torch_data import PipelineDataset
 from ..state import load_state, save_state
+from .forward import extra_fields, forward_fields
 from .ranks import collective_state
 
 STATE_FILE = "zephon_state.json"
@@ -101,7 +102,8 @@ def checkpoint_state(checkpoint_dir) -> dict:
 
 
 class ModelBatches:
-    """Iterates a pipeline loader, yielding each batch reduced to the model's fields."""
+    """Iterates a pipeline loader, yielding each batch reduced to the model's fields and the extra
+    per-token fields (which the trainer's ``compute_loss`` takes off before the model sees them)."""
 
     def __init__(self, loader, fields: tuple[str, ...]):
         self.loader, self.fields = loader, fields
@@ -196,7 +198,11 @@ class ZephonTrainerMixin(_TrainerBase):
     and ``per_device_train_batch_size`` (its microbatch size) are set here.
     ``eval_dataset`` may be a finite pipeline or a dict of them (mixed with other
     datasets); each evaluation reads it from the beginning. ``model_fields`` are the
-    batch fields passed to ``model(**batch)``.
+    batch fields passed to ``model(**batch)``; by default those its ``forward`` takes
+    (:func:`~zephon_dask.integrations.forward.forward_fields`). The batch's other per-token
+    fields (``tokenize(keep=[...])``, ``dataset_ids``) reach ``compute_loss(model, inputs)``
+    in ``inputs`` (a subclass overriding it reads e.g. ``inputs["domain"]`` for a per-domain
+    loss) and are taken off there, kept in ``trainer.batch_extras``, before the model runs.
 
     Example:
         >>> from zephon_dask.integrations.hf import ZephonTrainer  # doctest: +SKIP
@@ -209,7 +215,7 @@ class ZephonTrainerMixin(_TrainerBase):
     control: Any
 
     def __init__(self, model=None, args=None, *, train_dataset=None, eval_dataset=None,
-                 model_fields=MODEL_FIELDS, **kwargs):
+                 model_fields=None, **kwargs):
         if train_dataset is None:
             raise ConfigError(f"{type(self).__name__} needs train_dataset=<a zephon_dask Pipeline>")
         pipeline = pipeline_of(train_dataset)
@@ -223,7 +229,10 @@ class ZephonTrainerMixin(_TrainerBase):
                 raise ConfigError(f"{type(args).__name__}({name}=True) would have the trainer prepare the data, "
                                   f"but {why}: set {name}=False")
         self.pipeline = pipeline
-        self.model_fields = tuple(model_fields)
+        self.extra_fields = extra_fields(pipeline)
+        self.model_fields = tuple(model_fields) if model_fields is not None else (
+            forward_fields(model, MODEL_FIELDS + self.extra_fields) if model is not None else MODEL_FIELDS)
+        self.batch_extras: dict = {}
         for name, evaluated in self._eval_pipelines(eval_dataset).items():
             self._check_eval(evaluated, f"eval_dataset[{name!r}]" if name else "eval_dataset",
                              kwargs.get("compute_metrics"))
@@ -302,7 +311,14 @@ class ZephonTrainerMixin(_TrainerBase):
         loader = self.pipeline.to_torch_loader(num_workers=self.args.dataloader_num_workers,
                                                pin_memory=bool(self.args.dataloader_pin_memory
                                                                and torch.cuda.is_available()))
-        return ModelBatches(loader, self.model_fields)
+        extras = tuple(k for k in self.extra_fields if k not in self.model_fields)
+        return ModelBatches(loader, self.model_fields + extras)
+
+    def compute_loss(self, model, inputs, *args, **kwargs):
+        """``Trainer.compute_loss`` on the model's fields; the extra per-token fields are taken off
+        ``inputs`` first and kept in ``self.batch_extras``."""
+        self.batch_extras = {k: inputs.pop(k) for k in list(inputs) if k not in self.model_fields}
+        return super().compute_loss(model, inputs, *args, **kwargs)
 
     def train(self, resume_from_checkpoint=None, *args, **kwargs):
         """``Trainer.train``; a resume first restores the pipeline from the checkpoint, then sizes

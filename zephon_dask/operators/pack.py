@@ -28,6 +28,17 @@ its document. Zero-length documents contribute nothing (no slot, no lineage).
 A table's ``loss_mask`` (``tokenize_chat``) is gathered with its tokens, 0 on
 padding, so every algorithm keeps each token's mask.
 
+Options (each in the fingerprint only when set, so pipelines without them fingerprint as before):
+``min_sequence_length`` (any algorithm) drops documents shorter than it before packing
+(``pack.short_documents``); ``drop_oversized`` (``first_fit``/``best_fit``) drops documents longer
+than ``max_length`` instead of cutting them (``pack.oversized_documents``);
+``max_sequences_per_bin`` (``first_fit``/``best_fit``) caps the document pieces of a row: a bin
+holding that many counts as full (no room; closed first); ``groups=<kept field>`` (any algorithm)
+packs each value of a field kept by ``tokenize(keep=[...])`` on its own, so only documents of one
+group share a row: the groups' rows in ascending value order (``pack.group_rows.<value>``);
+``shuffle_bins`` (any algorithm) emits the window's rows in an order drawn from
+``(seed, lane, window)`` instead of their packing order.
+
 Segments are computed as arrays and every output array is built at full size
 from them (repeat, cumsum, one gather), so no Python code runs per token; the
 bin choice loops once per document over a numpy array of open-bin room.
@@ -40,8 +51,9 @@ from typing import Any
 
 import numpy as np
 
+from ..curriculum.seeding import stream_keys
 from ..errors import ConfigError
-from ..validate import check_choice, check_int
+from ..validate import check_bool, check_choice, check_int, check_name
 from .base import Accumulator, WindowContext
 from .table import SampleTable, segment_arange
 
@@ -61,7 +73,9 @@ class Pack(Accumulator):
     name = "pack"
 
     def __init__(self, max_length: int, algorithm: str = "wrap", pad_id: int = 0,
-                 num_bins: int | None = None):
+                 num_bins: int | None = None, drop_oversized: bool = False,
+                 max_sequences_per_bin: int | None = None, min_sequence_length: int | None = None,
+                 groups: str | None = None, shuffle_bins: bool = False):
         self.max_length = check_int(max_length, "max_length", 1, call="pack",
                                     hint="the row length in tokens, e.g. 2048")
         self.algorithm = check_choice(algorithm, ALGORITHMS, "algorithm", call="pack")
@@ -78,14 +92,32 @@ class Pack(Accumulator):
             num_bins = check_int(num_bins, "num_bins", 1, call="pack",
                                  hint=f"how many bins stay open, default {DEFAULT_NUM_BINS}")
         self.num_bins = num_bins
+        self.drop_oversized = check_bool(drop_oversized, "drop_oversized", call="pack")
+        self.shuffle_bins = check_bool(shuffle_bins, "shuffle_bins", call="pack")
+        self.max_sequences_per_bin = check_int(max_sequences_per_bin, "max_sequences_per_bin", 1, optional=True,
+                                               call="pack", hint="documents per row at most, e.g. 8")
+        self.min_sequence_length = check_int(min_sequence_length, "min_sequence_length", 1, optional=True,
+                                             call="pack", hint="tokens; shorter documents are dropped")
+        if groups is not None:
+            check_name(groups, "groups", "a field kept by tokenize(keep=[...]), e.g. 'domain'", call="pack")
+        self.groups = groups
+        for option, used in (("drop_oversized", self.drop_oversized),
+                             ("max_sequences_per_bin", self.max_sequences_per_bin is not None)):
+            if used and algorithm not in BIN_ALGORITHMS:
+                raise ConfigError(f"pack({option}=...) only applies to 'first_fit' and 'best_fit' (whole "
+                                  f"documents into bins); drop it for algorithm={algorithm!r}")
 
     def spec(self) -> dict[str, Any]:
+        options = {"drop_oversized": self.drop_oversized, "max_sequences_per_bin": self.max_sequences_per_bin,
+                   "min_sequence_length": self.min_sequence_length, "groups": self.groups,
+                   "shuffle_bins": self.shuffle_bins}
         return {
             "op": self.name,
             "max_length": self.max_length,
             "algorithm": self.algorithm,
             "pad_id": self.pad_id,
             "num_bins": self.num_bins,
+            **{k: v for k, v in options.items() if v},  # only when set: fingerprints as before
         }
 
     def apply(self, table: SampleTable, ctx: WindowContext) -> SampleTable:
@@ -96,6 +128,42 @@ class Pack(Accumulator):
                 "Pack expects one document per sample (exactly one lineage row each), but this "
                 "table's samples have several lineage rows; pack only once per pipeline"
             )
+        ctx.count("pack.documents", len(table))
+        lengths = table.lengths
+        keep = np.ones(len(table), dtype=bool)
+        if self.min_sequence_length is not None:
+            short = lengths < self.min_sequence_length
+            ctx.count("pack.short_documents", int(np.count_nonzero(short)))
+            keep &= ~short
+        if self.drop_oversized:
+            long = keep & (lengths > self.max_length)  # a document too short is counted there only
+            ctx.count("pack.oversized_documents", int(np.count_nonzero(long)))
+            keep &= ~long
+        if not keep.all():
+            table = table.take(np.flatnonzero(keep))
+        if self.groups is None or not len(table):
+            out = self._pack(table, ctx)
+        else:
+            if not table.fields or self.groups not in table.fields:
+                raise ConfigError(f"pack(groups={self.groups!r}) needs tokenize(keep=[{self.groups!r}]): the "
+                                  f"field is not kept (kept: {sorted(table.fields or ())})")
+            values = table.fields[self.groups]
+            if values.dtype.kind == "f":
+                raise ConfigError(f"pack(groups={self.groups!r}): the field is {values.dtype}; groups are the "
+                                  "values of an int or bool field (keep it as 'int64')")
+            parts = []
+            for value in np.unique(values):
+                part = self._pack(table.take(np.flatnonzero(values == value)), ctx)
+                ctx.count(f"pack.group_rows.{value.item()}", len(part))
+                parts.append(part)
+            out = SampleTable.concat(parts)
+        if self.shuffle_bins and len(out) > 1:
+            keys = stream_keys(ctx.seed, "pack.shuffle_bins", ctx.lane, ctx.window)
+            out = out.take(np.random.Generator(np.random.PCG64(list(keys))).permutation(len(out)))
+        return out
+
+    def _pack(self, table: SampleTable, ctx: WindowContext) -> SampleTable:
+        """``table``'s documents packed by the algorithm (no option but the bins' cap applied)."""
         length = self.max_length
         if self.algorithm == "wrap":
             seg_doc, seg_src, seg_len, seg_row, n_rows, dropped = _wrap_segments(
@@ -118,7 +186,6 @@ class Pack(Accumulator):
             seg_doc, seg_src, seg_len, seg_row, n_rows, split = self._bin_segments(table.offsets)
             ctx.count("pack.split_documents", split)
         out = _assemble(table, seg_doc, seg_src, seg_len, seg_row, n_rows, length, self.pad_id)
-        ctx.count("pack.documents", len(table))
         ctx.count("pack.rows", n_rows)
         ctx.count("pack.tokens", int(seg_len.sum()))
         ctx.count("pack.slots", n_rows * length)
@@ -150,11 +217,12 @@ class Pack(Accumulator):
 
     def _place(self, piece_len: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Bin id (numbered by opening) of each piece, and the bin ids in emission order."""
-        length, capacity = self.max_length, self.num_bins
+        length, capacity, most = self.max_length, self.num_bins, self.max_sequences_per_bin
         assert capacity is not None, "the bin algorithms always have num_bins"
         best = self.algorithm == "best_fit"
         # room of the open bins in opening order; unused slots have room 0, so nothing fits them
         room = np.zeros(max(1, min(capacity, len(piece_len))), dtype=np.int64)
+        held = np.zeros(len(room), dtype=np.int64)  # pieces per open bin (with max_sequences_per_bin)
         ids: list[int] = []  # the open bins' ids, in the same order
         piece_bin: list[int] = []
         emitted: list[int] = []
@@ -166,12 +234,18 @@ class Pack(Accumulator):
             if room[j] >= n:
                 room[j] -= n
                 piece_bin.append(ids[j])
+                if most is not None:
+                    held[j] += 1
+                    if held[j] == most:  # a bin with its most pieces has no room left
+                        room[j] = 0
                 continue
             if len(ids) == capacity:  # close the fullest bin (earliest-opened on ties)
                 j = int(room.argmin())
                 emitted.append(ids.pop(j))
                 room[j:-1] = room[j + 1 :]
-            room[len(ids)] = length - n
+                held[j:-1] = held[j + 1 :]
+            room[len(ids)] = length - n if most != 1 else 0
+            held[len(ids)] = 1
             ids.append(len(emitted) + len(ids))
             piece_bin.append(ids[-1])
         emitted.extend(ids)
@@ -298,7 +372,8 @@ def _assemble(
                 mask = mask[src]
         document_ids = np.repeat(rank.astype(table.document_ids.dtype), lengths)
     positions = _ramp(np.zeros_like(lengths), lengths, slope, table.positions.dtype)
-    lineage = table.lineage[table.lineage_offsets[seg_doc]]
+    source = table.lineage_offsets[seg_doc]
+    lineage = table.lineage[source]
     lineage[:, 3] += seg_src - table.offsets[seg_doc]
     lineage[:, 4] = seg_len
     lineage_offsets = np.zeros(n_rows + 1, dtype=np.int64)
@@ -311,4 +386,5 @@ def _assemble(
         lineage=lineage,
         lineage_offsets=lineage_offsets,
         loss_mask=mask,
+        fields=table.fields_at(source),
     )

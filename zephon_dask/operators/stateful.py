@@ -16,7 +16,7 @@ import numpy as np
 from ..errors import ConfigError
 from .base import Accumulator, WindowContext
 from .identity import check_pins, function_identity
-from .table import MASK_DTYPE, TOKEN_DTYPE, SampleTable
+from .table import MASK_DTYPE, TOKEN_DTYPE, SampleTable, concat_fields
 
 
 class Sample(NamedTuple):
@@ -27,6 +27,7 @@ class Sample(NamedTuple):
     document_ids: np.ndarray
     lineage: np.ndarray  # rows of (dataset, shard, offset, token_start, token_count)
     loss_mask: np.ndarray | None = None  # 0/1 per token (``tokenize_chat``); None: all trained
+    fields: dict | None = None  # kept field name -> one value per lineage row (``tokenize(keep=)``)
 
 
 def to_samples(table: SampleTable) -> list[Sample]:
@@ -34,7 +35,7 @@ def to_samples(table: SampleTable) -> list[Sample]:
     return [
         Sample(table.tokens[o[i]:o[i + 1]], table.positions[o[i]:o[i + 1]],
                table.document_ids[o[i]:o[i + 1]], table.lineage[lo[i]:lo[i + 1]],
-               None if m is None else m[o[i]:o[i + 1]])
+               None if m is None else m[o[i]:o[i + 1]], table.fields_at(slice(lo[i], lo[i + 1])))
         for i in range(len(table))
     ]
 
@@ -58,6 +59,7 @@ def from_samples(samples: list[Sample]) -> SampleTable:
         np.concatenate([np.asarray(s.lineage, np.int64).reshape(-1, 5) for s in samples]),
         np.concatenate(([0], np.cumsum(nlin))),
         mask,
+        concat_fields([s.fields for s in samples]),
     )
 
 

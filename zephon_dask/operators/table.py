@@ -18,6 +18,12 @@ target (``tokenize_chat``: the assistant's tokens) and 0 elsewhere (padding
 included). Every helper carries it along with the tokens; a table without it
 hashes exactly as before it existed.
 
+``fields`` is optional too: ``None`` (the default), or a mapping of a kept record field's name
+(``tokenize(keep=[...])``) to one value per *lineage row*, so each document segment carries its
+document's value: gathering lineage gathers them, and no per-token copy exists before a batch is
+cut (:func:`token_lineage` maps each token to its lineage row there). A table without fields hashes
+as before they existed; narrowing leaves them as they are, so their dtypes never vary.
+
 :meth:`SampleTable.narrowed` gives the same values with ``tokens``, ``positions`` and
 ``document_ids`` each in the smallest integer type that holds them (``uint16`` tokens
 whenever the vocabulary has fewer than 65,536 ids): how a finished window is held and
@@ -27,12 +33,18 @@ sent between processes until its batches are built (in int64, whatever the table
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 
+from ..errors import FieldTypeError
+
 TOKEN_DTYPE = np.int32
 MASK_DTYPE = np.uint8
+KEPT_DTYPES = ("int64", "float32", "float64", "bool")  # the dtypes of kept fields (tokenize(keep=))
+KEPT_FILL = {"i": -1, "f": float("nan"), "b": False}  # a kept field's value on padding, by dtype kind
 LINEAGE_FIELDS = ("dataset", "shard", "offset", "token_start", "token_count")
 NARROW_FIELDS = ("tokens", "positions", "document_ids")  # the per-token arrays a held window narrows
 NARROW_DTYPES = tuple((np.dtype(t), int(np.iinfo(t).min), int(np.iinfo(t).max))
@@ -84,12 +96,14 @@ class SampleTable:
     lineage: np.ndarray
     lineage_offsets: np.ndarray
     loss_mask: np.ndarray | None = None
+    fields: Mapping[str, np.ndarray] | None = None  # name -> one value per lineage row
 
     def __sizeof__(self) -> int:
         """Bytes held, arrays included (what Dask's memory accounting sees via ``sys.getsizeof``)."""
         arrays = (self.tokens, self.offsets, self.positions, self.document_ids, self.lineage, self.lineage_offsets,
                   self.loss_mask)
-        return object.__sizeof__(self) + sum(a.nbytes for a in arrays if a is not None)
+        kept = sum(a.nbytes for a in self.fields.values()) if self.fields else 0
+        return object.__sizeof__(self) + sum(a.nbytes for a in arrays if a is not None) + kept
 
     @classmethod
     def empty(cls) -> SampleTable:
@@ -98,9 +112,10 @@ class SampleTable:
 
     @classmethod
     def from_documents(cls, tokens: np.ndarray, offsets: np.ndarray, lineage: np.ndarray,
-                       loss_mask: np.ndarray | None = None) -> SampleTable:
+                       loss_mask: np.ndarray | None = None,
+                       fields: Mapping[str, np.ndarray] | None = None) -> SampleTable:
         """One sample per document; ``lineage`` has one row per document; ``loss_mask`` (optional)
-        one 0/1 per token."""
+        one 0/1 per token; ``fields`` (optional) one value per document each."""
         offsets = np.asarray(offsets, dtype=np.int64)
         lengths = np.diff(offsets)
         n = len(lengths)
@@ -112,7 +127,12 @@ class SampleTable:
             lineage=np.asarray(lineage, dtype=np.int64).reshape(n, 5),
             lineage_offsets=np.arange(n + 1, dtype=np.int64),
             loss_mask=None if loss_mask is None else np.asarray(loss_mask, dtype=MASK_DTYPE),
+            fields=None if fields is None else dict(fields),
         )
+
+    def fields_at(self, index: np.ndarray | slice) -> dict[str, np.ndarray] | None:
+        """The kept fields of lineage rows ``index`` (``None`` without fields)."""
+        return None if self.fields is None else {k: v[index] for k, v in self.fields.items()}
 
     def __len__(self) -> int:
         return len(self.offsets) - 1
@@ -144,12 +164,13 @@ class SampleTable:
             return SampleTable(
                 rows(self.tokens), np.arange(len(index) + 1, dtype=np.int64) * width, rows(self.positions),
                 rows(self.document_ids), self.lineage[lflat], loffsets,
-                None if self.loss_mask is None else rows(self.loss_mask),
+                None if self.loss_mask is None else rows(self.loss_mask), self.fields_at(lflat),
             )
         flat, offsets = csr_gather(self.offsets, index)
         return SampleTable(
             self.tokens[flat], offsets, self.positions[flat], self.document_ids[flat],
             self.lineage[lflat], loffsets, None if self.loss_mask is None else self.loss_mask[flat],
+            self.fields_at(lflat),
         )
 
     def row_width(self) -> int:
@@ -169,6 +190,7 @@ class SampleTable:
         return SampleTable(
             self.tokens[a:b], o[start:stop + 1] - a, self.positions[a:b], self.document_ids[a:b],
             self.lineage[la:lb], lo[start:stop + 1] - la, None if self.loss_mask is None else self.loss_mask[a:b],
+            self.fields_at(slice(la, lb)),
         )
 
     @staticmethod
@@ -195,13 +217,14 @@ class SampleTable:
             stack("tokens"), offsets("offsets"), stack("positions"), stack("document_ids"),
             np.concatenate([t.lineage for t in tables]), offsets("lineage_offsets"),
             np.concatenate([t.mask_or_ones() for t in tables]) if masked else None,
+            concat_fields([t.fields for t in tables]),
         )
 
     def narrowed(self) -> tuple[SampleTable, dict[str, np.dtype]]:
         """``(this table with each of NARROW_FIELDS in its smallest dtype (:func:`narrowest`), the
         dtype each narrowed field had)``: equal values, so :meth:`widened` gives this table back
         byte for byte."""
-        arrays = {name: narrowest(getattr(self, name)) for name in NARROW_FIELDS}
+        arrays: dict[str, Any] = {name: narrowest(getattr(self, name)) for name in NARROW_FIELDS}
         wide = {name: getattr(self, name).dtype for name, a in arrays.items() if a is not getattr(self, name)}
         if not wide:
             return self, {}
@@ -228,9 +251,42 @@ class SampleTable:
         they always did): equal digests mean byte-identical tables."""
         h = hashlib.sha256()
         names = ("tokens", "offsets", "positions", "document_ids", "lineage", "lineage_offsets")
-        for name in names + (("loss_mask",) if self.loss_mask is not None else ()):
-            a = np.ascontiguousarray(getattr(self, name))
+        arrays = [(name, getattr(self, name)) for name in names + (("loss_mask",) if self.loss_mask is not None else ())]
+        kept = self.fields or {}
+        arrays += [(f"fields.{k}", kept[k]) for k in sorted(kept)]
+        for name, a in arrays:
+            a = np.ascontiguousarray(a)
             h.update(name.encode())
             h.update(str(a.dtype).encode())
             h.update(a.tobytes())
         return h.hexdigest()
+
+
+def concat_fields(parts: list[Mapping[str, np.ndarray] | None]) -> dict[str, np.ndarray] | None:
+    """The kept fields of tables laid end to end: ``None`` when none has any; the same names and
+    dtypes in every part, else a :class:`~zephon_dask.errors.FieldTypeError` naming the field."""
+    if all(p is None for p in parts):
+        return None
+    first = next(p for p in parts if p is not None)
+    for p in parts:
+        if p is None or sorted(p) != sorted(first):
+            raise FieldTypeError(f"kept fields differ between tables: {sorted(first)} and {sorted(p or ())}")
+        for k, v in p.items():
+            if v.dtype != first[k].dtype:
+                raise FieldTypeError(f"kept field {k!r} is {first[k].dtype} in one chunk and {v.dtype} in another; "
+                                     f"give its type, tokenize(keep={{{k!r}: 'float32'}})")
+    return {k: np.concatenate([p[k] for p in parts if p is not None]) for k in first}
+
+
+def token_lineage(lineage_offsets: np.ndarray, document_ids: np.ndarray, rows: np.ndarray,
+                  width: int) -> np.ndarray:
+    """For ``len(rows)`` rows of ``width`` slots laid flat (``document_ids``, -1 on padding), each
+    slot's lineage row: the row's first lineage row plus the slot's document id (the k-th document
+    segment of a row is its k-th lineage row, as every built-in operator lays them), -1 on padding.
+    A :class:`ValueError` when a document id names a lineage row the row does not have."""
+    docs = document_ids.reshape(len(rows), width)
+    first = lineage_offsets[rows]
+    if width and np.any(docs.max(axis=1) >= lineage_offsets[rows + 1] - first):
+        raise ValueError("a sample's document ids outnumber its lineage rows; an accumulator must give "
+                         "the k-th document of a sample its k-th lineage row")
+    return np.where(docs >= 0, docs + first[:, None], -1).reshape(-1)

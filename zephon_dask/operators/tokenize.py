@@ -27,6 +27,7 @@ from ..errors import (
 from ..validate import check_bool, check_int, check_name, did_you_mean
 from .base import ChunkContext, RecordOp, Row
 from .identity import check_pins, function_identity
+from .table import KEPT_DTYPES
 
 ID_LIMIT = 2**31  # ids must fit int32 when the vocabulary size is unknown
 EOS_CANDIDATES = ("<|endoftext|>", "</s>", "<eos>", "<|end_of_text|>", "[SEP]")
@@ -194,7 +195,7 @@ class Tokenize(RecordOp):
     makes_tokens = True
 
     def __init__(self, tokenizer="bytes", field="text", bos=False, eos=True, max_length=None,
-                 split_long=False, bos_id=None, eos_id=None, name=None, version=None,
+                 split_long=False, bos_id=None, eos_id=None, name=None, version=None, keep=None,
                  dataset_fields=None):
         self.tokenizer = resolve_tokenizer(tokenizer, name, version)
         check_name(field, "field", "the name of the text field, e.g. 'text'", call="tokenize")
@@ -210,6 +211,7 @@ class Tokenize(RecordOp):
         self.one_to_one = not self.split_long  # a split document becomes several rows
         self.bos_id = self._special("bos", bos, bos_id)
         self.eos_id = self._special("eos", eos, eos_id)
+        self.keep = check_keep(keep, field)
 
     @property
     def vocab_size(self) -> int | None:
@@ -248,6 +250,7 @@ class Tokenize(RecordOp):
             "eos_id": self.eos_id,
             "max_length": self.max_length,
             "split_long": self.split_long,
+            **({"keep": dict(self.keep)} if self.keep else {}),  # absent when empty: fingerprints as before
         }
 
     def encode_documents(self, texts: Sequence[str]):
@@ -337,3 +340,69 @@ class Tokenize(RecordOp):
                     raise type(exc)(f"record at {ctx.where(row.pointer)}: {exc}") from None
                 exc.add_note(f"zephon_dask: tokenize failed on the record at {ctx.where(row.pointer)}")
                 raise
+
+
+def check_keep(keep, text_field: str) -> dict[str, str | None]:
+    """``tokenize(keep=)`` as ``{name: dtype or None}`` (``None``: from the values, see
+    :func:`kept_fields`); a list of names or a mapping name -> one of :data:`KEPT_DTYPES`."""
+    if keep is None:
+        return {}
+    if isinstance(keep, str):
+        raise ConfigError(f"tokenize(keep={keep!r}) must be a list of field names, e.g. keep=[{keep!r}]")
+    items = list(keep.items()) if isinstance(keep, dict) else [(k, None) for k in keep]
+    out: dict[str, str | None] = {}
+    for name, dtype in items:
+        check_name(name, "keep", "a numeric record field to carry into the batch, e.g. 'domain'", call="tokenize")
+        if name == text_field:
+            raise ConfigError(f"tokenize(keep=[{name!r}]) names the text field; keep numeric fields only")
+        if dtype is not None and dtype not in KEPT_DTYPES:
+            raise ConfigError(f"tokenize(keep={{{name!r}: {dtype!r}}}): the type must be one of "
+                              f"{list(KEPT_DTYPES)} (or None: from the values)")
+        if name in out:
+            raise ConfigError(f"tokenize(keep=...) names {name!r} twice")
+        out[name] = dtype
+    return out
+
+
+def _kind(value) -> str | None:
+    """The kept dtype a value gives by itself: bool, int64 or float32 (``None``: not numeric)."""
+    if isinstance(value, bool | np.bool_):
+        return "bool"
+    if isinstance(value, int | np.integer):
+        return "int64"
+    if isinstance(value, float | np.floating):
+        return "float32"
+    return None
+
+
+def kept_fields(keep: dict[str, str | None], records: list[dict], ctx: ChunkContext,
+                pointers: list[int]) -> dict[str, np.ndarray] | None:
+    """One array per kept field, one value per record (``None`` when nothing is kept). A field
+    given without a type takes it from its values: bools ``bool``, ints ``int64``, floats
+    ``float32`` (ints and floats mixed: an error asking for the type). A missing field or a value
+    that is not a number: an error naming the record."""
+    if not keep:
+        return None
+    out = {}
+    for name, dtype in keep.items():
+        values: list = []
+        for record, pointer in zip(records, pointers, strict=True):
+            if name not in record:
+                raise MissingFieldError(
+                    f"record at {ctx.where(pointer)} has no field {name!r} (fields: {sorted(record)}), "
+                    f"kept by tokenize(keep=...); give every record one, e.g. with .map(...)")
+            value, kind = record[name], _kind(record[name])
+            if kind is None or dtype is not None and (
+                    kind == "bool") != (dtype == "bool") or dtype == "int64" and kind == "float32":
+                want = dtype or "a bool, int or float"
+                raise FieldTypeError(
+                    f"record at {ctx.where(pointer)}: kept field {name!r} is {type(value).__name__} "
+                    f"{_short(value, 40)}, not {want}; fix the data or convert it with .map(...)")
+            if dtype is None and values and kind != _kind(values[0]):
+                raise FieldTypeError(
+                    f"record at {ctx.where(pointer)}: kept field {name!r} is {kind} here and "
+                    f"{_kind(values[0])} before; give its type, tokenize(keep={{{name!r}: 'float32'}})")
+            values.append(value)
+        target = dtype or (_kind(values[0]) if values else "int64")
+        out[name] = np.asarray(values, dtype=target).reshape(len(values))
+    return out

@@ -30,7 +30,7 @@ from types import MappingProxyType
 from typing import Any
 
 from .. import inspect as inspection
-from ..consumer.batch import BatchOptions
+from ..consumer.batch import BATCH_KEYS, BatchOptions
 from ..core.spec import PipelineSpec, has_tokens
 from ..curriculum import MixtureWorkSource
 from ..data import fields as record_fields
@@ -175,7 +175,7 @@ class Pipeline:
 
     def tokenize(self, tokenizer="bytes", field: str | None = None, bos: bool = False, eos: bool = True,
                  max_length: int | None = None, split_long: bool = False, bos_id=None, eos_id=None,
-                 name: str | None = None, version=None) -> Pipeline:
+                 name: str | None = None, version=None, keep=None) -> Pipeline:
         """Encode ``record[field]`` into token ids, a chunk at a time (stateless).
 
         Args:
@@ -192,6 +192,11 @@ class Pipeline:
             bos_id, eos_id: the special ids (an int, or a token string for a
                 Hugging Face tokenizer; found by name when not given).
             name, version: a callable tokenizer's identity in the fingerprint.
+            keep: numeric record fields to carry into each batch, one value per token (its
+                document's): a list of names (``["domain"]``; bools, ints and floats become
+                ``bool``, ``int64`` and ``float32``) or a mapping name -> ``"int64"``,
+                ``"float32"``, ``"float64"`` or ``"bool"``. ``batch[name]`` has the shape of
+                ``batch["tokens"]``; padding holds -1, NaN or False.
 
         Returns:
             A new pipeline.
@@ -215,9 +220,12 @@ class Pipeline:
             texts = {ds.name: ds.text_field for ds in self._source.datasets if not ds.holds_tokens}
             field = next(iter(texts.values()), "text")
             dataset_fields = texts if len(set(texts.values())) > 1 else None
-        op = Tokenize(tokenizer, field, bos, eos, max_length, split_long, bos_id, eos_id, name, version,
+        op = Tokenize(tokenizer, field, bos, eos, max_length, split_long, bos_id, eos_id, name, version, keep,
                       dataset_fields=dataset_fields)
         self._check_field("tokenize", op.field, op.dataset_fields)
+        if clash := [k for k in op.keep if k in BATCH_KEYS]:
+            raise ConfigError(f"tokenize(keep={clash!r}): a batch already has {clash[0]!r}; rename the field "
+                              "first with .map(...)")
         return self._add_record_op(op)
 
     def tokenize_chat(self, tokenizer, field: str = "messages", chat_template: str | None = None,
@@ -287,7 +295,9 @@ class Pipeline:
         return self._derive(accumulators=(*self._description.accumulators, op), batch=batch or self._description.batch)
 
     def pack(self, max_length: int, algorithm: str = "wrap", pad_id: int = 0,
-             num_bins: int | None = None) -> Pipeline:
+             num_bins: int | None = None, drop_oversized: bool = False,
+             max_sequences_per_bin: int | None = None, min_sequence_length: int | None = None,
+             groups: str | None = None, shuffle_bins: bool = False) -> Pipeline:
         """Pack each window's documents into rows of exactly ``max_length`` token slots.
 
         An accumulator: it runs per (lane, window), starts empty and is flushed
@@ -300,6 +310,15 @@ class Pipeline:
                 (whole documents into bins, padded with ``pad_id``).
             pad_id: the padding id of the bin-packing algorithms (and of batches).
             num_bins: open bins of ``first_fit``/``best_fit`` (default 64).
+            drop_oversized: ``first_fit``/``best_fit``: drop documents longer than
+                ``max_length`` instead of cutting them (``pack.oversized_documents``).
+            max_sequences_per_bin: ``first_fit``/``best_fit``: at most this many documents
+                (pieces) in a row.
+            min_sequence_length: drop documents shorter than this (``pack.short_documents``).
+            groups: a field kept by ``tokenize(keep=[...])``: only documents with the same
+                value share a row (rows per group: ``pack.group_rows.<value>``).
+            shuffle_bins: emit each window's rows in a seeded order (from the seed, lane and
+                window) instead of their packing order.
 
         Returns:
             A new pipeline.
@@ -314,7 +333,12 @@ class Pipeline:
         if any(isinstance(op, Pack) for op in self._description.accumulators):
             raise ConfigError("the pipeline already packs; call .pack() once")
         self._check_tokens("pack")
-        op = Pack(max_length, algorithm, pad_id, num_bins)
+        op = Pack(max_length, algorithm, pad_id, num_bins, drop_oversized, max_sequences_per_bin,
+                  min_sequence_length, groups, shuffle_bins)
+        kept = [k for o in self._description.record_ops for k in getattr(o, "keep", None) or ()]
+        if groups is not None and groups not in kept:
+            raise ConfigError(f"pack(groups={groups!r}) needs the field kept: .tokenize(..., keep=[{groups!r}]) "
+                              f"(kept: {kept})")
         for tok in (o for o in self._description.record_ops if isinstance(o, Tokenize)):
             tok.check_id(pad_id, "pad_id")  # a pad id outside the vocabulary breaks the embedding
         for ds in self._source.datasets:  # token stores: their vocabulary, when known
@@ -384,7 +408,7 @@ class Pipeline:
 
     def batch(self, microbatch_size: int, drop_last: bool = True, labels: bool | str = False,
               ignore_index: int = -100, mask_document_boundaries: bool = False,
-              cu_seqlens: bool = False) -> Pipeline:
+              cu_seqlens: bool = False, dataset_ids: bool = False) -> Pipeline:
         """Set the batch shape (a data setting: it decides which samples land together).
 
         Batches are cut per lane by the consumer and never mix lanes.
@@ -399,6 +423,8 @@ class Pipeline:
             ignore_index: the label of positions that are not trained on.
             mask_document_boundaries: no label across a document boundary.
             cu_seqlens: also build ``cu_seqlens`` for variable-length attention.
+            dataset_ids: also build ``dataset_ids``: each token's dataset index, in the order
+                of the pipeline's datasets (-1 on padding).
 
         Returns:
             A new pipeline.
@@ -419,10 +445,11 @@ class Pipeline:
                 "try another shape side by side)")
         self._check_tokens("batch")
         for flag, value in (("drop_last", drop_last), ("mask_document_boundaries", mask_document_boundaries),
-                            ("cu_seqlens", cu_seqlens)):
+                            ("cu_seqlens", cu_seqlens), ("dataset_ids", dataset_ids)):
             check_bool(value, flag, call="batch")
         return self._derive(batch=BatchOptions(microbatch_size, drop_last, labels, ignore_index,
-                                               mask_document_boundaries, cu_seqlens, self._description.batch.pad_id),
+                                               mask_document_boundaries, cu_seqlens, self._description.batch.pad_id,
+                                               dataset_ids),
                             batched=True)
 
     def options(self, **settings: Any) -> Pipeline:
