@@ -78,13 +78,20 @@ class Operator:
       else measured (see :func:`one_to_one`). False by default: a new operator is measured
       until it says otherwise;
     * ``makes_tokens``: its output records carry token ids (``tokenize``, ``tokenize_chat``), so
-      ``pack``, ``shuffle``, ``stateful``, ``batch`` and a token-weighted mixture may follow.
+      ``pack``, ``shuffle``, ``stateful``, ``batch`` and a token-weighted mixture may follow;
+      a pipeline has one such operator;
+    * ``needs_tokens``: it reads token ids, so it goes after an operator that ``makes_tokens``
+      (or on a token store). Every accumulator does (it sees a window's ``SampleTable``);
+    * ``kind``: ``"stateless"`` runs per chunk, before every ``"accumulator"`` (per window).
+
+    ``Pipeline.add_op`` places a user's operator by these traits and refuses a misplaced one.
     """
 
     kind: ClassVar[str]
     name: ClassVar[str]
     one_to_one: bool = False
-    makes_tokens: ClassVar[bool] = False
+    makes_tokens: bool = False
+    needs_tokens: bool = False
 
     def spec(self) -> dict[str, Any]:  # pragma: no cover - every operator overrides it
         raise NotImplementedError
@@ -123,6 +130,7 @@ class Accumulator(Operator):
     """Stateful per window: ``apply(table, ctx) -> table``; nothing survives the call."""
 
     kind = "accumulator"
+    needs_tokens = True
 
     def apply(self, table: SampleTable, ctx: WindowContext) -> SampleTable:  # pragma: no cover
         raise NotImplementedError
