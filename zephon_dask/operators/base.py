@@ -28,6 +28,7 @@ class _Counters:
     stats: dict[str, int]
 
     def count(self, key: str, n: int) -> None:
+        """Add ``n`` to the counter ``key`` (``stats()`` sums them over the run)."""
         self.stats[key] = self.stats.get(key, 0) + int(n)
 
 
@@ -94,6 +95,7 @@ class Operator:
     needs_tokens: bool = False
 
     def spec(self) -> dict[str, Any]:  # pragma: no cover - every operator overrides it
+        """The JSON-native settings that define the output (they enter the fingerprint)."""
         raise NotImplementedError
 
     def __repr__(self) -> str:
@@ -133,6 +135,7 @@ class Accumulator(Operator):
     needs_tokens = True
 
     def apply(self, table: SampleTable, ctx: WindowContext) -> SampleTable:  # pragma: no cover
+        """The window's output samples from its input ``table`` (in order); a subclass overrides it."""
         raise NotImplementedError
 
 

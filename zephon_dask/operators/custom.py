@@ -116,14 +116,14 @@ class _Custom:
         return f"add_op({self.op!r})"
 
 
-class CustomRecordOp(_Custom, RecordOp):  # type: ignore[misc]
+class CustomRecordOp(_Custom, RecordOp):
     """A user's :class:`~.base.RecordOp` in a pipeline (see :func:`adopt`)."""
 
     def apply_chunk(self, rows: list[Row], ctx: ChunkContext) -> list[Row]:
         return self.op.apply_chunk(rows, ctx)
 
 
-class CustomAccumulator(_Custom, Accumulator):  # type: ignore[misc]
+class CustomAccumulator(_Custom, Accumulator):
     """A user's :class:`~.base.Accumulator` in a pipeline (see :func:`adopt`)."""
 
     def apply(self, table: SampleTable, ctx: WindowContext) -> SampleTable:

@@ -414,7 +414,7 @@ class Pipeline:
                 if custom.kind == "accumulator" else
                 "the pipeline has token ids already; it can go in place of .tokenize(), before any "
                 "operator that needs tokens"))
-        if custom.kind == "stateless":
+        if isinstance(custom, RecordOp):
             return self._add_record_op(custom)
         return self._add_accumulator(custom)
 

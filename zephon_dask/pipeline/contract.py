@@ -199,27 +199,27 @@ def validate(pipeline, chunks: int) -> Validation:
     """
     spec: PipelineSpec = pipeline.spec
     lines = []
-    if any(isinstance(op, CustomRecordOp) for op in spec.record_ops):
+    customs = {i: op for i, op in enumerate(spec.record_ops) if isinstance(op, CustomRecordOp)}
+    if customs:
         sample = spec.window_chunks(0, 0)[:chunks]
-        checkers = {i: _Checker(f"add_op({type(op.op).__name__})", op.op)
-                    for i, op in enumerate(spec.record_ops) if isinstance(op, CustomRecordOp)}
+        checkers = {i: _Checker(f"add_op({type(op.op).__name__})", op.op) for i, op in customs.items()}
         for g in sample:
             pointers, records = read_chunk(spec, g)
             rows = [Row(i, 0, rec) for i, rec in enumerate(records)]
-            for i, op in enumerate(spec.record_ops):
-                if i in checkers:
-                    _check_record_op(op, spec, g, pointers, rows, checkers[i])
-                rows = op.apply_chunk(rows, ChunkContext(g, spec.source.names, pointers))
+            for i, record_op in enumerate(spec.record_ops):
+                if i in customs:
+                    _check_record_op(customs[i], spec, g, pointers, rows, checkers[i])
+                rows = record_op.apply_chunk(rows, ChunkContext(g, spec.source.names, pointers))
         for i, check in checkers.items():
-            _check_spec(spec.record_ops[i], check)
-            lines.append(f"{spec.record_ops[i].name} (record operator {check.label}): {check.checks} checks "
+            _check_spec(customs[i], check)
+            lines.append(f"{customs[i].name} (record operator {check.label}): {check.checks} checks "
                          f"passed on chunks {list(sample)}")
-    for j, op in enumerate(spec.accumulators):
-        if isinstance(op, CustomAccumulator):
-            check = _Checker(f"add_op({type(op.op).__name__})", op.op)
-            names = _check_accumulator(op, spec, j, check)
-            _check_spec(op, check)
-            lines.append(f"{op.name} (accumulator {check.label}): {check.checks} checks passed on "
+    for j, acc in enumerate(spec.accumulators):
+        if isinstance(acc, CustomAccumulator):
+            check = _Checker(f"add_op({type(acc.op).__name__})", acc.op)
+            names = _check_accumulator(acc, spec, j, check)
+            _check_spec(acc, check)
+            lines.append(f"{acc.name} (accumulator {check.label}): {check.checks} checks passed on "
                          f"{' and '.join(names)}")
     for op in spec.batch_ops:
         check = _Checker(f"map_batch({op.identity['fn']})", op.fn)
