@@ -43,3 +43,13 @@ def test_the_concepts_picture_shows_the_example_pipelines_lanes_and_windows():
         shown = [[int(g) for g in w.split()] for w in re.findall(r"\[([\d ]+)\]", windows)]
         chunks = list(source.lane_chunks(int(lane), 4)[:6])
         assert shown == [chunks[0:2], chunks[2:4], chunks[4:6]], lane
+
+
+def test_operators_add_op_example_validates_as_shown(tmp_path):
+    block = next(b for b in blocks("operators.md", "python") if ".add_op(Lowercase())" in b)
+    (tmp_path / "lowercase.py").write_text(block)
+    run = subprocess.run([sys.executable, str(tmp_path / "lowercase.py")], cwd=ROOT, capture_output=True,
+                         text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert re.fullmatch(r"lowercase \(record operator add_op\(Lowercase\)\): \d+ checks passed on chunks \[.*\]\n",
+                        run.stdout)
