@@ -1,7 +1,8 @@
 """``Pipeline``: the immutable description users build, and the facade over its session.
 
 Each builder method (``map``, ``filter``, ``decode_text``, ``tokenize``,
-``tokenize_chat``, ``pack``, ``shuffle``, ``stateful``, ``batch``, ``options``) validates its
+``tokenize_chat``, ``pack``, ``shuffle``, ``stateful``, ``add_op``, ``batch``, ``map_batch``,
+``options``) validates its
 arguments at once and returns a **new** pipeline; the one it was called on is
 unchanged, so variants can be tried side by side. Data-defining calls build
 the :class:`~zephon_dask.core.PipelineSpec`; execution options are kept apart
