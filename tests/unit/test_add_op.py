@@ -79,6 +79,12 @@ class MyShuffle(z.Accumulator):
         return Shuffle(self.n).apply(table, ctx)
 
 
+class NoTokensNeeded(MyShuffle):
+    """Says it needs no tokens: an accumulator sees token samples all the same."""
+
+    needs_tokens = False
+
+
 class EvenTokens(z.RecordOp):
     """Reads token ids: it goes after ``tokenize``."""
 
@@ -293,6 +299,7 @@ def test_a_local_class_is_refused(web):
     (lambda p: p.tokenize().pack(64).add_op(Upper()), r"anywhere before \.pack\(\)"),
     (lambda p: p.add_op(EvenTokens()), r"needs token ids.*after \.tokenize"),
     (lambda p: p.add_op(MyShuffle(4)), r"as every accumulator.*after \.tokenize"),
+    (lambda p: p.add_op(NoTokensNeeded(4)), r"after \.tokenize"),
     (lambda p: p.tokenize().add_op(CharTokens()), r"in place of \.tokenize\(\)"),
 ])
 def test_a_misplaced_operator_says_where_it_can_go(web, build, match):

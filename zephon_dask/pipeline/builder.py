@@ -405,7 +405,7 @@ class Pipeline:
         if custom.kind == "stateless" and d.accumulators:
             raise ConfigError(f"{label}: a record operator runs per chunk, before the accumulators; it can go "
                               f"anywhere before .{d.accumulators[0].name}(): call add_op there")
-        if custom.needs_tokens and not tokens:
+        if (custom.needs_tokens or custom.kind == "accumulator") and not tokens:
             raise ConfigError(f"{label}: it needs token ids (needs_tokens=True"
                               f"{', as every accumulator' if custom.kind == 'accumulator' else ''}); it can go "
                               "after .tokenize(...) (or on a token store read with Dataset.from_tokens)")
