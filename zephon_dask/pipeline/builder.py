@@ -406,9 +406,10 @@ class Pipeline:
             raise ConfigError(f"{label}: a record operator runs per chunk, before the accumulators; it can go "
                               f"anywhere before .{d.accumulators[0].name}(): call add_op there")
         if (custom.needs_tokens or custom.kind == "accumulator") and not tokens:
-            raise ConfigError(f"{label}: it needs token ids (needs_tokens=True"
-                              f"{', as every accumulator' if custom.kind == 'accumulator' else ''}); it can go "
-                              "after .tokenize(...) (or on a token store read with Dataset.from_tokens)")
+            why = ("an accumulator sees a window's token samples" if custom.kind == "accumulator"
+                   else "it needs token ids (needs_tokens=True)")
+            raise ConfigError(f"{label}: {why}; it can go after .tokenize(...) (or on a token store read "
+                              "with Dataset.from_tokens)")
         if custom.makes_tokens and (custom.kind == "accumulator" or tokens):
             raise ConfigError(f"{label}: makes_tokens=True, but " + (
                 "an accumulator sees token samples already; only a record operator can make tokens"
