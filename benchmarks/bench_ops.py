@@ -37,7 +37,6 @@ from zephon_dask.core.window import read_chunk
 from zephon_dask.operators.base import ChunkContext, Row
 from zephon_dask.operators.shuffle import Shuffle
 
-
 REPEAT = 20  # passes over the chunks per round for the record operator alone
 
 
