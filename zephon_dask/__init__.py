@@ -15,9 +15,11 @@ __version__ = "0.1.0"
 
 # public name -> the module that defines it
 _EXPORTS = {
+    "Accumulator": "operators",
     "Batch": "consumer",
     "BatchOptions": "consumer",
     "ChatFormatError": "errors",
+    "ChunkContext": "operators",
     "ConfigError": "errors",
     "DataChangedError": "errors",
     "DataFormatError": "errors",
@@ -27,12 +29,16 @@ _EXPORTS = {
     "EmptyDatasetError": "errors",
     "MissingFieldError": "errors",
     "MixtureWorkSource": "curriculum",
+    "OperatorContractError": "errors",
     "Pipeline": "pipeline",
     "Pointer": "curriculum",
     "Preempted": "preemption",
     "Preemption": "preemption",
+    "RecordOp": "operators",
+    "Row": "operators",
     "StateError": "errors",
     "Tokenize": "operators",
+    "WindowContext": "operators",
     "WindowOutput": "core",
     "ZephonError": "errors",
     "compute_window": "core",
@@ -62,12 +68,13 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ im
         ElasticityWarning,
         EmptyDatasetError,
         MissingFieldError,
+        OperatorContractError,
         StateError,
         ZephonError,
     )
     from .jobs import prepare_tokens
     from .log import set_log_level
-    from .operators import Tokenize
+    from .operators import Accumulator, ChunkContext, RecordOp, Row, Tokenize, WindowContext
     from .pipeline import Pipeline
     from .preemption import Preempted, Preemption
     from .state import gather_state, load_state, merge_states, save_state, verify_ledgers

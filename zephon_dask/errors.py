@@ -80,6 +80,12 @@ class OperatorOutputError(ZephonError, TypeError):
     """An operator's user function returned the wrong type (a ``.map`` function: anything but a dict)."""
 
 
+class OperatorContractError(ConfigError):
+    """A user's operator (``add_op``, ``map_batch``) breaks the operator contract on sample data
+    (``Pipeline.validate``): it is not deterministic, draws from a global RNG, keeps state, or a
+    trait it declares is false."""
+
+
 class IncompleteStoreError(DataFormatError):
     """A token store's preparation was interrupted (or still runs): it is not complete."""
 

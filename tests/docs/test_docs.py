@@ -77,3 +77,13 @@ def test_performance_is_a_summary_with_commands_and_its_logs_lie_beside_the_benc
     for anchor in set(re.findall(r"\(\.\./benchmarks/RESULTS\.md#([\w-]+)\)", page)):
         assert any(re.sub(r"[^\w\- ]", "", h.lstrip("#").strip().lower()).replace(" ", "-") == anchor
                    for h in results.splitlines() if h.startswith("#")), anchor
+
+
+def test_operators_add_op_example_validates_as_shown(tmp_path):
+    block = next(b for b in blocks("operators.md", "python") if ".add_op(Lowercase())" in b)
+    (tmp_path / "lowercase.py").write_text(block)
+    run = subprocess.run([sys.executable, str(tmp_path / "lowercase.py")], cwd=ROOT, capture_output=True,
+                         text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert re.fullmatch(r"lowercase \(record operator add_op\(Lowercase\)\): \d+ checks passed on chunks \[.*\]\n",
+                        run.stdout)

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections import deque
 
 from ..errors import StateError
+from ..operators.custom import apply_batch_ops
 from ..operators.table import SampleTable
 from .batch import Batch, BatchOptions
 from .cut import CutBatch, cut_batches, make_batch
@@ -25,8 +26,9 @@ from .cut import CutBatch, cut_batches, make_batch
 
 class LaneBatcher:
     def __init__(self, lane: int, opts: BatchOptions, dataset_names: tuple[str, ...], first_index: int = 0,
-                 position: tuple[int, int] = (0, 0)):
+                 position: tuple[int, int] = (0, 0), batch_ops: tuple = ()):
         self.lane, self.opts, self.names = lane, opts, dataset_names
+        self.batch_ops = batch_ops  # map_batch: each batch's arrays go through them once cut
         self.next_index = first_index  # index_in_lane of the next batch
         self.position = position  # (window, offset) of the next sample to emit
         self._tables: deque[tuple[int, int, SampleTable]] = deque()  # (window, offset of row 0, rows)
@@ -92,8 +94,8 @@ class LaneBatcher:
             return self._emit(self.opts.microbatch_size, last=False)
         cut = self._cut.popleft()
         self._advance(self.opts.microbatch_size)
-        batch = Batch(cut.arrays(), self.lane, self.next_index, cut.lineage, self.names, self.position,
-                      counts=cut.counts)
+        batch = Batch(apply_batch_ops(self.batch_ops, cut.arrays()), self.lane, self.next_index, cut.lineage,
+                      self.names, self.position, counts=cut.counts)
         self.next_index += 1
         return batch
 
@@ -108,5 +110,8 @@ class LaneBatcher:
     def _emit(self, n: int, last: bool) -> Batch:
         table = self._take(n)
         batch = make_batch(table, self.lane, self.next_index, self.opts, self.names, self.position, last)
+        if self.batch_ops:
+            batch = Batch(apply_batch_ops(self.batch_ops, dict(batch)), batch.lane, batch.index_in_lane,
+                          batch.lineage, batch.dataset_names, batch.position, batch.last, batch.dataset_counts())
         self.next_index += 1
         return batch

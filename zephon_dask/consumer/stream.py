@@ -78,7 +78,7 @@ class BatchStream:
         self.batchers = {
             lane: LaneBatcher(lane, batch_options, spec.source.names,
                               first_index=at[lane].batches_delivered,
-                              position=(at[lane].window, at[lane].offset))
+                              position=(at[lane].window, at[lane].offset), batch_ops=spec.batch_ops)
             for lane in self.lanes
         }
         # index into self.lanes of the lane that emits next

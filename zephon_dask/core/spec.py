@@ -33,12 +33,15 @@ class PipelineSpec:
     accumulators: tuple[Accumulator, ...]
     canonical_replicas: int
     flush_every_k_chunks: int
+    batch_ops: tuple[Any, ...] = ()  # map_batch: per lane batch, applied by the consumer
 
     @classmethod
-    def of(cls, source: MixtureWorkSource, record_ops, accumulators, settings: Mapping[str, Any]) -> PipelineSpec:
+    def of(cls, source: MixtureWorkSource, record_ops, accumulators, settings: Mapping[str, Any],
+           batch_ops=()) -> PipelineSpec:
         """The spec of ``source`` and the operators, with the data options ``settings`` holds (a
         pipeline's settings, or another spec's :meth:`data_options`)."""
-        return cls(source, tuple(record_ops), tuple(accumulators), **{n: settings[n] for n in DATA_OPTIONS})
+        return cls(source, tuple(record_ops), tuple(accumulators), **{n: settings[n] for n in DATA_OPTIONS},
+                   batch_ops=tuple(batch_ops))
 
     def data_options(self) -> dict[str, Any]:
         """The data options' values, by name."""
@@ -60,6 +63,8 @@ class PipelineSpec:
             "source": self.source.config(),
             "operators": [op.spec() for op in (*self.record_ops, *self.accumulators)],
             **self.data_options(),
+            # only when set, so the fingerprints of pipelines without them stay as they were
+            **({"batch_ops": [op.spec() for op in self.batch_ops]} if self.batch_ops else {}),
         }
 
     @cached_property

@@ -272,6 +272,8 @@ def _operators(spec) -> Section:
     n = len(rows)
     rows += [(str(n + i), op.name, "accumulator (per window)", _settings(op))
              for i, op in enumerate(spec.accumulators)]
+    n = len(rows)
+    rows += [(str(n + i), op.name, "per batch (once cut)", _settings(op)) for i, op in enumerate(spec.batch_ops)]
     return Section("operators", headers=("#", "operator", "kind", "settings"), rows=tuple(rows))
 
 

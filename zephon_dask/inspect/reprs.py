@@ -151,7 +151,7 @@ def pipeline_summary(pipeline) -> Section:
         windows = "endless"
     else:
         windows = span([spec.num_windows(lane) for lane in range(replicas)])
-    ops = " -> ".join(_short(op) for op in (*spec.record_ops, *spec.accumulators)) or "none"
+    ops = " -> ".join(_short(op) for op in (*spec.record_ops, *spec.accumulators, *spec.batch_ops)) or "none"
     batch = pipeline.description.batch
     pairs = (
         ("fingerprint", spec.fingerprint[:16]),

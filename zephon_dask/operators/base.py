@@ -28,6 +28,7 @@ class _Counters:
     stats: dict[str, int]
 
     def count(self, key: str, n: int) -> None:
+        """Add ``n`` to the counter ``key`` (``stats()`` sums them over the run)."""
         self.stats[key] = self.stats.get(key, 0) + int(n)
 
 
@@ -78,15 +79,23 @@ class Operator:
       else measured (see :func:`one_to_one`). False by default: a new operator is measured
       until it says otherwise;
     * ``makes_tokens``: its output records carry token ids (``tokenize``, ``tokenize_chat``), so
-      ``pack``, ``shuffle``, ``stateful``, ``batch`` and a token-weighted mixture may follow.
+      ``pack``, ``shuffle``, ``stateful``, ``batch`` and a token-weighted mixture may follow;
+      a pipeline has one such operator;
+    * ``needs_tokens``: it reads token ids, so it goes after an operator that ``makes_tokens``
+      (or on a token store). Every accumulator does (it sees a window's ``SampleTable``);
+    * ``kind``: ``"stateless"`` runs per chunk, before every ``"accumulator"`` (per window).
+
+    ``Pipeline.add_op`` places a user's operator by these traits and refuses a misplaced one.
     """
 
     kind: ClassVar[str]
     name: ClassVar[str]
     one_to_one: bool = False
-    makes_tokens: ClassVar[bool] = False
+    makes_tokens: bool = False
+    needs_tokens: bool = False
 
     def spec(self) -> dict[str, Any]:  # pragma: no cover - every operator overrides it
+        """The JSON-native settings that define the output (they enter the fingerprint)."""
         raise NotImplementedError
 
     def __repr__(self) -> str:
@@ -123,8 +132,10 @@ class Accumulator(Operator):
     """Stateful per window: ``apply(table, ctx) -> table``; nothing survives the call."""
 
     kind = "accumulator"
+    needs_tokens = True
 
     def apply(self, table: SampleTable, ctx: WindowContext) -> SampleTable:  # pragma: no cover
+        """The window's output samples from its input ``table`` (in order); a subclass overrides it."""
         raise NotImplementedError
 
 

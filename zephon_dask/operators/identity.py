@@ -65,3 +65,22 @@ def function_identity(fn: Any, name: str | None = None, version: str | int | Non
                 h.update(repr(value).encode() if isinstance(value, _SIMPLE + (tuple,)) else b"?")
             ident["code"] = h.hexdigest()[:16]
     return ident
+
+
+def class_identity(cls: type, stop: tuple[type, ...], version: str | int | None = None) -> dict:
+    """JSON-native identity of a user's operator class for fingerprints: its qualified name and,
+    unless ``version`` pins it, a hash of the bytecode of the methods it and its bases define
+    below ``stop`` (the library's base classes), so that an edited method changes the fingerprint."""
+    ident: dict[str, Any] = {"class": f"{cls.__module__}.{cls.__qualname__}", "version": version}
+    if version is None:
+        h = hashlib.sha256()
+        for klass in cls.__mro__:
+            if klass in stop or klass is object:
+                break
+            for attr, value in sorted(vars(klass).items()):
+                code = getattr(getattr(value, "__func__", value), "__code__", None)
+                if code is not None:
+                    h.update(f"{klass.__qualname__}.{attr}".encode())
+                    _code_digest(code, h)
+        ident["code"] = h.hexdigest()[:16]
+    return ident

@@ -1,7 +1,8 @@
 """``Pipeline``: the immutable description users build, and the facade over its session.
 
 Each builder method (``map``, ``filter``, ``decode_text``, ``tokenize``,
-``tokenize_chat``, ``pack``, ``shuffle``, ``stateful``, ``batch``, ``options``) validates its
+``tokenize_chat``, ``pack``, ``shuffle``, ``stateful``, ``add_op``, ``batch``, ``map_batch``,
+``options``) validates its
 arguments at once and returns a **new** pipeline; the one it was called on is
 unchanged, so variants can be tried side by side. Data-defining calls build
 the :class:`~zephon_dask.core.PipelineSpec`; execution options are kept apart
@@ -37,6 +38,7 @@ from ..data import fields as record_fields
 from ..errors import ConfigError, UnsizedPipelineError
 from ..operators.base import Accumulator, RecordOp
 from ..operators.chat import ROLES, TokenizeChat
+from ..operators.custom import MapBatch, adopt
 from ..operators.pack import Pack
 from ..operators.records import DecodeText, Filter, Map
 from ..operators.shuffle import Shuffle
@@ -403,6 +405,108 @@ class Pipeline:
                 f".{op}() needs token ids: call .tokenize(...) first (or read a token store "
                 "with Dataset.from_tokens)"
             )
+
+    # -- a user's operators ---------------------------------------------------------------
+
+    def add_op(self, op) -> Pipeline:
+        """Insert your own operator: an instance of a ``RecordOp`` (per chunk) or ``Accumulator``
+        (per window) subclass, placed by its traits (see ``docs/operators.md``).
+
+        The class sets ``name`` and its traits as class attributes (``one_to_one``,
+        ``makes_tokens``, ``needs_tokens``; an optional ``version`` pins its identity as
+        ``map``'s does); ``spec()`` returns the JSON-native settings that define its output.
+        They enter the fingerprint with the class's qualified name and, unless ``version`` is
+        set, a hash of its methods' bytecode, so a checkpoint of a changed operator is refused.
+        The cheap checks of the contract run here; :meth:`validate` runs it on sample data.
+
+        Args:
+            op: the operator instance (its class defined at module level: workers import it).
+
+        Returns:
+            A new pipeline.
+
+        Raises:
+            ConfigError: ``op`` is not such an instance, lacks a ``name`` or a method, does not
+                pickle, has a ``spec()`` that is not JSON-native or not stable, or cannot go here
+                (the message says where it can go).
+
+        Example:
+            >>> pipeline.add_op(Lowercase()).tokenize()  # doctest: +SKIP
+        """
+        custom = adopt(op)
+        d, label = self._description, f"add_op({type(op).__name__})"
+        tokens = has_tokens(self._source, d.record_ops)
+        if custom.kind == "stateless" and d.accumulators:
+            raise ConfigError(f"{label}: a record operator runs per chunk, before the accumulators; it can go "
+                              f"anywhere before .{d.accumulators[0].name}(): call add_op there")
+        if (custom.needs_tokens or custom.kind == "accumulator") and not tokens:
+            why = ("an accumulator sees a window's token samples" if custom.kind == "accumulator"
+                   else "it needs token ids (needs_tokens=True)")
+            raise ConfigError(f"{label}: {why}; it can go after .tokenize(...) (or on a token store read "
+                              "with Dataset.from_tokens)")
+        if custom.makes_tokens and (custom.kind == "accumulator" or tokens):
+            raise ConfigError(f"{label}: makes_tokens=True, but " + (
+                "an accumulator sees token samples already; only a record operator can make tokens"
+                if custom.kind == "accumulator" else
+                "the pipeline has token ids already; it can go in place of .tokenize(), before any "
+                "operator that needs tokens"))
+        if isinstance(custom, RecordOp):
+            return self._add_record_op(custom)
+        return self._add_accumulator(custom)
+
+    def validate(self, chunks: int = 2):
+        """Run each ``add_op`` operator and ``map_batch`` function on sample chunks and windows
+        of this pipeline's data and check the contract (see ``docs/operators.md``).
+
+        The checks: the same output twice and from a pickled copy (as a worker receives it),
+        the input left unchanged, no draw from the global RNGs (``random``, numpy's, torch's),
+        nothing kept on the instance; an accumulator's output of a window the same after
+        another lane's window (its state stays in its lane and window); true traits (a
+        ``one_to_one`` operator keeps every row, a ``makes_tokens`` one gives token ids); a
+        stable ``spec()``.
+
+        Args:
+            chunks: the chunks of lane 0's first window a record operator is run on (at least 1).
+
+        Returns:
+            A :class:`~zephon_dask.pipeline.contract.Validation` (what was checked, on what).
+
+        Raises:
+            OperatorContractError: an operator breaks the contract (a ``ConfigError`` naming the
+                operator, the check and the fix).
+
+        Example:
+            >>> print(pipeline.validate())  # doctest: +SKIP
+        """
+        from .contract import validate
+
+        return validate(self, check_int(chunks, "chunks", 1, call="validate", hint="e.g. 2"))
+
+    def map_batch(self, fn, name: str | None = None, version=None) -> Pipeline:
+        """Apply ``fn(arrays) -> arrays`` to every batch's dict of numpy arrays, once it is cut
+        (after ``.batch()``; per lane batch, before the lanes are interleaved).
+
+        A pure function of one lane batch, so it keeps every resume exact (any cut, DP degree or
+        runner). Its identity enters the fingerprint as ``map``'s does.
+
+        Args:
+            fn: takes the batch's ``{field: array}`` dict (a copy of the mapping; do not change
+                the arrays in place) and returns a dict of numpy arrays that keeps ``tokens``.
+            name, version: ``fn``'s identity in the fingerprint, as for :meth:`map`.
+
+        Returns:
+            A new pipeline.
+
+        Raises:
+            ConfigError: ``fn`` is not callable, or ``.batch()`` was not called yet.
+
+        Example:
+            >>> pipeline.batch(8).map_batch(lambda b: {**b, "tokens": b["tokens"] % 50000})  # doctest: +SKIP
+        """
+        op = MapBatch(fn, name, version)
+        if not self._batched:
+            raise ConfigError(".map_batch() transforms whole batches: call .batch(...) first")
+        return self._derive(batch_ops=(*self._description.batch_ops, op))
 
     # -- batch shape and options --------------------------------------------------------
 

@@ -27,6 +27,7 @@ class Description:
             :class:`~zephon_dask.consumer.BatchOptions`).
         settings: every option's value (read-only): data, step and execution settings; unset
             options hold their defaults from :data:`zephon_dask.options.OPTIONS`.
+        batch_ops: the ``map_batch`` functions, in order; each runs on a lane batch once cut.
 
     Example:
         >>> pipeline.description.settings["canonical_replicas"]  # doctest: +SKIP
@@ -37,3 +38,4 @@ class Description:
     accumulators: tuple[Accumulator, ...]
     batch: BatchOptions
     settings: Mapping[str, Any]
+    batch_ops: tuple[Any, ...] = ()

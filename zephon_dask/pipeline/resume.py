@@ -70,7 +70,7 @@ def check(session, state: Any, lanes: list[int] | None = None, *, stacklevel: in
     degree = dp_identity(d.settings)[0]
     _check_replicas(state, d.settings["canonical_replicas"])
     source, scheduled = _work_source(session, state, degree)
-    spec = PipelineSpec.of(source, d.record_ops, d.accumulators, d.settings)
+    spec = PipelineSpec.of(source, d.record_ops, d.accumulators, d.settings, d.batch_ops)
     _check_config(state, spec.config(), scheduled)
     check_covers(state, lanes)
     check_positions(spec, state)
@@ -122,7 +122,7 @@ def _work_source(session, state: State, degree: int) -> tuple[MixtureWorkSource,
     if scheduled and not source.unmeasured:  # the phases by the schedule's rules, the rest as below
         d = session.description
         shape = shape_for(d, state, degree)
-        spec = PipelineSpec.of(source, d.record_ops, d.accumulators, d.settings)
+        spec = PipelineSpec.of(source, d.record_ops, d.accumulators, d.settings, d.batch_ops)
         source = reconcile(saved, state, spec, shape.global_batches, d.batch.microbatch_size)
     return source, scheduled
 

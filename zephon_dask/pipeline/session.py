@@ -112,14 +112,14 @@ class Session:
         key = (self.step_shape().global_batches, self.description.batch.microbatch_size)
         if self._resolved is None or self._resolved[0] is not source or self._resolved[1] != key:
             spec = PipelineSpec.of(source, self.description.record_ops, self.description.accumulators,
-                                   self.description.settings)
+                                   self.description.settings, self.description.batch_ops)
             self._resolved = (source, key, phases.resolve(spec, *key, known=dict(enumerate(source.phase_chunks or ()))))
         return self._resolved[2]
 
     def spec(self) -> PipelineSpec:
         """The data definition this session runs (see ``Pipeline.spec``)."""
         d = self.description
-        return PipelineSpec.of(self.work_source(), d.record_ops, d.accumulators, d.settings)
+        return PipelineSpec.of(self.work_source(), d.record_ops, d.accumulators, d.settings, d.batch_ops)
 
     def step_shape(self) -> StepShape:
         """The global step at the group's degree, a loaded state's G kept (see ``Pipeline.step_shape``)."""
