@@ -134,6 +134,9 @@ def _datasets(source) -> Section:
 
 
 def _stream_end(source) -> str:
+    if isinstance(source.exhausted_policy, dict) or isinstance(source.max_repeats, dict):
+        ends = "never" if source.num_chunks is None else "before any dataset would pass its limit"
+        return f"{ends} (per dataset, below)"
     if source.exhausted_policy is None:
         return f"after {source.stop_after_passes} pass(es) of every dataset"
     if source.exhausted_policy == "stop":
@@ -162,8 +165,26 @@ def _mixture(source) -> Section:
         ("stream ends", _stream_end(source)),
         ("sample order", "shuffled: " + ", ".join(shuffles) if shuffles else "file order"),
         ("reshuffle_on_repeat", str(source.reshuffle_on_repeat)),
+        *_per_dataset(source),
+        ("read order", _read_order(source)),
         ("lane_assignment", source.lane_assignment),
     ))
+
+
+def _per_dataset(source) -> list[tuple[str, str]]:
+    """One line per dataset when the datasets are read to different limits."""
+    if not any(isinstance(v, dict) for v in (source.exhausted_policy, source.max_repeats,
+                                             source.reshuffle_on_repeat)):
+        return []
+    return [(f"  {name}", text) for name, text in source.repetition.describe()]
+
+
+def _read_order(source) -> str:
+    order = {"weighted_round_robin": "datasets interleaved evenly (weighted_round_robin)",
+             "weighted_random": "datasets in a seeded random order (weighted_random)"}[source.read_order]
+    within = {"as_is": "each dataset's records in its own order",
+              "shuffle": "each dataset's records shuffled inside the chunk"}[source.within_dataset]
+    return f"{order}; {within}"
 
 
 def _lanes(spec) -> tuple[Section, list[str]]:
