@@ -1,0 +1,75 @@
+"""Per-dataset repetition and a random read order: resumes at any cut, on another dp degree,
+equal the uninterrupted single-rank run, step by step."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import zephon_dask as z
+
+SLOW = settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+R = 8  # canonical replicas
+STEPS = 24  # past the end of the stream (137 batches over 8 lanes)
+
+
+def pipes(corpus_dir, dp, read_order="weighted_random"):
+    web = z.Dataset.from_jsonl("web", str(corpus_dir / "web"), progress=False)
+    code = z.Dataset.from_jsonl("code", str(corpus_dir / "code"), progress=False)
+    # code (100 samples, 9 a chunk) may be read twice: it ends the stream at chunk 22, before web's
+    # one pass (180 samples, 3 a chunk) would
+    ws = z.MixtureWorkSource([web, code], {"web": 1, "code": 3}, chunk_size=12, seed=11,
+                             exhausted_policy={"web": "stop", "code": "repeat"}, max_repeats={"code": 1},
+                             reshuffle_on_repeat={"code": False}, read_order=read_order,
+                             within_dataset="shuffle")
+    return [z.Pipeline(ws).tokenize().pack(384).batch(1).options(
+        canonical_replicas=R, flush_every_k_chunks=1, runner="synchronous", dp_degree=dp, dp_group_id=g,
+        batches_per_step=R // dp) for g in range(dp)]
+
+
+def samples(batch):
+    return [tuple(map(tuple, batch.sources(i))) for i in range(batch.num_samples)]
+
+
+def run(groups, steps, per_step):
+    iters = [iter(p) for p in groups]
+    out = []
+    for _ in range(steps):
+        step: Counter = Counter()
+        for it in iters:
+            for _ in range(per_step):
+                batch = next(it, None)
+                if batch is not None:
+                    step.update(samples(batch))
+        out.append(step)
+    return out
+
+
+def test_the_stream_ends_where_the_repeating_dataset_runs_out(corpus_dir):
+    (one,) = pipes(corpus_dir, 1)
+    assert len(one.spec.source) == 22
+    assert one.spec.source.allocation(22) == {"web": 66, "code": 198}
+
+
+@SLOW
+@given(cut=st.integers(1, 18), before=st.sampled_from([1, 2]), after=st.sampled_from([1, 2, 4, 8]))
+def test_resume_on_another_dp_degree_equals_the_uninterrupted_run(corpus_dir, cut, before, after):
+    (truth_pipe,) = pipes(corpus_dir, 1)
+    truth = run([truth_pipe], STEPS, R)
+    head_pipes = pipes(corpus_dir, before)
+    head = run(head_pipes, cut, R // before)
+    assert head == truth[:cut]
+    state = z.merge_states([p.state_dict() for p in head_pipes])
+    tail_pipes = pipes(corpus_dir, after)
+    for p in tail_pipes:
+        p.load_state_dict(state)
+    assert run(tail_pipes, STEPS - cut, R // after) == truth[cut:]
+
+
+def test_the_random_read_order_changes_the_batches(corpus_dir):
+    (rnd,) = pipes(corpus_dir, 1)
+    (rr,) = pipes(corpus_dir, 1, "weighted_round_robin")
+    a, b = run([rnd], STEPS, R), run([rr], STEPS, R)
+    assert a != b  # the same records (tests/unit/test_repetition.py), packed in another order
