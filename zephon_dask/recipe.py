@@ -157,6 +157,9 @@ SOURCE = Table("[source]", "how the datasets are ordered, mixed and cut into chu
         "seed and block (`permute`), or chunk `g` to lane `g % R` (`modulo`)", LANE_ASSIGNMENTS),
     Key("weight_by", _STR, "samples", "read the weights as shares of samples or of tokens (the "
         "tokens per sample are measured once with `[tokenize]`)", WEIGHT_BY),
+    Key("tokens_per_sample", (int, float, dict), None, "with `weight_by = \"tokens\"`: one number for every "
+        "dataset, or an inline table pinning some, e.g. `{ code = 900 }` (the others are measured)",
+        (), "measured"),
 ))
 TOKENIZE = Table("[tokenize]", "how text becomes token ids", "`pipeline.tokenize(**tokenize)`", (
     Key("tokenizer", _STR, "bytes", "`\"bytes\"` (UTF-8 bytes, BOS 256, EOS 257; needs no file) or "

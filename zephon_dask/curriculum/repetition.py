@@ -69,7 +69,7 @@ class Repetition:
                                   "a dict gives every dataset 'stop' or 'repeat'")
             policies: tuple[str | None, ...] = tuple(policy[n] for n in names)
         elif policy in (None, *POLICIES):
-            policies = (policy,) * len(names)  # type: ignore[assignment]
+            policies = (policy,) * len(names)
         else:
             raise ConfigError(f"exhausted_policy={policy!r} is unknown; choose None (use stop_after_passes), "
                               "'stop', 'repeat' or a dict {dataset: 'stop' or 'repeat'}")

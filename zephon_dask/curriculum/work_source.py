@@ -8,7 +8,7 @@ seed and the indices, never by walking earlier chunks.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from fractions import Fraction
 from functools import cached_property
 from typing import NamedTuple, Protocol, cast
@@ -31,7 +31,7 @@ from .order import DatasetOrder
 from .read_order import READ_ORDERS, WITHIN_DATASET, dataset_sequence, within
 from .repetition import Repetition
 from .seeding import check_seed
-from .token_weights import WEIGHT_BY, as_config, exact_tokens_per_sample, sample_weights
+from .token_weights import WEIGHT_BY, as_config, sample_weights, token_pins
 
 MAX_CHUNK_SIZE = 1 << 24  # samples per chunk; larger ones do not fit one task's memory
 
@@ -172,12 +172,13 @@ class MixtureWorkSource:
         reshuffle_on_repeat: bool | Mapping[str, bool] = True,
         lane_assignment: str = "permute",
         weight_by: str = "samples",
-        tokens_per_sample: Mapping[str, object] | None = None,
+        tokens_per_sample: float | Mapping[str, object] | None = None,
         schedule: Sequence | None = None,
         schedule_unit: str = "step",
         phase_chunks: Sequence[int] | None = None,
         read_order: str = "weighted_round_robin",
         within_dataset: str = "as_is",
+        measure: Callable[[SizedDataset], float] | None = None,
     ):
         if hasattr(datasets, "shard_sizes"):
             datasets = [cast(SizedDataset, datasets)]
@@ -204,7 +205,10 @@ class MixtureWorkSource:
         self.max_repeats = self.repetition.max_repeats
         self.reshuffle_on_repeat = self.repetition.reshuffle_on_repeat
         self.sizes = tuple(int(sum(d.shard_sizes)) for d in self.datasets)
-        self.weight_by, self.tokens_per_sample = self._check_weight_by(weight_by, tokens_per_sample)
+        self.weight_by, self.token_pins = self._check_weight_by(weight_by, tokens_per_sample, measure)
+        self.measure = measure
+        self.tokens_per_sample: tuple[Fraction, ...] | None = (
+            tuple(self.token_pins[n] for n in self.names) if len(self.token_pins) == len(self.names) else None)
         self.phases, self.schedule_unit, self.phase_chunks = self._check_schedule(
             schedule, schedule_unit, phase_chunks, weights)
         targets = ([self._normalised(self._raw_weights(weights))] if self.phases is None
@@ -274,14 +278,25 @@ class MixtureWorkSource:
             names.append(d.name)
         return tuple(names)
 
-    def _check_weight_by(self, weight_by, tokens_per_sample):
+    def _check_weight_by(self, weight_by, tokens_per_sample, measure) -> tuple[str, dict[str, Fraction]]:
+        """``(weight_by, {dataset: tokens per sample given})``."""
         weight_by = check_choice(weight_by, WEIGHT_BY, "weight_by")
+        if measure is not None and (weight_by != "tokens" or not callable(measure)):
+            raise ConfigError(f"measure={measure!r} must be a function dataset -> tokens per sample, used "
+                              "with weight_by='tokens'")
         if tokens_per_sample is None:
-            return weight_by, None
+            return weight_by, {}
         if weight_by != "tokens":
             raise ConfigError("tokens_per_sample is only used with weight_by='tokens'; drop it or "
                               "set weight_by='tokens'")
-        return weight_by, exact_tokens_per_sample(tokens_per_sample, self.names)
+        return weight_by, token_pins(tokens_per_sample, self.names)
+
+    @property
+    def unpinned(self) -> tuple[str, ...]:
+        """The datasets whose tokens per sample are still to be measured (weighted by tokens)."""
+        if self.weight_by != "tokens":
+            return ()
+        return tuple(n for n in self.names if n not in self.token_pins)
 
     def _check_schedule(self, schedule, unit, chunks, weights):
         """``(phases, unit, phase chunk starts)``: all ``None`` without a schedule."""
@@ -409,11 +424,16 @@ class MixtureWorkSource:
             return self.mixture.allocated(g)
         return self._resolved_schedule().allocated(g)
 
-    def with_tokens_per_sample(self, tokens_per_sample: Mapping[str, object]) -> MixtureWorkSource:
-        """The same token-weighted mixture with these tokens per sample (a new source)."""
+    def with_tokens_per_sample(self, tokens_per_sample: float | Mapping[str, object]) -> MixtureWorkSource:
+        """The same token-weighted mixture with these tokens per sample (a new source): one number,
+        or a dict merged over this source's pins (a dataset in both takes the new value)."""
         if self.weight_by != "tokens":
             raise ConfigError("with_tokens_per_sample() needs a source with weight_by='tokens'")
-        return MixtureWorkSource(**{**self._arguments, "tokens_per_sample": tokens_per_sample})
+        if isinstance(tokens_per_sample, Mapping):
+            tokens_per_sample = {**self.token_pins, **tokens_per_sample}
+        complete = not isinstance(tokens_per_sample, Mapping) or all(n in tokens_per_sample for n in self.names)
+        return MixtureWorkSource(**{**self._arguments, "tokens_per_sample": tokens_per_sample,
+                                    "measure": None if complete else self.measure})
 
     # -- stream length ----------------------------------------------------------
 

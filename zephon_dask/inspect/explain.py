@@ -146,7 +146,19 @@ def _stream_end(source) -> str:
     return f"after {source.max_repeats} repeat(s) (exhausted_policy='repeat')"
 
 
-def _mixture(source) -> Section:
+def _token_origin(built) -> tuple[tuple[str, str], ...]:
+    """Where each dataset's tokens per sample come from (weighted by tokens)."""
+    if built.weight_by != "tokens":
+        return ()
+    parts = [f"given: {', '.join(n for n in built.names if n in built.token_pins)}"] if built.token_pins else []
+    if built.unpinned:
+        how = ("measure=" + getattr(built.measure, "__qualname__", repr(built.measure)) if built.measure
+               else "measured on a fixed sample")
+        parts.append(f"{how}: {', '.join(built.unpinned)}")
+    return (("tokens per sample", "; ".join(parts) + " (a resume takes the checkpoint's)"),)
+
+
+def _mixture(source, built=None) -> Section:
     chunks = source.num_chunks
     length = "endless" if chunks is None else f"{chunks:,} chunks ({chunks * source.chunk_size:,} samples)"
     shuffles = [name for name, on in (("shards", source.shuffle_shards),
@@ -159,6 +171,7 @@ def _mixture(source) -> Section:
                  else "samples: weights are shares of each chunk's samples")
     return Section("mixture", pairs=(
         ("weight_by", weight_by),
+        *_token_origin(built if built is not None else source),
         ("chunk_size", str(source.chunk_size)),
         ("seed", str(source.seed)),
         ("stream length", length),
@@ -372,6 +385,7 @@ def explain(pipeline) -> Explanation:
     batch = Section("batches", pairs=tuple((k, str(v)) for k, v in pipeline.description.batch.config().items()))
     schedule = phase_rows(pipeline)
     phases = (Section("mixture schedule", headers=PHASE_HEADERS, rows=schedule),) if schedule else ()
-    sections = (_datasets(spec.source), _mixture(spec.source), *phases, lanes, group, _operators(spec), batch,
+    mixture = _mixture(spec.source, pipeline.session.built_source)
+    sections = (_datasets(spec.source), mixture, *phases, lanes, group, _operators(spec), batch,
                 _execution(pipeline, options, fingerprint))
     return Explanation(fingerprint, sections, tuple(lane_notes + group_notes))
