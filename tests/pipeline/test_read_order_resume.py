@@ -52,7 +52,9 @@ def test_the_stream_ends_where_the_repeating_dataset_runs_out(corpus_dir):
     (one,) = pipes(corpus_dir, 1)
     assert len(one.spec.source) == 22
     assert one.spec.source.allocation(22) == {"web": 66, "code": 198}
-    assert min(Counter(b.lane for b in one).values()) == FULL_STEPS
+    lanes = Counter(b.lane for b in one)
+    assert min(lanes.values()) == FULL_STEPS
+    assert one.num_steps() == sum(lanes.values()) // R == 17  # exact, from the per-dataset stream's end
 
 
 @SLOW

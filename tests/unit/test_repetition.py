@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from tests.helpers.oracles import ref_stream
+from tests.helpers.oracles import ref_schedule_stream, ref_stream
 from zephon_dask.core.spec import sha256_json
 from zephon_dask.curriculum import MixtureWorkSource
 from zephon_dask.curriculum.mixture import Mixture
@@ -208,3 +208,36 @@ def test_a_dataset_chunk_arrays_are_one_pass_locations():
     assert sorted(zip(arrays.shard.tolist(), arrays.offset.tolist(), strict=True)) == sorted(
         [(0, i) for i in range(7)] + [(1, i) for i in range(9)])
     assert np.all(arrays.dataset == 0)
+
+
+@st.composite
+def scheduled(draw):
+    """Per-dataset policies under a two-phase chunk schedule."""
+    datasets, kw = draw(per_dataset())
+    names = [name for name, _ in datasets]
+    second = [draw(st.integers(0, 4)) for _ in names]
+    assume(any(second))
+    first = list(kw.pop("weights").values())
+    need = max(Mixture.min_chunk_size([Fraction(w, sum(ws)) for w in ws if w]) for ws in (first, second))
+    kw["chunk_size"] = max(kw["chunk_size"], need)
+    start = draw(st.integers(1, 6))
+    return datasets, [(0, first), (start, second)], kw
+
+
+@SETTINGS
+@given(scheduled())
+def test_per_dataset_policies_under_a_schedule_match_the_oracle(cfg):
+    datasets, phase_list, kw = cfg
+    names = [name for name, _ in datasets]
+    schedule = [(g, {n: w for n, w in zip(names, ws) if w}) for g, ws in phase_list]
+    try:
+        ws = MixtureWorkSource([Sized(n, s) for n, s in datasets], schedule=schedule, schedule_unit="chunk", **kw)
+    except ConfigError as exc:
+        assume(not any(s in str(exc) for s in ("no chunk", "inside one chunk", "never", "never be reached")))
+        raise
+    truth = ref_schedule_stream(datasets, phase_list, kw["chunk_size"], kw["seed"], 1, kw["exhausted_policy"],
+                                kw["max_repeats"], max_chunks=5_000, block=kw["shuffle_block_size"],
+                                reshuffle=kw["reshuffle_on_repeat"])
+    assert len(truth) < 5_000 and len(ws) == len(truth)
+    for g in range(len(truth)):
+        assert [tuple(p) for p in ws.chunk(g)] == truth[g]
