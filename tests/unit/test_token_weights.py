@@ -612,6 +612,10 @@ def test_a_measure_function_replaces_the_sampled_measurement_and_is_not_called_o
     resumed.load_state_dict(state)
     assert head + take(resumed, 12) == truth
     assert calls == ["long"]  # the state holds the values: a resume never measures again
+    other = estimated(skewed, tokens_per_sample={"short": 13}, measure=by_name)
+    with pytest.warns(ZephonWarning, match="checkpoint's tokens_per_sample"):
+        other.load_state_dict(state)  # a pin the checkpoint contradicts: the checkpoint's value, said
+    assert other.spec.source.tokens_per_sample == (Fraction(12), Fraction(201, 2)) and calls == ["long"]
 
 
 @pytest.mark.parametrize(("fn", "match"), [
