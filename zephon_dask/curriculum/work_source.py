@@ -141,8 +141,10 @@ class MixtureWorkSource:
     choose the order of a chunk's records (see :mod:`.read_order`); never which records.
     ``weight_by="tokens"`` reads the weights as shares of tokens: each dataset's sample
     weight becomes ``weight / tokens_per_sample`` (exact), where ``tokens_per_sample``
-    is given or, when ``None``, measured by the :class:`~zephon_dask.Pipeline` the source
-    goes into (:meth:`with_tokens_per_sample` gives the measured source).
+    is given (one number for every dataset, or a dict) or measured, for the datasets it
+    leaves out, by the :class:`~zephon_dask.Pipeline` the source goes into: on a fixed
+    sample, or by ``measure(dataset) -> tokens per sample`` when given
+    (:meth:`with_tokens_per_sample` gives the measured source).
 
     ``schedule=[(start, {name: weight}), ...]`` (instead of ``weights``) changes the
     weights at given starts (see :mod:`.schedule`): global training steps by default
