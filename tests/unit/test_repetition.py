@@ -241,3 +241,14 @@ def test_per_dataset_policies_under_a_schedule_match_the_oracle(cfg):
     assert len(truth) < 5_000 and len(ws) == len(truth)
     for g in range(len(truth)):
         assert [tuple(p) for p in ws.chunk(g)] == truth[g]
+
+
+def test_explain_lines_say_how_far_each_dataset_is_read():
+    rep = MixtureWorkSource([Sized("a", [30]), Sized("b", [50])], chunk_size=8, stop_after_passes=2,
+                            reshuffle_on_repeat={"b": False}).repetition
+    assert rep.describe() == [("a", "passes as stop_after_passes needs, each pass reshuffled"),
+                              ("b", "passes as stop_after_passes needs, every pass in the first one's order")]
+    rep = MixtureWorkSource([Sized("a", [30]), Sized("b", [50])], chunk_size=8, max_repeats={"b": 2},
+                            exhausted_policy={"a": "stop", "b": "repeat"}).repetition
+    assert rep.describe() == [("a", "one pass, then the stream stops"),
+                              ("b", "1 + 2 pass(es), then the stream stops, each pass reshuffled")]

@@ -138,16 +138,18 @@ class Repetition:
                     "Lower chunk_size or its weight")
 
     def describe(self) -> list[tuple[str, str]]:
-        """``(dataset, how far it is read)`` for each dataset (with an ``exhausted_policy``)."""
+        """``(dataset, how far it is read)`` for each dataset."""
         out = []
         for name, p, k, r in zip(self.names, self.policies, self.repeats, self.reshuffles, strict=True):
-            if p == "stop":
+            if p is None:
+                text = "passes as stop_after_passes needs"
+            elif p == "stop":
                 text = "one pass, then the stream stops"
             elif k is None:
                 text = "repeats without limit"
             else:
                 text = f"1 + {k} pass(es), then the stream stops"
-            if p == "repeat":
+            if p != "stop":
                 text += ", each pass reshuffled" if r else ", every pass in the first one's order"
             out.append((name, text))
         return out
