@@ -22,23 +22,13 @@ from ..errors import ConfigError
 WEIGHT_BY = ("samples", "tokens")
 
 
-def exact_tokens_per_sample(value: object, names: Sequence[str]) -> tuple[Fraction, ...]:
-    """``{dataset: tokens per sample}`` as exact fractions in dataset order.
-
-    Accepts ints, Fractions, finite floats and ``"p/q"`` strings (as :func:`as_config` writes
-    them); every dataset must have a positive number.
-    """
-    pins = token_pins(value, names)
-    missing = [n for n in names if n not in pins]
-    if missing:
-        raise ConfigError(f"tokens_per_sample does not match the datasets: missing {missing}; the datasets "
-                          f"are {list(names)}")
-    return tuple(pins[n] for n in names)
-
-
 def token_pins(value: object, names: Sequence[str]) -> dict[str, Fraction]:
     """The tokens per sample given for some datasets: one number for every dataset, or a dict
-    naming some of them (the others are measured), as exact fractions."""
+    naming some of them (the others are measured), as exact fractions.
+
+    Accepts ints, Fractions, finite floats and ``"p/q"`` strings (as :func:`as_config` writes
+    them); each must be positive.
+    """
     if isinstance(value, numbers.Real | str) and not isinstance(value, bool):
         return {n: _positive(value, n) for n in names}
     if not isinstance(value, Mapping):
