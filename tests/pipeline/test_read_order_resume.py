@@ -3,12 +3,14 @@ equal the uninterrupted single-rank run, step by step."""
 
 from __future__ import annotations
 
+import warnings
 from collections import Counter
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import zephon_dask as z
+from zephon_dask.errors import ZephonWarning
 
 SLOW = settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 R = 8  # canonical replicas
@@ -81,3 +83,22 @@ def test_the_random_read_order_changes_the_batches(corpus_dir):
     (rr,) = pipes(corpus_dir, 1, "weighted_round_robin")
     a, b = run([rnd], STEPS, R), run([rr], STEPS, R)
     assert a != b  # the same records (tests/unit/test_repetition.py), packed in another order
+
+
+@SLOW
+@given(cut=st.integers(1, FULL_STEPS * R - 1), after=st.sampled_from([1, 2, 4, 8]))
+def test_a_mid_step_cut_loses_and_repeats_nothing(corpus_dir, cut, after):
+    (truth_pipe,) = pipes(corpus_dir, 1)
+    truth = sum(run([truth_pipe], STEPS, R), Counter())
+    (head_pipe,) = pipes(corpus_dir, 1)
+    it = iter(head_pipe)
+    head: Counter = Counter()
+    for _ in range(cut):
+        head.update(samples(next(it)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ZephonWarning)  # "n batches into a step": said, and expected here
+        state = head_pipe.state_dict()
+    tail_pipes = pipes(corpus_dir, after)
+    for p in tail_pipes:
+        p.load_state_dict(state)
+    assert head + sum(run(tail_pipes, STEPS * R, R // after), Counter()) == truth
