@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .curriculum import MixtureWorkSource
+from .curriculum.read_order import READ_ORDERS, WITHIN_DATASET
 from .curriculum.routing import LANE_ASSIGNMENTS
 from .curriculum.schedule import parse as parse_schedule
 from .curriculum.token_weights import WEIGHT_BY
@@ -139,17 +140,26 @@ SOURCE = Table("[source]", "how the datasets are ordered, mixed and cut into chu
         "many samples (mixes shards locally, reads stay close together)", (), "no block shuffle"),
     Key("stop_after_passes", _INT, 1, "end the stream after the first chunk at which every dataset "
         "has completed this many passes"),
-    Key("exhausted_policy", _STR, None, "instead of `stop_after_passes`: `\"stop\"` ends before the "
+    Key("exhausted_policy", (str, dict), None, "instead of `stop_after_passes`: `\"stop\"` ends before the "
         "first chunk that needs a sample past any dataset's first pass, `\"repeat\"` repeats the "
-        "datasets", ("stop", "repeat"), "`stop_after_passes` decides"),
-    Key("max_repeats", _INT, None, "with `exhausted_policy = \"repeat\"`: passes after the first "
-        "before the stream ends", (), "the stream never ends"),
-    Key("reshuffle_on_repeat", _BOOL, True, "each pass gets a fresh order (`false`: every pass "
-        "repeats the first one's)"),
+        "datasets; or an inline table naming every dataset, e.g. `{ web = \"stop\", curated = \"repeat\" }`",
+        ("stop", "repeat"), "`stop_after_passes` decides"),
+    Key("max_repeats", (int, dict), None, "with `exhausted_policy = \"repeat\"`: passes after the first "
+        "before the stream ends; or an inline table for some repeating datasets, e.g. `{ curated = 3 }`",
+        (), "the stream never ends"),
+    Key("reshuffle_on_repeat", (bool, dict), True, "each pass gets a fresh order (`false`: every pass "
+        "repeats the first one's); or an inline table for some datasets, e.g. `{ curated = false }`"),
+    Key("read_order", _STR, "weighted_round_robin", "the order of the datasets' records inside a chunk: "
+        "evenly interleaved, or a seeded random arrangement of the same records", READ_ORDERS),
+    Key("within_dataset", _STR, "as_is", "each dataset's records inside a chunk in their own order, or "
+        "shuffled (seeded by the chunk)", WITHIN_DATASET),
     Key("lane_assignment", _STR, "permute", "which lane gets which chunk of a block: shuffled by "
         "seed and block (`permute`), or chunk `g` to lane `g % R` (`modulo`)", LANE_ASSIGNMENTS),
     Key("weight_by", _STR, "samples", "read the weights as shares of samples or of tokens (the "
         "tokens per sample are measured once with `[tokenize]`)", WEIGHT_BY),
+    Key("tokens_per_sample", (int, float, dict), None, "with `weight_by = \"tokens\"`: one number for every "
+        "dataset, or an inline table pinning some, e.g. `{ code = 900 }` (the others are measured)",
+        (), "measured"),
 ))
 TOKENIZE = Table("[tokenize]", "how text becomes token ids", "`pipeline.tokenize(**tokenize)`", (
     Key("tokenizer", _STR, "bytes", "`\"bytes\"` (UTF-8 bytes, BOS 256, EOS 257; needs no file) or "

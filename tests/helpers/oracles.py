@@ -135,10 +135,22 @@ def ref_sampler(datasets, seed, shuffle_shards=True, shuffle_within=True, block=
         name, sizes = datasets[c]
         e, i = divmod(p, sum(sizes))
         if (c, e) not in epochs:
-            epochs[c, e] = ref_epoch(name, sizes, seed, e, shuffle_shards, shuffle_within, block, reshuffle)
+            again = reshuffle.get(name, True) if isinstance(reshuffle, dict) else reshuffle
+            epochs[c, e] = ref_epoch(name, sizes, seed, e, shuffle_shards, shuffle_within, block, again)
         return (name, *epochs[c, e][i])
 
     return sample
+
+
+def ref_passes_allowed(datasets, policy, max_repeats):
+    """Each dataset's passes before the stream ends (``None``: no limit); ``policy`` and
+    ``max_repeats`` are one value or a dict by dataset name."""
+    out = []
+    for name, _ in datasets:
+        p = policy.get(name) if isinstance(policy, dict) else policy
+        k = max_repeats.get(name) if isinstance(max_repeats, dict) else max_repeats
+        out.append(1 if p == "stop" else None if k is None or p is None else 1 + k)
+    return out
 
 
 def ref_stream(datasets, weights, chunk_size, seed, shuffle_shards=True, shuffle_within=True,
@@ -146,10 +158,12 @@ def ref_stream(datasets, weights, chunk_size, seed, shuffle_shards=True, shuffle
                max_chunks=None):
     """Walk the chunk stream from chunk 0 with explicit cursors.
 
-    ``datasets`` is a list of ``(name, shard_sizes)``. Returns the list of
-    chunks, each a list of ``(name, shard, offset)``.
+    ``datasets`` is a list of ``(name, shard_sizes)``. ``policy``, ``max_repeats`` and
+    ``reshuffle`` are one value or a dict by dataset name. Returns the list of chunks, each a
+    list of ``(name, shard, offset)``.
     """
     totals = [sum(sizes) for _, sizes in datasets]
+    passes_allowed = ref_passes_allowed(datasets, policy, max_repeats)
     cursors = [0] * len(datasets)
     sample = ref_sampler(datasets, seed, shuffle_shards, shuffle_within, block, reshuffle)
     chunks = []
@@ -158,10 +172,9 @@ def ref_stream(datasets, weights, chunk_size, seed, shuffle_shards=True, shuffle
         if policy is None and all(cursors[c] >= passes * totals[c] for c in range(len(totals))):
             break
         want = ref_allocation(g + 1, chunk_size, weights)
-        if policy is not None:
-            limit = 1 if policy == "stop" else (None if max_repeats is None else 1 + max_repeats)
-            if limit is not None and any(want[c] > limit * totals[c] for c in range(len(totals))):
-                break
+        if policy is not None and any(passes_allowed[c] is not None and want[c] > passes_allowed[c] * totals[c]
+                                      for c in range(len(totals))):
+            break
         if max_chunks is not None and g >= max_chunks:
             break
         counts = [want[c] - cursors[c] for c in range(len(totals))]
@@ -235,6 +248,7 @@ def ref_schedule_stream(datasets, phases, chunk_size, seed, passes=1, policy=Non
     totals = [sum(sizes) for _, sizes in datasets]
     cursors = [0] * len(datasets)
     sample = ref_sampler(datasets, seed, **order)
+    passes_allowed = ref_passes_allowed(datasets, policy, max_repeats)
     chunks = []
     g = 0
     phase, at_phase_start = 0, [0] * len(datasets)
@@ -249,10 +263,9 @@ def ref_schedule_stream(datasets, phases, chunk_size, seed, passes=1, policy=Non
         want = list(at_phase_start)
         for c, n in zip(active, within):
             want[c] += n
-        if policy is not None:
-            limit = 1 if policy == "stop" else (None if max_repeats is None else 1 + max_repeats)
-            if limit is not None and any(want[c] > limit * totals[c] for c in range(len(totals))):
-                break
+        if policy is not None and any(passes_allowed[c] is not None and want[c] > passes_allowed[c] * totals[c]
+                                      for c in range(len(totals))):
+            break
         counts = [want[c] - cursors[c] for c in range(len(totals))]
         taken = {c: [sample(c, cursors[c] + i) for i in range(counts[c])] for c in range(len(totals))}
         chunks.append([taken[c].pop(0) for c in ref_swrr(counts)])

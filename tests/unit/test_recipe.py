@@ -358,3 +358,24 @@ def test_keep_pack_options_and_dataset_ids_from_a_recipe_match_the_hand_built_pi
     with p:
         batch = next(iter(p))
     assert batch["domain"].shape == batch["dataset_ids"].shape == batch["tokens"].shape
+
+
+def test_per_dataset_repetition_and_read_order_in_a_recipe(corpus):
+    text = BASE.replace("shuffle_shards = false", 'shuffle_shards = false\n'
+                        'exhausted_policy = { prose = "stop", code = "repeat" }\nmax_repeats = { code = 1 }\n'
+                        'reshuffle_on_repeat = { code = false }\nread_order = "weighted_random"\n'
+                        'within_dataset = "shuffle"')
+    p = z.Pipeline.from_config(recipe(corpus, text))
+    prose = z.Dataset.from_jsonl("prose", corpus / "data" / "prose.jsonl")
+    code = z.Dataset.from_jsonl("code", corpus / "data" / "code", text_field="text")
+    source = z.MixtureWorkSource([prose, code], {"prose": 2, "code": 1}, chunk_size=6, seed=7, shuffle_shards=False,
+                                 exhausted_policy={"prose": "stop", "code": "repeat"}, max_repeats={"code": 1},
+                                 reshuffle_on_repeat={"code": False}, read_order="weighted_random",
+                                 within_dataset="shuffle")
+    q = (z.Pipeline(source).tokenize("bytes", bos=True).shuffle(5).pack(48, algorithm="first_fit", num_bins=4)
+         .batch(2, labels=True).options(canonical_replicas=2, flush_every_k_chunks=3, runner="synchronous",
+                                        prefetch_windows=1))
+    assert p.fingerprint() == q.fingerprint()
+    assert len(p.spec.source) == 7  # prose's 30 samples, 4 a chunk
+    text = str(p.explain())
+    assert "per dataset" in text and "1 + 1 pass(es)" in text and "weighted_random" in text

@@ -495,10 +495,10 @@ def test_a_token_schedule_is_the_sample_schedule_of_its_converted_weights():
 @pytest.mark.parametrize(("kwargs", "match"), [
     ({"weight_by": "bytes"}, "weight_by='bytes' is unknown"),
     ({"tokens_per_sample": {"a": 1, "b": 1}}, "only used with weight_by='tokens'"),
-    ({"weight_by": "tokens", "tokens_per_sample": {"a": 1}}, r"missing \['b'\]"),
+    ({"weight_by": "tokens", "tokens_per_sample": {"a": 1, "c": 1}}, r"unknown \['c'\]"),
     ({"weight_by": "tokens", "tokens_per_sample": {"a": 1, "b": 0}}, "'b' is 0"),
     ({"weight_by": "tokens", "tokens_per_sample": {"a": 1, "b": "x"}}, "positive number"),
-    ({"weight_by": "tokens", "tokens_per_sample": [1, 2]}, "must be a dict"),
+    ({"weight_by": "tokens", "tokens_per_sample": [1, 2]}, "must be a number for every dataset or a dict"),
 ])
 def test_bad_token_weights_are_typed(kwargs, match):
     with pytest.raises(ConfigError, match=match):
@@ -554,3 +554,83 @@ def test_a_pipeline_that_does_not_tokenize_yet_shows_and_refuses_clearly(skewed)
     with pytest.raises(ConfigError, match=r"call \.tokenize"):
         iter(bare)
     assert "tokens/sample" in repr(bare.tokenize())
+
+
+# -- given, pinned and measured by a function -------------------------------------------------
+
+
+def estimated(root, **source):
+    ws = z.MixtureWorkSource(datasets(root), {"short": 0.3, "long": 0.7}, chunk_size=16, weight_by="tokens",
+                             **source)
+    return (z.Pipeline(ws).tokenize().pack(256).batch(2)
+            .options(canonical_replicas=2, flush_every_k_chunks=4, runner="synchronous"))
+
+
+def test_one_number_is_every_datasets_tokens_per_sample():
+    data = [Sized("a", [10]), Sized("b", [10])]
+    one = MixtureWorkSource(data, {"a": 1, "b": 3}, chunk_size=8, weight_by="tokens", tokens_per_sample=812.5)
+    named = MixtureWorkSource(data, {"a": 1, "b": 3}, chunk_size=8, weight_by="tokens",
+                              tokens_per_sample={"a": "1625/2", "b": 812.5})
+    assert not one.unmeasured and one.tokens_per_sample == (Fraction(1625, 2),) * 2
+    assert one.config() == named.config()  # the same numbers, the same fingerprint
+    assert one.weights == (Fraction(1, 4), Fraction(3, 4))  # equal tokens per sample: token shares
+
+
+def test_pins_are_merged_over_the_measured_values(skewed, monkeypatch):
+    asked = []
+    real = measure.measure_tokens_per_sample
+
+    def spy(source, ops, names=None):
+        asked.append(names)
+        return real(source, ops, names)
+
+    monkeypatch.setattr(measure, "measure_tokens_per_sample", spy)
+    full = estimated(skewed).spec.source
+    pinned = estimated(skewed, tokens_per_sample={"long": 99}).spec.source
+    assert asked == [("short", "long"), ("short",)]  # only the unpinned
+    assert pinned.tokens_per_sample == (full.tokens_per_sample[0], Fraction(99))
+    assert pinned.config()["tokens_per_sample"] == {"short": pinned.config()["tokens_per_sample"]["short"],
+                                                    "long": "99/1"}
+
+
+def test_a_measure_function_replaces_the_sampled_measurement_and_is_not_called_on_resume(skewed, tmp_path):
+    calls = []
+
+    def by_name(dataset):
+        calls.append(dataset.name)
+        return {"short": 10, "long": 100.5}[dataset.name]
+
+    first = estimated(skewed, tokens_per_sample={"short": 12}, measure=by_name)
+    truth = take(estimated(skewed, tokens_per_sample={"short": 12, "long": 100.5}), 20)
+    head = take(first, 8)
+    assert calls == ["long"]  # once, for the unpinned dataset
+    assert first.spec.source.tokens_per_sample == (Fraction(12), Fraction(201, 2))
+    text = str(first.explain())
+    assert "given: short; measure=" in text and "by_name: long" in text
+    state = z.load_state(z.save_state(tmp_path / "state.json", first.state_dict()))
+    resumed = estimated(skewed, tokens_per_sample={"short": 12}, measure=by_name)
+    resumed.load_state_dict(state)
+    assert head + take(resumed, 12) == truth
+    assert calls == ["long"]  # the state holds the values: a resume never measures again
+    other = estimated(skewed, tokens_per_sample={"short": 13}, measure=by_name)
+    with pytest.warns(ZephonWarning, match="checkpoint's tokens_per_sample"):
+        other.load_state_dict(state)  # a pin the checkpoint contradicts: the checkpoint's value, said
+    assert other.spec.source.tokens_per_sample == (Fraction(12), Fraction(201, 2)) and calls == ["long"]
+
+
+@pytest.mark.parametrize(("fn", "match"), [
+    (lambda d: "many", "returned 'many' for dataset 'short'"),
+    (lambda d: 0, "'short' is 0"),
+    (lambda d: 1 / 0, None),
+])
+def test_a_bad_measure_function_is_named(skewed, fn, match):
+    pipe = estimated(skewed, measure=fn)
+    if match is None:
+        with pytest.raises(ZeroDivisionError) as info:
+            pipe.spec  # noqa: B018
+        assert any("measure=" in note and "'short'" in note for note in info.value.__notes__)
+    else:
+        with pytest.raises(ConfigError, match=match):
+            pipe.spec  # noqa: B018
+    with pytest.raises(ConfigError, match="must be a function"):
+        MixtureWorkSource(datasets(skewed), chunk_size=16, weight_by="tokens", measure=3)

@@ -4,9 +4,10 @@ A mixture stated in tokens ("30% of the tokens from code") is allocated in
 samples, like any other: a dataset of token weight ``t_c`` whose samples hold
 ``s_c`` tokens each on average gets the sample weight ``t_c / s_c`` (then
 normalised). With exact :class:`~fractions.Fraction` numbers the allocation
-stays exact integer arithmetic. The tokens per sample are measured elsewhere
-(the pipeline reads and tokenizes a fixed sample of each dataset) and enter
-here only as numbers.
+stays exact integer arithmetic. The tokens per sample are given (one number for
+every dataset, or pins for some) or measured elsewhere (the pipeline reads and
+tokenizes a fixed sample of each dataset, or calls a ``measure`` function) and
+enter here only as numbers.
 """
 
 from __future__ import annotations
@@ -21,21 +22,24 @@ from ..errors import ConfigError
 WEIGHT_BY = ("samples", "tokens")
 
 
-def exact_tokens_per_sample(value: object, names: Sequence[str]) -> tuple[Fraction, ...]:
-    """``{dataset: tokens per sample}`` as exact fractions in dataset order.
+def token_pins(value: object, names: Sequence[str]) -> dict[str, Fraction]:
+    """The tokens per sample given for some datasets: one number for every dataset, or a dict
+    naming some of them (the others are measured), as exact fractions.
 
     Accepts ints, Fractions, finite floats and ``"p/q"`` strings (as :func:`as_config` writes
-    them); every dataset must have a positive number.
+    them); each must be positive.
     """
+    if isinstance(value, numbers.Real | str) and not isinstance(value, bool):
+        return {n: _positive(value, n) for n in names}
     if not isinstance(value, Mapping):
-        raise ConfigError(f"tokens_per_sample={value!r} must be a dict by dataset name, e.g. "
-                          f"{{{names[0]!r}: 812.5}}, or None to have the pipeline measure it")
-    unknown = sorted(set(map(str, value)) - set(names))
-    missing = [n for n in names if n not in value]
-    if unknown or missing:
-        raise ConfigError(f"tokens_per_sample does not match the datasets: unknown {unknown}, missing "
-                          f"{missing}; the datasets are {list(names)}")
-    return tuple(_positive(value[n], n) for n in names)
+        raise ConfigError(f"tokens_per_sample={value!r} must be a number for every dataset or a dict by "
+                          f"dataset name, e.g. {{{names[0]!r}: 812.5}} (the others are measured), or None "
+                          "to have the pipeline measure them all")
+    unknown = sorted(str(n) for n in value if n not in names)
+    if unknown:
+        raise ConfigError(f"tokens_per_sample does not match the datasets: unknown {unknown}; the datasets "
+                          f"are {list(names)}")
+    return {n: _positive(value[n], n) for n in names if n in value}
 
 
 def _positive(value: object, name: str) -> Fraction:

@@ -8,7 +8,7 @@ seed and the indices, never by walking earlier chunks.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from fractions import Fraction
 from functools import cached_property
 from typing import NamedTuple, Protocol, cast
@@ -26,12 +26,12 @@ from ..errors import (
 from ..validate import check_choice, check_int, check_keywords
 from . import routing
 from . import schedule as schedules
-from .mixture import Mixture, exact_weight, interleave
+from .mixture import Mixture, exact_weight
 from .order import DatasetOrder
+from .read_order import READ_ORDERS, WITHIN_DATASET, dataset_sequence, within
+from .repetition import Repetition
 from .seeding import check_seed
-from .token_weights import WEIGHT_BY, as_config, exact_tokens_per_sample, sample_weights
-
-EXHAUSTED_POLICIES = (None, "stop", "repeat")
+from .token_weights import WEIGHT_BY, as_config, sample_weights, token_pins
 
 MAX_CHUNK_SIZE = 1 << 24  # samples per chunk; larger ones do not fit one task's memory
 
@@ -135,11 +135,17 @@ class MixtureWorkSource:
     stream after the first chunk at which every dataset completed ``P``
     passes; ``exhausted_policy="stop"`` ends it before the first chunk that
     would need a sample beyond any dataset's first pass (``max_repeats`` more
-    passes with ``"repeat"``; no ``max_repeats`` means the stream never ends).
+    passes with ``"repeat"``; no ``max_repeats`` means the stream never ends). Each of
+    ``exhausted_policy``, ``max_repeats`` and ``reshuffle_on_repeat`` also takes a dict by
+    dataset name (see :mod:`.repetition`): the stream then ends before the first chunk that
+    would need a sample past any dataset's own limit. ``read_order`` and ``within_dataset``
+    choose the order of a chunk's records (see :mod:`.read_order`); never which records.
     ``weight_by="tokens"`` reads the weights as shares of tokens: each dataset's sample
     weight becomes ``weight / tokens_per_sample`` (exact), where ``tokens_per_sample``
-    is given or, when ``None``, measured by the :class:`~zephon_dask.Pipeline` the source
-    goes into (:meth:`with_tokens_per_sample` gives the measured source).
+    is given (one number for every dataset, or a dict) or measured, for the datasets it
+    leaves out, by the :class:`~zephon_dask.Pipeline` the source goes into: on a fixed
+    sample, or by ``measure(dataset) -> tokens per sample`` when given
+    (:meth:`with_tokens_per_sample` gives the measured source).
 
     ``schedule=[(start, {name: weight}), ...]`` (instead of ``weights``) changes the
     weights at given starts (see :mod:`.schedule`): global training steps by default
@@ -164,15 +170,18 @@ class MixtureWorkSource:
         shuffle_within_shard: bool = True,
         shuffle_block_size: int | None = None,
         stop_after_passes: int = 1,
-        exhausted_policy: str | None = None,
-        max_repeats: int | None = None,
-        reshuffle_on_repeat: bool = True,
+        exhausted_policy: str | Mapping[str, str] | None = None,
+        max_repeats: int | Mapping[str, int | None] | None = None,
+        reshuffle_on_repeat: bool | Mapping[str, bool] = True,
         lane_assignment: str = "permute",
         weight_by: str = "samples",
-        tokens_per_sample: Mapping[str, object] | None = None,
+        tokens_per_sample: float | Mapping[str, object] | None = None,
         schedule: Sequence | None = None,
         schedule_unit: str = "step",
         phase_chunks: Sequence[int] | None = None,
+        read_order: str = "weighted_round_robin",
+        within_dataset: str = "as_is",
+        measure: Callable[[SizedDataset], float] | None = None,
     ):
         if hasattr(datasets, "shard_sizes"):
             datasets = [cast(SizedDataset, datasets)]
@@ -188,14 +197,21 @@ class MixtureWorkSource:
         self.shuffle_within_shard = bool(shuffle_within_shard)
         self.shuffle_block_size = check_int(shuffle_block_size, "shuffle_block_size", 1, optional=True,
                                             hint="None disables the block shuffle")
-        self.reshuffle_on_repeat = bool(reshuffle_on_repeat)
         self.lane_assignment = check_choice(lane_assignment, routing.LANE_ASSIGNMENTS, "lane_assignment")
+        self.read_order = check_choice(read_order, READ_ORDERS, "read_order")
+        self.within_dataset = check_choice(within_dataset, WITHIN_DATASET, "within_dataset")
         self.stop_after_passes = check_int(stop_after_passes, "stop_after_passes", 1, hint="e.g. 1")
-        self.exhausted_policy, self.max_repeats = self._check_policy(
-            exhausted_policy, max_repeats, self.stop_after_passes
-        )
+        self.repetition = Repetition.parse(self.names, exhausted_policy, max_repeats, reshuffle_on_repeat,
+                                           self.stop_after_passes)
+        # the config forms: one value, or a dict by dataset name where the datasets differ
+        self.exhausted_policy = self.repetition.exhausted_policy
+        self.max_repeats = self.repetition.max_repeats
+        self.reshuffle_on_repeat = self.repetition.reshuffle_on_repeat
         self.sizes = tuple(int(sum(d.shard_sizes)) for d in self.datasets)
-        self.weight_by, self.tokens_per_sample = self._check_weight_by(weight_by, tokens_per_sample)
+        self.weight_by, self.token_pins = self._check_weight_by(weight_by, tokens_per_sample, measure)
+        self.measure = measure
+        self.tokens_per_sample: tuple[Fraction, ...] | None = (
+            tuple(self.token_pins[n] for n in self.names) if len(self.token_pins) == len(self.names) else None)
         self.phases, self.schedule_unit, self.phase_chunks = self._check_schedule(
             schedule, schedule_unit, phase_chunks, weights)
         targets = ([self._normalised(self._raw_weights(weights))] if self.phases is None
@@ -221,10 +237,12 @@ class MixtureWorkSource:
                 self.shuffle_shards,
                 self.shuffle_within_shard,
                 self.shuffle_block_size,
-                self.reshuffle_on_repeat,
+                reshuffle,
             )
-            for d in self.datasets
+            for d, reshuffle in zip(self.datasets, self.repetition.reshuffles, strict=True)
         )
+        if self._phase_weights is not None and self.repetition.per_dataset:
+            self.repetition.check_liveness(self.sizes, self._phase_weights, self.chunk_size)
         if self.resolved and not self.unmeasured and self.num_chunks == 0:
             smallest = min(
                 (c for c in range(len(self.names)) if self.weights[c] > 0),
@@ -263,35 +281,25 @@ class MixtureWorkSource:
             names.append(d.name)
         return tuple(names)
 
-    @staticmethod
-    def _check_policy(policy, max_repeats, passes):
-        if policy not in EXHAUSTED_POLICIES:
-            raise ConfigError(
-                f"exhausted_policy={policy!r} is unknown; choose None (use stop_after_passes), "
-                "'stop' or 'repeat'"
-            )
-        if policy is not None and passes != 1:
-            raise ConfigError(
-                f"exhausted_policy={policy!r} and stop_after_passes={passes} both decide where "
-                "the stream ends; set only one"
-            )
-        if max_repeats is not None:
-            if policy != "repeat":
-                raise ConfigError(
-                    f"max_repeats={max_repeats!r} needs exhausted_policy='repeat'"
-                )
-            max_repeats = check_int(max_repeats, "max_repeats", 1, optional=True,
-                                    hint="None for an endless stream")
-        return policy, max_repeats
-
-    def _check_weight_by(self, weight_by, tokens_per_sample):
+    def _check_weight_by(self, weight_by, tokens_per_sample, measure) -> tuple[str, dict[str, Fraction]]:
+        """``(weight_by, {dataset: tokens per sample given})``."""
         weight_by = check_choice(weight_by, WEIGHT_BY, "weight_by")
+        if measure is not None and (weight_by != "tokens" or not callable(measure)):
+            raise ConfigError(f"measure={measure!r} must be a function dataset -> tokens per sample, used "
+                              "with weight_by='tokens'")
         if tokens_per_sample is None:
-            return weight_by, None
+            return weight_by, {}
         if weight_by != "tokens":
             raise ConfigError("tokens_per_sample is only used with weight_by='tokens'; drop it or "
                               "set weight_by='tokens'")
-        return weight_by, exact_tokens_per_sample(tokens_per_sample, self.names)
+        return weight_by, token_pins(tokens_per_sample, self.names)
+
+    @property
+    def unpinned(self) -> tuple[str, ...]:
+        """The datasets whose tokens per sample are still to be measured (weighted by tokens)."""
+        if self.weight_by != "tokens":
+            return ()
+        return tuple(n for n in self.names if n not in self.token_pins)
 
     def _check_schedule(self, schedule, unit, chunks, weights):
         """``(phases, unit, phase chunk starts)``: all ``None`` without a schedule."""
@@ -419,28 +427,35 @@ class MixtureWorkSource:
             return self.mixture.allocated(g)
         return self._resolved_schedule().allocated(g)
 
-    def with_tokens_per_sample(self, tokens_per_sample: Mapping[str, object]) -> MixtureWorkSource:
-        """The same token-weighted mixture with these tokens per sample (a new source)."""
+    def with_tokens_per_sample(self, tokens_per_sample: float | Mapping[str, object]) -> MixtureWorkSource:
+        """The same token-weighted mixture with these tokens per sample (a new source): one number,
+        or a dict merged over this source's pins (a dataset in both takes the new value)."""
         if self.weight_by != "tokens":
             raise ConfigError("with_tokens_per_sample() needs a source with weight_by='tokens'")
-        return MixtureWorkSource(**{**self._arguments, "tokens_per_sample": tokens_per_sample})
+        if isinstance(tokens_per_sample, Mapping):
+            tokens_per_sample = {**self.token_pins, **tokens_per_sample}
+        complete = not isinstance(tokens_per_sample, Mapping) or all(n in tokens_per_sample for n in self.names)
+        return MixtureWorkSource(**{**self._arguments, "tokens_per_sample": tokens_per_sample,
+                                    "measure": None if complete else self.measure})
 
     # -- stream length ----------------------------------------------------------
 
     @cached_property
     def num_chunks(self) -> int | None:
         """Chunks in the stream, or ``None`` when it never ends."""
-        if self.exhausted_policy == "repeat" and self.max_repeats is None:
+        rep = self.repetition
+        if rep.policies[0] is not None and not rep.bounded:
             return None
-        if self.exhausted_policy is None:
+        if rep.policies[0] is None:
             need = [self.stop_after_passes * n for n in self.sizes]
             if self.schedule is not None:
                 self._check_reaches(need)
             return _first_true(
                 lambda g: all(a >= b for a, b in zip(self._allocated(g), need, strict=True))
             )
-        passes = 1 if self.exhausted_policy == "stop" else 1 + self.max_repeats
-        limit = [passes * n for n in self.sizes]
+        limit = rep.limits(self.sizes)
+        if self.schedule is not None:
+            self._check_ends(limit)
         too_far = _first_true(
             lambda g: any(a > b for a, b in zip(self._allocated(g), limit, strict=True))
         )
@@ -455,6 +470,19 @@ class MixtureWorkSource:
                     f"the stream would never end: stop_after_passes={self.stop_after_passes} waits for "
                     f"{want:,} samples of {name!r}, but the schedule's last phase gives it weight 0 after "
                     f"{int(have):,}. Give it a weight in the last phase, or use exhausted_policy='stop'")
+
+    def _check_ends(self, limit: list[float]) -> None:
+        """Refuse a schedule whose last phase leaves out every dataset that limits the stream while
+        the others repeat without limit: the stream would never reach its end."""
+        assert self.schedule is not None
+        final = self.schedule.final_limit()
+        if any(have > cap for have, cap in zip(final, limit, strict=True)):
+            return
+        bounded = [n for n, cap in zip(self.names, limit, strict=True) if cap != float("inf")]
+        raise ConfigError(
+            f"the stream would never end: {bounded} end it (exhausted_policy / max_repeats), but the "
+            "schedule's last phase gives them weight 0 before their limit and the other datasets repeat "
+            "without limit. Give one of them a weight in the last phase, or set max_repeats for the others")
 
     def length_status(self) -> tuple[str, str]:
         """The stream length in words, ``(in a sentence, in a "chunks" table cell)``; pure. Once
@@ -495,13 +523,14 @@ class MixtureWorkSource:
         """Chunk ``g``'s pointers as arrays, in their interleaved order."""
         g = self._check_chunk(g)
         lo, hi = self._allocated(g), self._allocated(g + 1)
-        seq = interleave(tuple(b - a for a, b in zip(lo, hi, strict=True)))
+        seq = dataset_sequence([b - a for a, b in zip(lo, hi, strict=True)], self.read_order, self.seed, g)
         shard = np.empty(len(seq), dtype=np.int64)
         offset = np.empty(len(seq), dtype=np.int64)
         for c, order in enumerate(self.orders):
             if hi[c] > lo[c]:
                 sel = np.flatnonzero(seq == c)
-                shard[sel], offset[sel] = order.locate(np.arange(lo[c], hi[c], dtype=np.int64))
+                positions = within(lo[c], hi[c], self.within_dataset, self.seed, g, c)
+                shard[sel], offset[sel] = order.locate(positions)
         return ChunkPointers(seq.astype(np.int64), shard, offset)
 
     def chunk_counts(self, g: int) -> np.ndarray:
@@ -587,6 +616,9 @@ class MixtureWorkSource:
             "max_repeats": self.max_repeats,
             "reshuffle_on_repeat": self.reshuffle_on_repeat,
             "lane_assignment": self.lane_assignment,
+            # absent at their defaults: the configs (and fingerprints) written before they existed
+            **({} if self.read_order == "weighted_round_robin" else {"read_order": self.read_order}),
+            **({} if self.within_dataset == "as_is" else {"within_dataset": self.within_dataset}),
             # absent means samples: the configs (and fingerprints) written before weight_by existed
             **({} if self.weight_by == "samples" else {
                 "weight_by": self.weight_by,

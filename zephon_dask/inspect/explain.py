@@ -151,6 +151,9 @@ def _datasets(source) -> Section:
 
 
 def _stream_end(source) -> str:
+    if isinstance(source.exhausted_policy, dict) or isinstance(source.max_repeats, dict):
+        ends = "never" if source.num_chunks is None else "before any dataset would pass its limit"
+        return f"{ends} (per dataset, below)"
     if source.exhausted_policy is None:
         return f"after {source.stop_after_passes} pass(es) of every dataset"
     if source.exhausted_policy == "stop":
@@ -160,7 +163,19 @@ def _stream_end(source) -> str:
     return f"after {source.max_repeats} repeat(s) (exhausted_policy='repeat')"
 
 
-def _mixture(source) -> Section:
+def _token_origin(built) -> tuple[tuple[str, str], ...]:
+    """Where each dataset's tokens per sample come from (weighted by tokens)."""
+    if built.weight_by != "tokens":
+        return ()
+    parts = [f"given: {', '.join(n for n in built.names if n in built.token_pins)}"] if built.token_pins else []
+    if built.unpinned:
+        how = ("measure=" + getattr(built.measure, "__qualname__", repr(built.measure)) if built.measure
+               else "measured on a fixed sample")
+        parts.append(f"{how}: {', '.join(built.unpinned)}")
+    return (("tokens per sample", "; ".join(parts) + " (a resume takes the checkpoint's)"),)
+
+
+def _mixture(source, built=None) -> Section:
     chunks = source.num_chunks
     length = "endless" if chunks is None else f"{chunks:,} chunks ({chunks * source.chunk_size:,} samples)"
     shuffles = [name for name, on in (("shards", source.shuffle_shards),
@@ -173,14 +188,33 @@ def _mixture(source) -> Section:
                  else "samples: weights are shares of each chunk's samples")
     return Section("mixture", pairs=(
         ("weight_by", weight_by),
+        *_token_origin(built if built is not None else source),
         ("chunk_size", str(source.chunk_size)),
         ("seed", str(source.seed)),
         ("stream length", length),
         ("stream ends", _stream_end(source)),
         ("sample order", "shuffled: " + ", ".join(shuffles) if shuffles else "file order"),
         ("reshuffle_on_repeat", str(source.reshuffle_on_repeat)),
+        *_per_dataset(source),
+        ("read order", _read_order(source)),
         ("lane_assignment", source.lane_assignment),
     ))
+
+
+def _per_dataset(source) -> list[tuple[str, str]]:
+    """One line per dataset when the datasets are read to different limits."""
+    if not any(isinstance(v, dict) for v in (source.exhausted_policy, source.max_repeats,
+                                             source.reshuffle_on_repeat)):
+        return []
+    return [(f"  {name}", text) for name, text in source.repetition.describe()]
+
+
+def _read_order(source) -> str:
+    order = {"weighted_round_robin": "datasets interleaved evenly (weighted_round_robin)",
+             "weighted_random": "datasets in a seeded random order (weighted_random)"}[source.read_order]
+    within = {"as_is": "each dataset's records in its own order",
+              "shuffle": "each dataset's records shuffled inside the chunk"}[source.within_dataset]
+    return f"{order}; {within}"
 
 
 def _lanes(spec) -> tuple[Section, list[str]]:
@@ -378,6 +412,7 @@ def explain(pipeline) -> Explanation:
                     + _per_token(spec, pipeline.description.batch))
     schedule = phase_rows(pipeline)
     phases = (Section("mixture schedule", headers=PHASE_HEADERS, rows=schedule),) if schedule else ()
-    sections = (_datasets(spec.source), _mixture(spec.source), *phases, lanes, group, _operators(spec), batch,
+    mixture = _mixture(spec.source, pipeline.session.built_source)
+    sections = (_datasets(spec.source), mixture, *phases, lanes, group, _operators(spec), batch,
                 _execution(pipeline, options, fingerprint))
     return Explanation(fingerprint, sections, tuple(lane_notes + group_notes))

@@ -51,6 +51,8 @@ def source_html(source) -> str:
              ("weight_by", source.weight_by),
              ("stop_after_passes", str(source.stop_after_passes)),
              ("exhausted_policy", str(source.exhausted_policy)),
+             ("max_repeats", str(source.max_repeats)),
+             ("read_order", f"{source.read_order}, {source.within_dataset}"),
              ("shuffle_shards", str(source.shuffle_shards)),
              ("shuffle_within_shard", str(source.shuffle_within_shard)),
              ("shuffle_block_size", str(source.shuffle_block_size)),

@@ -10,7 +10,10 @@ run through the pipeline's own record operators (``map``, ``filter``,
 over records in, so a filter's dropped records count as zero tokens, as they
 do in training.
 
-The same seed, data and operators always give the same numbers. The numbers go
+Datasets whose tokens per sample are given (``tokens_per_sample``: one number
+for all, or a dict pinning some) are not measured; a source's ``measure``
+function, when it has one, replaces the sampled measurement (called once per
+unpinned dataset). The same seed, data and operators always give the same numbers. The numbers go
 into the data config (and so into checkpoints); a resume takes them from the
 checkpoint and never measures again.
 """
@@ -24,6 +27,7 @@ import numpy as np
 from ..core.window import apply_record_ops, read_records
 from ..curriculum import MixtureWorkSource
 from ..curriculum.seeding import text_id
+from ..errors import ConfigError
 from ..operators.base import RecordOp
 
 SAMPLE_SIZE = 512  # records read per dataset (or all, when it has fewer)
@@ -37,10 +41,14 @@ def sample_indices(size: int, seed: int, dataset: int) -> np.ndarray:
     return np.sort(rng.choice(size, size=n, replace=False)).astype(np.int64)
 
 
-def measure_tokens_per_sample(source: MixtureWorkSource, record_ops: tuple[RecordOp, ...]) -> dict[str, Fraction]:
-    """``{dataset: exact mean tokens per sample}`` on each dataset's fixed sample."""
+def measure_tokens_per_sample(source: MixtureWorkSource, record_ops: tuple[RecordOp, ...],
+                              names: tuple[str, ...] | None = None) -> dict[str, Fraction]:
+    """``{dataset: exact mean tokens per sample}`` on each dataset's fixed sample (of ``names``
+    only, when given)."""
     out: dict[str, Fraction] = {}
     for c, dataset in enumerate(source.datasets):
+        if names is not None and dataset.name not in names:
+            continue
         flat = sample_indices(source.sizes[c], source.seed, c)
         starts = np.cumsum([0, *dataset.shard_sizes])
         shard = np.searchsorted(starts, flat, side="right") - 1
@@ -58,7 +66,26 @@ def measure_tokens_per_sample(source: MixtureWorkSource, record_ops: tuple[Recor
 
 
 def measured(source: MixtureWorkSource, record_ops: tuple[RecordOp, ...]) -> MixtureWorkSource:
-    """``source`` with its tokens per sample measured, if it still needs them (else itself)."""
+    """``source`` with the tokens per sample of its unpinned datasets measured, if it still needs
+    them (else itself): by the source's ``measure`` function when it has one, else on the fixed
+    sample. The pinned values are kept."""
     if not source.unmeasured:
         return source
-    return source.with_tokens_per_sample(measure_tokens_per_sample(source, record_ops))
+    if source.measure is None:
+        return source.with_tokens_per_sample(measure_tokens_per_sample(source, record_ops, source.unpinned))
+    return source.with_tokens_per_sample({n: _called(source, n) for n in source.unpinned})
+
+
+def _called(source: MixtureWorkSource, name: str) -> object:
+    dataset, measure = source.datasets[source.names.index(name)], source.measure
+    assert measure is not None
+    fn = getattr(measure, "__qualname__", repr(measure))
+    try:
+        value = measure(dataset)
+    except Exception as exc:
+        exc.add_note(f"zephon_dask: measure={fn} on dataset {name!r} (weight_by='tokens')")
+        raise
+    if isinstance(value, bool) or not isinstance(value, int | float | Fraction):
+        raise ConfigError(f"measure={fn} returned {value!r} for dataset {name!r}; it must return the mean "
+                          "tokens per sample, a positive number")
+    return value

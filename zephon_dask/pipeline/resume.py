@@ -197,7 +197,8 @@ def _announce(base: MixtureWorkSource, state: State, source: MixtureWorkSource, 
     if source.seed != base.seed:
         warnings.warn(f"resuming with the checkpoint's seed {source.seed}, not this pipeline's seed "
                       f"{base.seed}", ZephonWarning, stacklevel=stacklevel)
-    if base.tokens_per_sample is not None and base.tokens_per_sample != source.tokens_per_sample:
+    used = dict(zip(source.names, source.tokens_per_sample or (), strict=False))
+    if any(used.get(n, v) != v for n, v in base.token_pins.items()):
         warnings.warn("resuming with the checkpoint's tokens_per_sample, not the ones this pipeline's "
                       "work source was given", ZephonWarning, stacklevel=stacklevel)
     logger.info("resuming at global step %d: lane frontiers (window, offset) %s", state.step.global_step,

@@ -1,0 +1,104 @@
+"""Per-dataset repetition and a random read order: resumes at any cut, on another dp degree,
+equal the uninterrupted single-rank run, step by step."""
+
+from __future__ import annotations
+
+import warnings
+from collections import Counter
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import zephon_dask as z
+from zephon_dask.errors import ZephonWarning
+
+SLOW = settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+R = 8  # canonical replicas
+PER_DATASET = dict(exhausted_policy={"web": "stop", "code": "repeat"}, max_repeats={"code": 1},
+                   reshuffle_on_repeat={"code": False})
+STEPS = 24  # past the end of the stream (137 batches over 8 lanes)
+FULL_STEPS = 9  # steps at which every lane still has a batch
+
+
+def pipes(corpus_dir, dp, read_order="weighted_random", **source):
+    web = z.Dataset.from_jsonl("web", str(corpus_dir / "web"), progress=False)
+    code = z.Dataset.from_jsonl("code", str(corpus_dir / "code"), progress=False)
+    # code (100 samples, 9 a chunk) may be read twice: it ends the stream at chunk 22, before web's
+    # one pass (180 samples, 3 a chunk) would
+    ws = z.MixtureWorkSource([web, code], {"web": 1, "code": 3}, chunk_size=12, seed=11, read_order=read_order,
+                             **{"within_dataset": "shuffle", **PER_DATASET, **source})
+    return [z.Pipeline(ws).tokenize().pack(384).batch(1).options(
+        canonical_replicas=R, flush_every_k_chunks=1, runner="synchronous", dp_degree=dp, dp_group_id=g,
+        batches_per_step=R // dp) for g in range(dp)]
+
+
+def samples(batch):
+    return [tuple(map(tuple, batch.sources(i))) for i in range(batch.num_samples)]
+
+
+def run(groups, steps, per_step):
+    iters = [iter(p) for p in groups]
+    out = []
+    for _ in range(steps):
+        step: Counter = Counter()
+        for it in iters:
+            for _ in range(per_step):
+                batch = next(it, None)
+                if batch is not None:
+                    step.update(samples(batch))
+        out.append(step)
+    return out
+
+
+def test_the_stream_ends_where_the_repeating_dataset_runs_out(corpus_dir):
+    (one,) = pipes(corpus_dir, 1)
+    assert len(one.spec.source) == 22
+    assert one.spec.source.allocation(22) == {"web": 66, "code": 198}
+    lanes = Counter(b.lane for b in one)
+    assert min(lanes.values()) == FULL_STEPS
+    assert one.num_steps() == sum(lanes.values()) // R == 17  # exact, from the per-dataset stream's end
+
+
+@SLOW
+@given(cut=st.integers(1, FULL_STEPS - 1), before=st.sampled_from([1, 2]), after=st.sampled_from([1, 2, 4, 8]))
+def test_resume_on_another_dp_degree_equals_the_uninterrupted_run(corpus_dir, cut, before, after):
+    (truth_pipe,) = pipes(corpus_dir, 1)
+    truth = run([truth_pipe], STEPS, R)
+    head_pipes = pipes(corpus_dir, before)
+    head = run(head_pipes, cut, R // before)
+    assert head == truth[:cut]
+    state = z.merge_states([p.state_dict() for p in head_pipes])
+    tail_pipes = pipes(corpus_dir, after)
+    for p in tail_pipes:
+        p.load_state_dict(state)
+    tail = run(tail_pipes, STEPS * R, R // after)  # to each lane's end, however the degree groups them
+    # while every lane still has a batch, each global step is the same; after, the lanes' last
+    # batches are grouped by the degree, as in any elastic resume: the same samples in all
+    assert (head + tail)[:FULL_STEPS] == truth[:FULL_STEPS]
+    assert sum(head + tail, Counter()) == sum(truth, Counter())
+
+
+def test_the_random_read_order_changes_the_batches(corpus_dir):
+    (rnd,) = pipes(corpus_dir, 1)
+    (rr,) = pipes(corpus_dir, 1, "weighted_round_robin")
+    a, b = run([rnd], STEPS, R), run([rr], STEPS, R)
+    assert a != b  # the same records (tests/unit/test_repetition.py), packed in another order
+
+
+@SLOW
+@given(cut=st.integers(1, FULL_STEPS * R - 1), after=st.sampled_from([1, 2, 4, 8]))
+def test_a_mid_step_cut_loses_and_repeats_nothing(corpus_dir, cut, after):
+    (truth_pipe,) = pipes(corpus_dir, 1)
+    truth = sum(run([truth_pipe], STEPS, R), Counter())
+    (head_pipe,) = pipes(corpus_dir, 1)
+    it = iter(head_pipe)
+    head: Counter = Counter()
+    for _ in range(cut):
+        head.update(samples(next(it)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ZephonWarning)  # "n batches into a step": said, and expected here
+        state = head_pipe.state_dict()
+    tail_pipes = pipes(corpus_dir, after)
+    for p in tail_pipes:
+        p.load_state_dict(state)
+    assert head + sum(run(tail_pipes, STEPS * R, R // after), Counter()) == truth
