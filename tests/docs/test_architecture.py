@@ -146,10 +146,12 @@ def test_every_option_is_validated(name, bad):
 
 
 def test_the_facade_keeps_building_and_identity():
-    """``Pipeline`` has at most 30 public attributes (docs/architecture.md, the facade): iteration,
-    resume, rank lookup, step counts and windows live in their own homes."""
+    """``Pipeline`` has at most 25 public attributes (docs/architecture.md, the facade): iteration,
+    resume, the DP identity, the step shape, step counts, the lane table and windows live in their
+    own homes (the session, ``inspect``). A new attribute that is not building or identity moves
+    there too."""
     public = [n for n in dir(z.Pipeline) if not n.startswith("_")]
-    assert len(public) <= 30, public
+    assert len(public) <= 25, public
 
 
 def test_builder_methods_return_new_pipelines():

@@ -89,14 +89,14 @@ def test_global_setting_serves_every_degree(corpus_dir):
     """One setting for every degree: the value right for dp=2 is no longer refused at dp=1."""
     for dp, per_rank in [(1, 8), (2, 4), (4, 2), (8, 1)]:
         pipe = build(corpus_dir, R=8, global_batches_per_step=8, dp_degree=dp, dp_group_id=0)
-        shape = pipe.step_shape()
+        shape = pipe.session.step_shape()
         assert (shape.per_rank, shape.global_batches, shape.explicit) == (per_rank, 8, True)
     with pytest.raises(ConfigError, match="multiple of canonical_replicas=8, .*the nearest is 16"):
         build(corpus_dir, R=8).options(global_batches_per_step=12)
     with pytest.raises(ConfigError, match="contradicts global_batches_per_step=8"):
-        build(corpus_dir, R=8, global_batches_per_step=8, batches_per_step=2, dp_degree=2).step_shape()
+        build(corpus_dir, R=8, global_batches_per_step=8, batches_per_step=2, dp_degree=2).session.step_shape()
     with pytest.raises(ConfigError, match=r"Valid degrees: \[1, 2, 4, 8\]"):
-        build(corpus_dir, R=8, global_batches_per_step=8, dp_degree=3, dp_group_id=0).step_shape()
+        build(corpus_dir, R=8, global_batches_per_step=8, dp_degree=3, dp_group_id=0).session.step_shape()
 
 
 def test_resume_derives_the_per_rank_count_and_refuses_a_change(corpus_dir):
@@ -108,7 +108,7 @@ def test_resume_derives_the_per_rank_count_and_refuses_a_change(corpus_dir):
     assert state["step"] == {"global_step": 2, "batches_in_step": 0, "batches_per_step": 16, "dp_degree": 1,
                              "global_batches": 16, "microbatch_size": 2}
     four = build(corpus_dir, R=8, k=1, microbatch=2, runner="synchronous", dp_degree=4, dp_group_id=1)
-    assert four.load_state_dict(state).step_shape().per_rank == 4
+    assert four.load_state_dict(state).session.step_shape().per_rank == 4
     wrong = build(corpus_dir, R=8, k=1, microbatch=2, runner="synchronous", dp_degree=4, dp_group_id=1,
                   batches_per_step=2)
     with pytest.raises(StateError, match="(?s)step.global_batches: checkpoint 16, pipeline 8.*batches_per_step=4"):
@@ -116,7 +116,7 @@ def test_resume_derives_the_per_rank_count_and_refuses_a_change(corpus_dir):
     assert wrong.session.resume is None  # a refusal changes nothing
     # a smaller microbatch keeps the samples per global step: 16 x 2 = 32 x 1
     small = build(corpus_dir, R=8, k=1, microbatch=1, runner="synchronous", dp_degree=2, dp_group_id=0)
-    assert small.load_state_dict(state).step_shape().per_rank == 16
+    assert small.load_state_dict(state).session.step_shape().per_rank == 16
     odd = build(corpus_dir, R=8, k=1, microbatch=3, runner="synchronous")
     with pytest.raises(StateError, match=r"microbatch size in \[1, 2, 4\]"):
         odd.load_state_dict(state)

@@ -282,12 +282,12 @@ class ZephonTrainerMixin(_TrainerBase):
     def _match_step(self, given: int | None = None) -> None:
         """One optimizer step = one global step of the pipeline; the batch size is its microbatch.
         ``given``: the user's ``gradient_accumulation_steps``, refused if it says otherwise."""
-        shape = self.pipeline.step_shape()
+        shape = self.pipeline.session.step_shape()
         if given is not None and given not in (1, shape.per_rank):
             raise ConfigError(
                 f"gradient_accumulation_steps={given}, but one optimizer step must be one global step of the "
                 f"pipeline: {shape.per_rank} batches per rank at dp_degree={shape.dp_degree} "
-                f"(pipeline.step_shape().per_rank). {type(self).__name__} sets it: leave it unset, or change "
+                f"(pipeline.session.step_shape().per_rank). {type(self).__name__} sets it: leave it unset, or change "
                 "the step with .options(global_batches_per_step=...)"
             )
         if self.args.gradient_accumulation_steps != shape.per_rank:
@@ -364,8 +364,8 @@ class ZephonTrainerMixin(_TrainerBase):
     def _pipeline_loss(self, pipeline, ignore_keys) -> tuple[float, int, int]:
         """(loss per label token over all ranks, samples over all ranks, steps taken in step)."""
         model, device, dist = self.model, self.args.device, _distributed()
-        if dist is not None and pipeline.identity()[0] != dist.get_world_size():
-            raise ConfigError(f"the evaluation pipeline has dp_degree={pipeline.identity()[0]} in a job of "
+        if dist is not None and pipeline.session.identity()[0] != dist.get_world_size():
+            raise ConfigError(f"the evaluation pipeline has dp_degree={pipeline.session.identity()[0]} in a job of "
                               f"{dist.get_world_size()} ranks: each rank must evaluate its own lanes (leave "
                               "dp_degree unset)")
         model.eval()

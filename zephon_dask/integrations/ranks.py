@@ -45,7 +45,7 @@ def check_identity(pipelines: dict, replicas: int, replica: int, framework: str)
     mine = []
     for role, pipeline in pipelines.items():
         try:
-            found = pipeline.identity()
+            found = pipeline.session.identity()
         except ConfigError as e:
             found = str(e)
         if found != (replicas, replica):

@@ -76,7 +76,7 @@ def check(session, state: Any, lanes: list[int] | None = None, *, stacklevel: in
     check_positions(spec, state)
     shape = shape_for(d, state, degree)  # refuses a setting that would change the state's G
     if stacklevel is not None:
-        _announce(session.base_source, state, source, lanes, stacklevel + 2)  # + this frame and _announce's
+        _announce(session.source, state, source, lanes, stacklevel + 2)  # + this frame and _announce's
     return Resume(state, source, shape)
 
 

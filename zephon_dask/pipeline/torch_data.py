@@ -55,7 +55,7 @@ def handed_dataset(pipeline) -> PipelineDataset:
             "resume a StatefulDataLoader from its own state_dict() with loader.load_state_dict()")
     _ = pipeline.spec.source  # weight_by="tokens": measured here once, not in every worker
     dataset = PipelineDataset(pipeline, start=session.next_start(owned_lanes(pipeline.description.settings)))
-    session.handed_out = True
+    session.hand_out()
     return dataset
 
 
@@ -94,12 +94,12 @@ class PipelineDataset(IterableDataset):
     follows_training_step = False  # True: inside a loader whose state is the trained batches' (see guard)
 
     def __init__(self, pipeline, start: State | None = None):
-        pipeline.step_shape()  # its state records the step: bad step settings are refused here, not in a worker
+        pipeline.session.step_shape()  # its state records the step: bad step settings are refused here, not in a worker
         self.pipeline = pipeline
         runner = pipeline.session.runner()
         client = getattr(runner, "client", None)
         self._address = client.scheduler.address if client is not None else None
-        self._identity = pipeline.identity()
+        self._identity = pipeline.session.identity()
         self._worker_pipe = None  # in a worker: a copy of the pipeline without the parent's runner
         self._first = start  # where the first iteration in a process starts (None: the stream's beginning)
         self._loaded: tuple[list[int], State | None] | None = None  # lanes and state given to load_state_dict,
@@ -147,7 +147,7 @@ class PipelineDataset(IterableDataset):
         if not lanes:
             return None, None
         pipe = self._pipe()
-        group = resume.shape_for(pipe.description, start, pipe.identity()[0])  # a loaded state's G, kept
+        group = resume.shape_for(pipe.description, start, pipe.session.identity()[0])  # a loaded state's G, kept
         shape = loader_shape(group, lanes, len(owned_lanes(pipe.description.settings)))
         return Progress(pipe.spec, lanes, start, shape, first_lane=first), start
 
@@ -235,11 +235,11 @@ class PipelineDataset(IterableDataset):
         owned = set(owned_lanes(pipe.description.settings))
         lanes = _served(lanes, inner, owned)
         if version < DATASET_VERSION:  # it recorded no G: the pipeline's, the worker's count recounted
-            inner = replace(inner, step=share_step(inner.step, loader_shape(pipe.step_shape(), lanes, len(owned))))
+            inner = replace(inner, step=share_step(inner.step, loader_shape(pipe.session.step_shape(), lanes, len(owned))))
         resumed = resume.check(pipe.session, inner, lanes)  # other data, positions past the end, a changed G
         if workers:
             self._check_later_passes(resumed.state)
-        pipe.session.source = resumed.source  # the state's seed wins, as in Pipeline.load_state_dict
+        pipe.session.use_source(resumed.source)  # the state's seed wins, as in Pipeline.load_state_dict
         self._loaded = (lanes, resumed.state)
         self._progress = None
 
@@ -328,7 +328,7 @@ class PipelineLoader(DataLoader):
             raise ConfigError(f"to_torch_loader() does not take {fixed}: batches are cut by "
                               ".batch(microbatch_size, drop_last=...) and lanes are not sampled")
         if dataloader_kwargs.get("generator") is None:
-            dataloader_kwargs["generator"] = loader_generator(pipeline.session.base_source.seed)
+            dataloader_kwargs["generator"] = loader_generator(pipeline.session.source.seed)
         served = PipelineDataset(pipeline)
         super().__init__(served, batch_size=None, num_workers=num_workers, **dataloader_kwargs)
         self.pipeline, self._served = pipeline, served
@@ -355,5 +355,5 @@ class PipelineLoader(DataLoader):
         self.pipeline.load_state_dict(state)
 
     def mark_consumed(self, upto) -> None:
-        """See :meth:`Pipeline.mark_consumed`."""
-        self.pipeline.mark_consumed(upto)
+        """See :meth:`Session.mark_consumed`."""
+        self.pipeline.session.mark_consumed(upto)
