@@ -15,7 +15,7 @@ import zephon_dask as z
 from tests.helpers.oracles import batch_rows
 from tests.helpers.pipelines import build
 from zephon_dask.errors import StateError
-from zephon_dask.state import LaneProgress, State, StepProgress, check_state
+from zephon_dask.state import FORMAT, VERSION, LaneProgress, State, StepProgress, check_state
 
 V1 = Path(__file__).resolve().parents[1] / "data" / "state-v1.json"
 
@@ -116,7 +116,7 @@ def test_merge_names_every_diverged_peer(corpus_dir):
 
 
 def _good() -> dict:
-    return {"format": "zephon_dask.state", "version": 2, "fingerprint": "ab" * 32,
+    return {"format": FORMAT, "version": VERSION, "fingerprint": "ab" * 32,
             "config": {"canonical_replicas": 4},
             "lanes": {"0": {"window": 1, "offset": 2, "batches_delivered": 3, "finished": False}},
             "pointers": {"0/1:0": 0},

@@ -22,6 +22,7 @@ from zephon_dask.consumer import fetcher as fetcher_module
 from zephon_dask.errors import StateError
 from zephon_dask.pipeline.ranks import owned_lanes
 from zephon_dask.pipeline.torch_data import PipelineDataset, PipelineLoader
+from zephon_dask.state import dataset_state
 
 StatefulDataLoader = pytest.importorskip("torchdata.stateful_dataloader").StatefulDataLoader
 
@@ -40,7 +41,7 @@ def loader(pipe, workers):
 def dataset_states(state):
     """Every PipelineDataset state nested in a StatefulDataLoader state."""
     if isinstance(state, dict):
-        if state.get("format") == "zephon_dask.dataset_state":
+        if state.get("format") == dataset_state.FORMAT:
             return [state]
         return [s for v in state.values() for s in dataset_states(v)]
     return []
@@ -128,7 +129,7 @@ def test_loader_states_of_the_previous_format_resume_exactly(corpus_dir, workers
                 break
         del second
     assert tail == full[7:]
-    assert {ds["version"] for ds in dataset_states(state)} == {3}
+    assert {ds["version"] for ds in dataset_states(state)} == {dataset_state.VERSION}
     assert [(s["global_step"], s["batches_in_step"], s["global_batches"])
             for s in (ds["state"]["step"] for ds in dataset_states(state))] == [(2, 0, 4)] * max(workers, 1)
 

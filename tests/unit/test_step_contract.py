@@ -17,7 +17,7 @@ from tests.helpers.pipelines import build
 from zephon_dask.cli import main as cli
 from zephon_dask.errors import ConfigError, StateError
 from zephon_dask.pipeline.ranks import owned_lanes
-from zephon_dask.state import steps
+from zephon_dask.state import schema, steps
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "recipe.toml"
 
@@ -159,7 +159,7 @@ def test_v1_checkpoint_written_by_the_previous_release_resumes_exactly(corpus_di
     path = Path(__file__).resolve().parents[1] / "data" / "state-v1.json"
     assert json.loads(path.read_text())["state"]["version"] == 1
     state = z.load_state(path)
-    assert state["version"] == 2 and type(state) is dict
+    assert state["version"] == schema.VERSION and type(state) is dict
     assert state["step"] == {"global_step": 2, "batches_in_step": 2, "batches_per_step": 4, "dp_degree": 1,
                              "global_batches": 4, "microbatch_size": 0}
     pipe = build(corpus_dir, runner="synchronous", batches_per_step=4)

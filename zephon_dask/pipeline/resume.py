@@ -31,8 +31,8 @@ from ..errors import ConfigError, StateError, ZephonWarning
 from ..log import logger
 from ..operators.identity import sha256_json
 from ..state import steps
-from ..state.progress import StepShape
 from ..state.schema import State, config_diff, describe_diff
+from ..state.steps import StepShape
 from .ranks import dp_identity, owned_lanes
 
 

@@ -41,7 +41,6 @@ inspectors and the CLI read; nothing outside this module touches the rest.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import replace
 
 from ..consumer.stream import BatchStream
 from ..core import phases
@@ -50,8 +49,9 @@ from ..curriculum import MixtureWorkSource
 from ..errors import ClosedError, ConfigError, StateError
 from ..execution import Runner, make_runner
 from ..state.ledger import LedgerWriter
-from ..state.progress import Progress, StepShape, resume_point
-from ..state.schema import State, StepProgress
+from ..state.progress import Progress, resume_point
+from ..state.schema import State
+from ..state.steps import StepShape
 from .description import Description
 from .measure import measured
 from .ranks import dp_identity, owned_lanes, process_rank
@@ -361,23 +361,3 @@ class Session:
         state.update(_runner=None, _runner_fp=None, stream=None, progress=None)
         return state
 
-
-def loader_shape(shape: StepShape, lanes: list[int], owned: int) -> StepShape:
-    """The step of a DataLoader worker serving ``lanes`` of a group that owns ``owned`` lanes and
-    steps by ``shape``: the group's G, degree and microbatch size (what a checkpoint records and a
-    resume keeps), and as ``per_rank`` the worker's share of each step. A step is whole
-    round-robin cycles over the owned lanes, one batch per lane a cycle, so the share is whole.
-    Not explicit: the loader's user counts the steps, so a state taken mid-step does not warn."""
-    return StepShape(shape.per_rank * len(lanes) // owned, shape.global_batches, shape.dp_degree, False,
-                     shape.microbatch)
-
-
-def share_step(step: StepProgress, share: StepShape) -> StepProgress:
-    """A worker state's ``step`` that counted the worker's own lanes as a step (G = those lanes,
-    degree 1: loader states before dataset-state version 3) recounted in ``share``, the worker's
-    share of the group's step (see :func:`loader_shape`). Its microbatch size becomes 0 (unknown,
-    as for version 1 states): it was not always recorded. Pure."""
-    delivered = step.global_step * step.batches_per_step + step.batches_in_step
-    return replace(step, global_step=delivered // share.per_rank, batches_in_step=delivered % share.per_rank,
-                   batches_per_step=share.per_rank, dp_degree=share.dp_degree,
-                   global_batches=share.global_batches, microbatch_size=0)
