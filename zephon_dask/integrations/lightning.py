@@ -36,6 +36,7 @@ import pytorch_lightning as pl
 from pytorch_lightning.callbacks import GradientAccumulationScheduler
 
 from ..errors import ConfigError
+from ..pipeline import frameworks_compat
 from ..pipeline.guard import Refused
 from ..pipeline.torch_data import PipelineDataset, PipelineLoader
 from .ranks import check_identity, collective_state
@@ -183,8 +184,8 @@ class ZephonDataModule(pl.LightningDataModule):
             return
         if trainer.lightning_module.automatic_optimization:
             size_accumulation(trainer, self.pipeline)
-            if trainer.fit_loop.restarting:
-                restart_accumulation(trainer)
+            if frameworks_compat.fit_restarting(trainer):
+                frameworks_compat.restart_accumulation(trainer)
         self.batches.begin(trainer.global_step)
 
     def mark_trained(self) -> None:
@@ -224,23 +225,3 @@ def size_accumulation(trainer, pipeline) -> None:
             f"DDP is up), or set it to {shape.per_rank}; change the step with global_batches_per_step"
         )
     trainer.accumulate_grad_batches = shape.per_rank
-
-
-def restart_accumulation(trainer) -> None:
-    """On a resume, start Lightning's count of micro-batches at the last optimizer step.
-
-    The data resumes after the batches the weights trained on, and gradients are
-    not checkpointed, so the next optimizer step accumulates a whole step from
-    there: the epoch's count becomes its optimizer steps times the accumulation
-    (also after a change of DP degree). All progress counters move together, so
-    Lightning's restart bookkeeping (which compares them) is unchanged.
-    """
-    loop = trainer.fit_loop.epoch_loop
-    steps = loop.automatic_optimization.optim_progress.optimizer.step.current.completed
-    counts = loop.batch_progress
-    shift = counts.current.processed - steps * trainer.accumulate_grad_batches
-    for tracker in (counts.current, counts.total):
-        tracker.ready -= shift
-        tracker.started -= shift
-        tracker.processed -= shift
-        tracker.completed -= shift
