@@ -144,8 +144,7 @@ def test_only_the_frameworks_adapter_names_their_internals():
 
 def test_the_docs_options_table_is_the_definition():
     text = (ROOT / "docs" / "execution.md").read_text()
-    assert markdown_table() in text, "regenerate the table: python -c 'import zephon_dask.options as o; " \
-                                     "print(o.markdown_table())'"
+    assert markdown_table() in text, "the options table is stale: run `make docs`"
 
 
 def test_every_runner_offered_is_registered():
