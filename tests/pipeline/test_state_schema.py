@@ -31,7 +31,8 @@ states = st.builds(
     lanes=st.dictionaries(st.integers(0, 10**9 - 1),
                           st.builds(LaneProgress, counts, counts, counts, st.booleans()), max_size=6),
     pointers=st.dictionaries(st.text(max_size=12), counts, max_size=3),
-    step=st.builds(StepProgress, counts, counts, positive, positive, positive, counts),
+    step=st.builds(StepProgress, **{name: positive if name in ("batches_per_step", "dp_degree", "global_batches")
+                                    else counts for name in STEP_FIELDS}),
 )
 
 
