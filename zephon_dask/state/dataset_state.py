@@ -63,9 +63,9 @@ class DatasetState:
     """One process's ``PipelineDataset`` state: worker ``worker`` of ``num_workers`` (0 of 0 in
     the main process) serving ``lanes`` at ``state`` (``None``: a worker that serves no lane)."""
 
-    worker: int
-    num_workers: int
-    lanes: Any  # checked against the pipeline's lanes by the dataset that loads it
+    worker: Any  # as recorded: the dataset that loads it checks them against its process and lanes
+    num_workers: Any
+    lanes: Any
     state: State | None
     version: int = VERSION
 
