@@ -17,7 +17,7 @@ from ..errors import ConfigError
 
 
 def dp_identity(settings: Mapping[str, Any]) -> tuple[int, int]:
-    """``(dp_degree, dp_group_id)`` (see ``Pipeline.identity``); :class:`ConfigError` if the group
+    """``(dp_degree, dp_group_id)`` (see ``Session.identity``); :class:`ConfigError` if the group
     is not below the degree."""
     degree, group = settings["dp_degree"], settings["dp_group_id"]
     dist = torch_dist.initialized() if degree is None or group is None else None
