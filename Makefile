@@ -5,7 +5,7 @@ TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test lint bench docs clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -27,6 +27,10 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/run_all.py
+
+# the docs' generated tables (options, recipe keys, formats), written from their definitions
+docs: $(STAMP)
+	$(BIN)/python docs/tables.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis .mypy_cache

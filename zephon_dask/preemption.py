@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import os
 import signal
-import sys
 import threading
 import time
 from types import FrameType
 from typing import Any
 
+from . import torch_dist
 from .errors import ConfigError
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -149,8 +149,8 @@ def _say(message: str) -> None:
 
 
 def _any_rank(flag: bool) -> bool:
-    dist = sys.modules.get("torch.distributed")  # initialised only if the user imported torch
-    if dist is None or not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+    dist = torch_dist.initialized(several=True)
+    if dist is None:
         return flag
     import torch
 

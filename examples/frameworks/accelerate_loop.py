@@ -48,7 +48,7 @@ def main(argv=None) -> None:
         if a.resume:
             accelerator.load_state(a.resume)  # model, optimizer, RNG and the pipeline's position
             first = int(Path(a.resume).name.split("-")[-1])
-        per_step = pipeline.step_shape().per_rank  # batches per rank in one global step
+        per_step = pipeline.session.step_shape().per_rank  # batches per rank in one global step
         batches = iter(loader)
         for step in range(first, a.steps):
             for _ in range(per_step):

@@ -87,4 +87,4 @@ def test_the_main_api_shows_examples():
 
 
 # Pipeline members for internal plumbing that a user rarely calls: a docstring, no example
-NO_EXAMPLE = {"session", "spec", "rank", "open_stream", "check_live", "step_shape"}
+NO_EXAMPLE = {"session", "spec", "rank", "open_stream", "check_live"}

@@ -506,10 +506,10 @@ def test_missing_paths(tmp_path):
     with pytest.raises(DatasetNotFoundError) as ei:
         Dataset.from_jsonl("a", str(tmp_path / "*.jsonl"))
     assert_typed(ei, DatasetNotFoundError, FileNotFoundError, "'a'", "glob", "*.jsonl")
-    (tmp_path / "notes.txt").write_text("x")
+    (tmp_path / "notes.log").write_text("x")
     with pytest.raises(DatasetNotFoundError) as ei:
         Dataset.from_parquet("p", tmp_path)
-    assert_typed(ei, DatasetNotFoundError, FileNotFoundError, ".parquet", ".txt", str(tmp_path))
+    assert_typed(ei, DatasetNotFoundError, FileNotFoundError, ".parquet", ".log", str(tmp_path))
     with pytest.raises(DatasetNotFoundError) as ei:
         Dataset.from_path("p", f"{mem_root()}/absent")
     assert_typed(ei, DatasetNotFoundError, FileNotFoundError, "absent")

@@ -212,11 +212,11 @@ def test_mixed_formats_refused_and_others_warned_once(tmp_path):
     with pytest.raises(ConfigError) as ei:
         Dataset.from_path("m", tmp_path)
     assert_typed(ei, ConfigError, ValueError, ".jsonl", ".parquet", "data_files")
-    (tmp_path / "notes.txt").write_text("x")
+    (tmp_path / "notes.log").write_text("x")
     with pytest.warns(ZephonWarning) as seen:
         ds = Dataset.from_jsonl("j", tmp_path, progress=False)
     assert len(seen) == 1 and "b.parquet" in str(seen[0].message)
-    assert "notes.txt" in str(seen[0].message) and ds.num_shards == 1
+    assert "notes.log" in str(seen[0].message) and ds.num_shards == 1
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         Dataset.from_jsonl("j", str(tmp_path / "*.jsonl"), progress=False)
@@ -227,19 +227,19 @@ def test_repr_and_html_show_the_chosen_files(tmp_path):
     for i in range(6):
         write_jsonl(tmp_path / "web" / f"part-{i}.jsonl", [{"text": str(i)}])
     for i in range(25):
-        (tmp_path / "web" / f"note-{i:02d}.txt").write_text("x")
+        (tmp_path / "web" / f"note-{i:02d}.log").write_text("x")
     with pytest.warns(ZephonWarning, match="ignoring 25 file"):
         ds = Dataset.from_jsonl("web", tmp_path / "web", progress=False)
-    assert ds.num_skipped == 25 and len(ds.skipped) == 20 and ds.skipped[0] == "note-00.txt"
+    assert ds.num_skipped == 25 and len(ds.skipped) == 20 and ds.skipped[0] == "note-00.log"
     chosen = (f"6 files from {str(tmp_path / 'web')!r}: part-0.jsonl, part-1.jsonl, "
-              "part-2.jsonl and 3 more; skipped 25: note-00.txt, note-01.txt, note-02.txt and 22 more")
+              "part-2.jsonl and 3 more; skipped 25: note-00.log, note-01.log, note-02.log and 22 more")
     assert ds.chosen_files() == chosen
     text = repr(ds)
     assert "files=6 ['part-0.jsonl', 'part-1.jsonl', 'part-2.jsonl' and 3 more]" in text
-    assert "skipped=25 ['note-00.txt', 'note-01.txt', 'note-02.txt' and 22 more]" in text
-    assert "part-3.jsonl" not in text and "note-03.txt" not in text and "\n" not in text
+    assert "skipped=25 ['note-00.log', 'note-01.log', 'note-02.log' and 22 more]" in text
+    assert "part-3.jsonl" not in text and "note-03.log" not in text and "\n" not in text
     html = ds._repr_html_()
-    assert html_escape(chosen) in html and "note-03.txt" not in html
+    assert html_escape(chosen) in html and "note-03.log" not in html
     some = Dataset.from_jsonl("web", tmp_path / "web", data_files=["part-[12].jsonl"], progress=False)
     assert some.chosen_files() == (f"2 files from {str(tmp_path / 'web')!r} with data_files "
                                    "['part-[12].jsonl']: part-1.jsonl, part-2.jsonl")
@@ -252,11 +252,12 @@ def test_repr_and_html_show_the_chosen_files(tmp_path):
 # ---------------------------------------------------------------------------- registry
 def test_registry_drives_constructors_recipes_and_reads(tmp_path):
     for name, reader in formats_mod.READERS.items():
-        assert reader.name == name and callable(getattr(Dataset, reader.constructor))
+        assert reader.name == name and reader.doc  # a constructor is optional
+        assert reader.constructor is None or callable(getattr(Dataset, reader.constructor))
     assert set(dataset_formats()) == set(formats_mod.NAMES) - {"records"}
     assert formats_mod.of_file("x/chat.jsonl.gz").name == "jsonl"
     assert formats_mod.of_file("shard.00000.mds.zstd").name == "mds"
-    assert formats_mod.of_file("notes.txt") is None
+    assert formats_mod.of_file("notes.log") is None
     holds = {n for n, r in formats_mod.READERS.items() if r.holds_tokens}
     assert holds == {"tokens"}
     table = pa.table({"text": ["a", "b", "c"]})

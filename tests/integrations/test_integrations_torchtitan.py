@@ -154,7 +154,7 @@ def test_the_config_takes_a_recipe_or_a_pipeline(corpus_dir):
             dp_world_size=1, dp_rank=0, seq_len=SEQ_LEN, local_batch_size=2)
     loader = ZephonDataLoader.Config(recipe=str(RECIPE)).build(dp_world_size=2, dp_rank=1, seq_len=512,
                                                                local_batch_size=4)
-    assert loader.pipeline.identity() == (2, 1) and loader.pipeline.description.batch.microbatch_size == 4
+    assert loader.pipeline.session.identity() == (2, 1) and loader.pipeline.description.batch.microbatch_size == 4
     loader.close()  # the loader made this pipeline, so it closes it
 
 

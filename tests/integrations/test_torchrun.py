@@ -46,8 +46,9 @@ def test_two_ranks_checkpoint_then_four_ranks_resume(corpus_dir, tmp_path):
     torchrun(2, *common, "--steps", "10", "--save", str(ckpt))
     state = json.loads(ckpt.read_text())["state"]
     assert sorted(state["lanes"], key=int) == [str(lane) for lane in range(8)]
-    assert state["step"] == {"global_step": 10, "batches_in_step": 0, "batches_per_step": 4, "dp_degree": 2,
-                             "global_batches": 8, "microbatch_size": 2}
+    want = {"global_step": 10, "batches_in_step": 0, "batches_per_step": 4, "dp_degree": 2, "global_batches": 8,
+            "microbatch_size": 2}
+    assert {k: state["step"][k] for k in want} == want  # a later version may record more
     torchrun(4, *common, "--steps", "20", "--resume", str(ckpt))
     assert sorted(p.name for p in (tmp_path / "run").iterdir()) == [f"rank-{r}.jsonl" for r in range(4)]
     assert cli(["verify", str(tmp_path / "truth"), str(tmp_path / "run")]) == 0

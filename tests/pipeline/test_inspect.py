@@ -310,7 +310,7 @@ def test_preview_without_decode_shows_ids_and_checks_arguments(corpus):
 
 def test_plan_table_matches_routing(corpus):
     p = pipeline(corpus, batches_per_step=2)
-    table = p.plan([1, 2, 3, 4, 8])
+    table = plan_table(p, [1, 2, 3, 4, 8])
     assert [(e.dp_degree, e.mapping) for e in table.entries] == [
         (d, m) for d in (1, 2, 3, 4, 8) for m in routing.MAPPING_STRATEGIES]
     for e in table.entries:
@@ -341,7 +341,7 @@ def test_plan_table_matches_routing(corpus):
 
 def test_window_graph_keys_match_the_graph_module(corpus):
     p = pipeline(corpus, fuse=False)
-    view = p.window_graph(2, 1)
+    view = window_graph(p, 2, 1)
     plain = build_window_graph(p.spec, 2, 1, fused=False)
     assert (view.key, view.chunk_keys, view.spec_key, view.chunks) == (
         plain.key, plain.chunk_keys, plain.spec_key, plain.chunks)
@@ -363,7 +363,7 @@ def test_visualize_without_graphviz_names_the_fix(corpus, monkeypatch):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "graphviz" else real(name, *a))
     with pytest.raises(MissingDependencyError, match="pip install graphviz") as info:
-        pipeline(corpus).window_graph(0, 0).visualize()
+        window_graph(pipeline(corpus), 0, 0).visualize()
     assert isinstance(info.value, ImportError)
 
 

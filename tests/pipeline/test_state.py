@@ -23,6 +23,7 @@ from zephon_dask.cli import main as cli
 from zephon_dask.errors import ConfigError, StateError, ZephonWarning
 from zephon_dask.inspect import state_html
 from zephon_dask.pipeline.ranks import owned_lanes
+from zephon_dask.state import schema
 
 SLOW = settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
@@ -239,7 +240,7 @@ def test_state_schema_and_seed_from_checkpoint(corpus_dir, tmp_path):
     assert json.loads(json.dumps(state)) == state  # JSON-native
     assert type(state) is dict and "<table" in state_html(state)  # tables in a notebook, on request
     assert builtins_only(state) and builtins_only(via_file(tmp_path, state))
-    assert state["format"] == "zephon_dask.state" and state["version"] == 2
+    assert state["format"] == schema.FORMAT and state["version"] == schema.VERSION
     assert state["step"]["global_batches"] == 4 and state["step"]["microbatch_size"] == 3
     assert state["fingerprint"] == pipe.fingerprint()
     assert state["config"]["source"]["seed"] == 5 and state["config"]["canonical_replicas"] == 4

@@ -15,7 +15,8 @@ import zephon_dask as z
 from tests.helpers.oracles import batch_rows
 from tests.helpers.pipelines import build
 from zephon_dask.errors import StateError
-from zephon_dask.state import LaneProgress, State, StepProgress, check_state
+from zephon_dask.state import FORMAT, VERSION, LaneProgress, State, StepProgress, check_state
+from zephon_dask.state.schema import STEP_FIELDS
 
 V1 = Path(__file__).resolve().parents[1] / "data" / "state-v1.json"
 
@@ -30,7 +31,8 @@ states = st.builds(
     lanes=st.dictionaries(st.integers(0, 10**9 - 1),
                           st.builds(LaneProgress, counts, counts, counts, st.booleans()), max_size=6),
     pointers=st.dictionaries(st.text(max_size=12), counts, max_size=3),
-    step=st.builds(StepProgress, counts, counts, positive, positive, positive, counts),
+    step=st.builds(StepProgress, **{name: positive if name in ("batches_per_step", "dp_degree", "global_batches")
+                                    else counts for name in STEP_FIELDS}),
 )
 
 
@@ -116,7 +118,13 @@ def test_merge_names_every_diverged_peer(corpus_dir):
 
 
 def _good() -> dict:
-    return {"format": "zephon_dask.state", "version": 2, "fingerprint": "ab" * 32,
+    """A well-formed state of this version: :func:`_v2` migrated."""
+    return check_state(_v2())
+
+
+def _v2() -> dict:
+    """A state as version 2 wrote it."""
+    return {"format": FORMAT, "version": 2, "fingerprint": "ab" * 32,
             "config": {"canonical_replicas": 4},
             "lanes": {"0": {"window": 1, "offset": 2, "batches_delivered": 3, "finished": False}},
             "pointers": {"0/1:0": 0},
@@ -135,14 +143,13 @@ def _edit(change, base=_good):
 
 
 LANE = r"\['lanes'\]\['0'\] = .* is malformed; expected a lane id of ASCII digits"
-STEP_V2 = (r"\['step'\] = .* is malformed; expected \{global_step, batches_in_step, batches_per_step, "
-           r"dp_degree, global_batches, microbatch_size\}")
+STEP_V2 = r"\['step'\] = .* is malformed; expected \{" + ", ".join(STEP_FIELDS) + r"\}"
 STEP_V1 = r"\['step'\] = .* is malformed; expected \{global_step, batches_in_step, batches_per_step, dp_degree\}"
 POSITIVE = "batches_per_step, dp_degree and global_batches must be positive"
 MALFORMED = [
     ([1, 2], "must be a dict from Pipeline.state_dict[(][)], got list"),
     (_edit(lambda s: s.update(format="other")), "has format 'other', expected 'zephon_dask.state'"),
-    (_edit(lambda s: s.update(version=0)), "has version 0; expected an int from 1 to 2"),
+    (_edit(lambda s: s.update(version=0)), f"has version 0; expected an int from 1 to {VERSION}"),
     (_edit(lambda s: s.update(version=True)), "has version True; expected an int"),
     (_edit(lambda s: s.update(version=99)), "has version 99, newer than this zephon_dask understands"),
     (_edit(lambda s: [s.pop("lanes"), s.pop("step")]), r"lacks \['lanes', 'step'\]: it is truncated"),

@@ -22,6 +22,7 @@ from zephon_dask.consumer import fetcher as fetcher_module
 from zephon_dask.errors import StateError
 from zephon_dask.pipeline.ranks import owned_lanes
 from zephon_dask.pipeline.torch_data import PipelineDataset, PipelineLoader
+from zephon_dask.state import dataset_state
 
 StatefulDataLoader = pytest.importorskip("torchdata.stateful_dataloader").StatefulDataLoader
 
@@ -40,7 +41,7 @@ def loader(pipe, workers):
 def dataset_states(state):
     """Every PipelineDataset state nested in a StatefulDataLoader state."""
     if isinstance(state, dict):
-        if state.get("format") == "zephon_dask.dataset_state":
+        if state.get("format") == dataset_state.FORMAT:
             return [state]
         return [s for v in state.values() for s in dataset_states(v)]
     return []
@@ -128,7 +129,7 @@ def test_loader_states_of_the_previous_format_resume_exactly(corpus_dir, workers
                 break
         del second
     assert tail == full[7:]
-    assert {ds["version"] for ds in dataset_states(state)} == {3}
+    assert {ds["version"] for ds in dataset_states(state)} == {dataset_state.VERSION}
     assert [(s["global_step"], s["batches_in_step"], s["global_batches"])
             for s in (ds["state"]["step"] for ds in dataset_states(state))] == [(2, 0, 4)] * max(workers, 1)
 
@@ -207,7 +208,7 @@ def framework_loop(source, steps, per_step, ahead, how, pipe):
             batch = buffer.pop(0)
             consumed.append(batch)
             if how == "mark":
-                pipe.mark_consumed(batch)
+                pipe.session.mark_consumed(batch)
     if how == "at_step":
         return consumed, pipe.state_dict(at_step=steps)
     if how == "ahead":
@@ -236,16 +237,16 @@ def test_state_after_step_n_resumes_at_step_n_plus_1(corpus_dir, ahead, how, via
 def test_fetch_ahead_limits_are_named(corpus_dir):
     with build(corpus_dir, runner="synchronous") as pipe:
         with pytest.raises(StateError, match="iterate the pipeline first"):
-            pipe.mark_consumed(0)
+            pipe.session.mark_consumed(0)
         it = iter(pipe)
         batches = [next(it) for _ in range(70)]
         with pytest.raises(StateError, match="go back 64"):
             pipe.state_dict(ahead=65)
         with pytest.raises(StateError, match="not among the last 64"):
-            pipe.mark_consumed(batches[2])
+            pipe.session.mark_consumed(batches[2])
         with pytest.raises(StateError, match="ahead= or at_step="):
             pipe.state_dict(ahead=1, at_step=3)
-        pipe.mark_consumed(batches[60])
+        pipe.session.mark_consumed(batches[60])
         assert pipe.state_dict() == pipe.state_dict(ahead=9)
         assert pipe.state_dict()["lanes"][str(batches[60].lane)]["batches_delivered"] == batches[60].index_in_lane + 1
 

@@ -15,7 +15,7 @@ import pytest
 import zephon_dask as z
 from zephon_dask.cli import main
 from zephon_dask.errors import ConfigError, NotFoundError, ZephonError
-from zephon_dask.inspect import state_html
+from zephon_dask.inspect import plan_table, state_html, window_graph
 
 DOCS = [f"doc {i}: " + "lorem ipsum dolor sit amet " * (1 + i % 5) for i in range(60)]
 
@@ -53,7 +53,7 @@ def test_pipeline_repr_never_raises_on_a_bad_identity():
 
 def test_inspection_values_repr_as_their_text():
     p = small(runner="synchronous")
-    for value in (p.explain(), p.preview(1), p.plan((1, 2)), p.stats(), p.window_graph(0, 0)):
+    for value in (p.explain(), p.preview(1), plan_table(p, (1, 2)), p.stats(), window_graph(p, 0, 0)):
         text = repr(value)
         assert "Section(" not in text and "PlanEntry(" not in text and "PreviewRow(" not in text
         assert text.strip(), type(value).__name__

@@ -242,7 +242,7 @@ def test_hf_trainer_runs_past_the_end_and_resumes_exactly(small_corpus, tmp_path
     from zephon_dask.integrations.hf import ZephonTrainer
 
     n = pass_length(small_corpus)
-    per = hf_small(small_corpus).step_shape().per_rank
+    per = hf_small(small_corpus).session.step_shape().per_rank
     steps = 16
     assert n % per and n < steps * per < 2 * n
 

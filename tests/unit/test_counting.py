@@ -22,7 +22,7 @@ RECIPE = Path(__file__).resolve().parents[2] / "examples" / "recipe.toml"
 def oracle(pipeline) -> tuple[int, int, int]:
     """(full global steps every group completes, batches, batches after them): every group's
     pipeline iterated to its end, each group taking its step shape's batches per step."""
-    degree, _ = pipeline.identity()
+    degree, _ = pipeline.session.identity()
     delivered, per_rank = [], []
     for group in range(degree):
         p = pipeline.options(dp_group_id=group, runner="synchronous")
@@ -30,7 +30,7 @@ def oracle(pipeline) -> tuple[int, int, int]:
             continue
         with p:
             delivered.append(sum(1 for _ in p))
-            per_rank.append(p.step_shape().per_rank)
+            per_rank.append(p.session.step_shape().per_rank)
     steps = min(b // r for b, r in zip(delivered, per_rank, strict=True))
     return steps, sum(delivered), sum(delivered) - steps * sum(per_rank)
 

@@ -17,7 +17,7 @@ from tests.helpers.pipelines import write_corpus
 from zephon_dask.curriculum import MixtureWorkSource
 from zephon_dask.curriculum.schedule import min_chunk_size
 from zephon_dask.errors import ConfigError, StateError
-from zephon_dask.inspect import phase_plan
+from zephon_dask.inspect import phase_plan, plan_table
 from zephon_dask.pipeline import resume
 from zephon_dask.state import State
 from zephon_dask.state.ledger import verify_ledgers
@@ -169,7 +169,7 @@ def pipeline(corpus, schedule=SCHEDULE, pack=False, **options):
 def run_steps(pipe, steps):
     """Iterate ``steps`` global steps of this group's share; the state at the step boundary."""
     batches = iter(pipe)
-    per = pipe.step_shape().per_rank
+    per = pipe.session.step_shape().per_rank
     out = [next(batches) for _ in range(steps * per)]
     return pipe.state_dict(), out
 
@@ -278,7 +278,7 @@ def test_a_schedule_may_be_appended_to_a_run_without_one(corpus):
 
 def test_explain_plan_and_stats_show_the_phases(corpus):
     pipe = pipeline(corpus)
-    for text in (str(pipe.explain()), str(pipe.plan(dp_degrees=(1, 2)))):
+    for text in (str(pipe.explain()), str(plan_table(pipe, dp_degrees=(1, 2)))):
         assert "mixture schedule" in text
         assert "step 6           3            12           6" in text
     assert "(estimated: rows are not samples)" in str(pipeline(corpus, pack=True).explain())

@@ -27,7 +27,7 @@ from zephon_dask.core import phases
 from zephon_dask.curriculum import MixtureWorkSource
 from zephon_dask.curriculum.mixture import Mixture
 from zephon_dask.errors import ConfigError, StateError, ZephonWarning
-from zephon_dask.inspect import phase_plan
+from zephon_dask.inspect import phase_plan, plan_table
 from zephon_dask.pipeline import measure, resume
 from zephon_dask.state import State
 
@@ -252,7 +252,7 @@ def test_each_schedule_phase_meets_its_token_shares_over_a_pass(skewed):
     assert abs(overall["short"]["token_share"] - blend) < 0.02
     text = str(s)
     assert "mixture by schedule phase, weighted by tokens" in text and "token target" in text
-    assert "(of tokens)" in str(pipe.explain()) and "the first schedule phase" in str(pipe.plan((1, 2)))
+    assert "(of tokens)" in str(pipe.explain()) and "the first schedule phase" in str(plan_table(pipe, (1, 2)))
     pipe.close()
 
 
@@ -324,7 +324,7 @@ def test_stateful_dataloader_resumes_a_token_schedule_across_its_boundary(skewed
     truth = items(loader, total)
     saved = whole.spec.source.tokens_per_sample
     assert whole.spec.source.phase_chunks == (0, 4) and phase_plan(whole)[1].begin_step == 4
-    assert whole.step_shape().global_batches == 2  # phase 1 begins at item 4 x 2 = 8
+    assert whole.session.step_shape().global_batches == 2  # phase 1 begins at item 4 x 2 = 8
     heads, states = {}, {}
     for k in cuts:
         _, first = fresh()
@@ -394,7 +394,7 @@ def test_stateful_dataloader_state_records_the_global_step_of_a_schedule(skewed,
 
     whole, loader = fresh()
     plan = phase_plan(whole)
-    assert plan[1].exact and plan[1].begin_step == 2 and whole.step_shape().global_batches == per_step
+    assert plan[1].exact and plan[1].begin_step == 2 and whole.session.step_shape().global_batches == per_step
     truth, states = loader_items(loader, total, cuts)
     del loader
     steps = dataset_steps(states[boundary])
@@ -422,7 +422,7 @@ def test_stateful_dataloader_resume_keeps_the_global_step_of_its_state(skewed):
     _, loader = fresh(batches_per_step=4)
     truth, states = loader_items(loader, 12, (7,))
     pipe, resumed = fresh()
-    assert pipe.step_shape().global_batches == 2
+    assert pipe.session.step_shape().global_batches == 2
     resumed.load_state_dict(states[7])
     tail, after = loader_items(resumed, 5, (5,))
     assert truth[:7] + tail == truth
@@ -544,7 +544,7 @@ flush_every_k_chunks = 4
     assert cli(["explain", str(path)]) == 0
     out = capsys.readouterr().out
     assert "tokens/sample" in out and "weight_by" in out and "3/10 (30.0%)" in out
-    assert "weighted by tokens" in str(built.plan((1, 2)))
+    assert "weighted by tokens" in str(plan_table(built, (1, 2)))
 
 
 def test_a_pipeline_that_does_not_tokenize_yet_shows_and_refuses_clearly(skewed):

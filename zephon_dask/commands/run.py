@@ -48,7 +48,7 @@ class _Run:
 
         from tqdm import tqdm
 
-        per_step = self.pipeline.step_shape().per_rank
+        per_step = self.pipeline.session.step_shape().per_rank
         every = self.args.checkpoint_every
         batches = iter(self.pipeline)
         started = time.perf_counter()
@@ -121,7 +121,7 @@ def run(args) -> int:
                 if args.global_batches_per_step is None:
                     pipeline = pipeline.options(batches_per_step=None)  # per rank, for the recipe's degree
                 pipeline.load_state_dict(state)
-            shape = pipeline.step_shape()
+            shape = pipeline.session.step_shape()
             print(f"global step: {shape.global_batches} batches, {shape.per_rank} per rank "
                   f"at dp_degree={shape.dp_degree}")
             with dashboard_link_shown(), pipeline:  # the link once, when the cluster starts

@@ -194,4 +194,5 @@ READER = Reader(
     detect=is_saved,
     identity=columns_identity,
     html=columns_html,
+    doc="Arrow IPC files (`.arrow`), Hugging Face `save_to_disk` folders (also read by `Dataset.from_hf`)",
 )

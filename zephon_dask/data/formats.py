@@ -1,36 +1,63 @@
 """The format registry: every format a :class:`~zephon_dask.data.Dataset` reads, by name.
 
-A new format is one module defining a :class:`~zephon_dask.data.reader.Reader`
-and one line in :data:`READERS`. ``Dataset.from_path``, ``Dataset.read`` and
-recipes look formats up here. Pure.
+A format is one module of this package defining a
+:class:`~zephon_dask.data.reader.Reader` as ``READER``: the registry finds it
+(:func:`find_readers`), and ``Dataset.from_path``, ``Dataset.from_files``,
+``Dataset.read``, recipes and the table in ``docs/formats.md``
+(:func:`markdown_table`, written by ``make docs``) look formats up here. A
+``Dataset.from_<format>`` constructor is optional. Pure.
 """
 
 from __future__ import annotations
 
+import importlib
 import posixpath
+import re
+from pathlib import Path
 
 from fsspec import AbstractFileSystem
 
 from ..errors import ConfigError
-from . import arrow, jsonl, lance, litdata, mds, parquet, records, tokens
 from .reader import Reader
 
-READERS: dict[str, Reader] = {
-    r.name: r
-    for r in (
-        jsonl.READER,
-        parquet.READER,
-        arrow.READER,
-        mds.READER,
-        tokens.READER,
-        records.READER,
-        litdata.READER,
-        lance.READER,
-    )
-}
+_DEFINES_READER = re.compile(r"^READER\s*[:=]", re.M)
+
+
+def find_readers() -> dict[str, Reader]:
+    """The ``READER`` of every module of this package that defines one at its top level, by
+    format name, in module name order (a module is read as text first, so only format modules
+    are imported)."""
+    found: dict[str, Reader] = {}
+    for path in sorted(Path(__file__).parent.glob("*.py")):
+        if path.stem.startswith("_") or not _DEFINES_READER.search(path.read_text(encoding="utf-8")):
+            continue
+        reader = importlib.import_module(f"{__package__}.{path.stem}").READER
+        if not isinstance(reader, Reader) or reader.name in found:
+            raise TypeError(f"{path.name}: READER must be a Reader with a format name of its own, got {reader!r}")
+        found[reader.name] = reader
+    return found
+
+
+READERS: dict[str, Reader] = find_readers()
 NAMES = tuple(READERS)
-# Folder layouts recognised before file extensions, in this order.
+# Folder layouts recognised before file extensions: these first, in this order, then any other
+# format with a ``detect`` function, by name.
 _FOLDERS = ("tokens", "mds", "litdata", "lance", "arrow")
+
+
+def folder_order() -> tuple[str, ...]:
+    """The formats whose ``detect`` recognises a folder, in the order they are tried."""
+    return (*(n for n in _FOLDERS if n in READERS),
+            *sorted(n for n, r in READERS.items() if r.detect is not None and n not in _FOLDERS))
+
+
+def markdown_table() -> str:
+    """The formats as the Markdown table of ``docs/formats.md``."""
+    rows = ["| format | constructor | what it reads |", "| --- | --- | --- |"]
+    for name, r in READERS.items():
+        constructor = f"`Dataset.{r.constructor}`" if r.constructor else f'`Dataset.from_files(name, path, "{name}")`'
+        rows.append(f"| `{name}` | {constructor} | {r.doc} |")
+    return "\n".join(rows)
 
 
 def get(name: str) -> Reader:
@@ -64,7 +91,7 @@ def extension(rel: str) -> str:
 def of_folder(fs: AbstractFileSystem, directory: str) -> Reader | None:
     """The format of a folder layout (token store, MDS, litData, Lance, ``save_to_disk``), if it
     is one."""
-    for name in _FOLDERS:
+    for name in folder_order():
         detect = READERS[name].detect
         if detect is not None and detect(fs, directory):
             return READERS[name]

@@ -310,4 +310,5 @@ def _read(dataset: Any, index: int, offsets: np.ndarray) -> list[dict[str, Any]]
 
 
 EXTENSIONS = (".jsonl", ".json", ".jsonl.gz", ".json.gz", ".jsonl.zst", ".json.zst", ".jsonl.zstd")
-READER = Reader("jsonl", "from_jsonl", _read, inspect=inspect, extensions=EXTENSIONS, fields=first_fields)
+READER = Reader("jsonl", "from_jsonl", _read, inspect=inspect, extensions=EXTENSIONS, fields=first_fields,
+                doc="JSON Lines, plain or gzip/zstd-compressed (`.jsonl`, `.json`, `.jsonl.gz`, `.jsonl.zst`)")

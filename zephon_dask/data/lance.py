@@ -185,6 +185,7 @@ READER = Reader(
     "from_lance",
     _read,
     detect=is_folder,
+    doc="Lance datasets (`lance.write_dataset`), local or `s3://`",
     identity=lambda dataset: {"lance": {k: dataset.meta[k] for k in ("version", "fragments", "schema")}},
     html=lambda dataset: [
         ("version", f"{dataset.meta['version']} (read at this version; later writes are not read)"),

@@ -521,6 +521,7 @@ READER = Reader(
     "from_litdata",
     _read,
     detect=is_folder,
+    doc="litData folders (`litdata.optimize`: `index.json` + `chunk-*.bin`)",
     identity=lambda dataset: {"litdata": {k: dataset.meta[k] for k in ("tree", "data_format",
                                                                          "compression")}},
     html=lambda dataset: [("fields", ", ".join(f"{k} ({f})" for k, f in dataset.meta["kinds"].items()))],

@@ -357,4 +357,5 @@ READER = Reader(
                                         dataset.meta["schema"]["column_encodings"], strict=True)
         ))
     ],
+    doc="Mosaic MDS folders (`index.json` + `shard.*.mds[.zstd]`)",
 )

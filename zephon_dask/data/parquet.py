@@ -114,5 +114,5 @@ def columns_html(dataset: Any) -> list[tuple[str, str]]:
 
 READER = Reader(
     "parquet", "from_parquet", _read, inspect=inspect, extensions=(".parquet", ".pq"),
-    identity=columns_identity, html=columns_html,
+    identity=columns_identity, html=columns_html, doc="Parquet files (`.parquet`, `.pq`)",
 )

@@ -1,8 +1,7 @@
 """The reader protocol: what zephon_dask needs to know to read one data format. Pure data.
 
 Each format module defines one :class:`Reader` (``READER``) and the registry
-(:mod:`zephon_dask.data.formats`) lists them, so a new format is one module
-plus one registry line. The callables take the :class:`~zephon_dask.data.Dataset`
+(:mod:`zephon_dask.data.formats`) finds them, so a new format is one module. The callables take the :class:`~zephon_dask.data.Dataset`
 (they never import it) and must be pure functions of the data, apart from
 per-process read caches.
 """
@@ -46,6 +45,7 @@ class Reader:
     - ``holds_tokens``: records are ``{"tokens": array}``, already tokenized.
     - ``fields(fs, file)``: the field names of a non-empty file's first record, read cheaply
       (never the whole file), for formats whose index holds no ``columns``.
+    - ``doc``: what it reads, one line of the table in ``docs/formats.md`` (``make docs``).
     """
 
     name: str
@@ -59,6 +59,7 @@ class Reader:
     html: Callable[[Any], list[tuple[str, str]]] = _no_pairs
     holds_tokens: bool = False
     fields: Callable[[AbstractFileSystem, FileInfo], list[str]] | None = None
+    doc: str = ""
 
     def matches(self, rel: str) -> bool:
         """Whether the file name ``rel`` ends with one of this format's extensions."""

@@ -99,4 +99,5 @@ READER = Reader(
     "from_records",
     lambda dataset, index, offsets: read(dataset.memory_records[index], offsets),
     shard_identity=lambda dataset, index: {"sha256": dataset.memory_sha256[index]},
+    doc="in-memory lists of dicts or strings",
 )

@@ -557,4 +557,5 @@ READER = Reader(
     identity=lambda dataset: {"tokenizer": dataset.tokenizer_meta},
     html=lambda dataset: [("tokenizer", json.dumps(dataset.tokenizer_meta, sort_keys=True))],
     holds_tokens=True,
+    doc="zephon_dask token stores (zarr)",
 )

@@ -8,9 +8,10 @@ a finite stream gives, :mod:`.counting`) and :func:`phase_plan` (where a mixture
 schedule's phases begin) return values instead of views.
 
 This package lies below :mod:`zephon_dask.pipeline`: ``Pipeline.explain()``,
-``preview()``, ``plan()``, ``window_graph()``, ``stats()`` and its ``repr``
-call these functions, which read the pipeline by its public attributes and
-never import it. The lower layers' objects (datasets, work sources, batches,
+``preview()``, ``stats()`` and its ``repr`` call these functions, which read
+the pipeline by its public attributes and never import it; the lane table
+(:func:`plan_table`) and one window's graph (:func:`window_graph`) are called
+here directly, as functions of the pipeline. The lower layers' objects (datasets, work sources, batches,
 states) reach their HTML through :mod:`zephon_dask.views`, where :mod:`.reprs`
 registers it.
 """

@@ -110,7 +110,7 @@ def step_count(pipeline, compute: bool = True) -> StepCount | None:
         return None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ZephonWarning)  # uneven groups: warned where they run
-        shape = pipeline.step_shape()
+        shape = pipeline.session.step_shape()
         replicas, degree = spec.canonical_replicas, shape.dp_degree
         groups = group_lanes(replicas, degree, pipeline.description.settings["mapping_strategy"])
     per_rank = [len(lanes) if replicas % degree else shape.per_rank for lanes in groups]

@@ -241,7 +241,7 @@ def _group(pipeline, replicas: int, options: dict) -> tuple[Section, list[str]]:
     notes: list[str] = []
     mapping = options["mapping_strategy"]
     try:
-        degree, group = pipeline.identity()
+        degree, group = pipeline.session.identity()
     except ConfigError as exc:
         return Section("this DP group", pairs=(("identity", "invalid"),)), [str(exc)]
     pairs = [("dp_degree", str(degree)), ("dp_group_id", str(group)), ("mapping_strategy", mapping)]
@@ -264,7 +264,7 @@ def _group(pipeline, replicas: int, options: dict) -> tuple[Section, list[str]]:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", ElasticityWarning)  # noted above
-            shape = pipeline.step_shape()
+            shape = pipeline.session.step_shape()
     except ZephonError as exc:
         notes.append(str(exc))
         pairs.append(("global step", "invalid (see warnings)"))
@@ -280,7 +280,7 @@ def lanes_of(pipeline) -> list[int]:
     Raises:
         ConfigError: the DP identity is invalid.
     """
-    degree, group = pipeline.identity()
+    degree, group = pipeline.session.identity()
     settings = pipeline.description.settings
     return routing.group_lanes(settings["canonical_replicas"], degree, settings["mapping_strategy"])[group]
 

@@ -78,7 +78,13 @@ class WindowGraphView(WindowGraph):
 
 
 def window_graph(pipeline, lane: int, window: int, fused: bool | None = None) -> WindowGraphView:
-    """Lane ``lane``'s window ``window`` as a graph; ``fused=None`` follows the ``fuse`` option."""
+    """Lane ``lane``'s window ``window`` of ``pipeline`` as the Dask graph the runners submit;
+    ``fused=None`` follows the ``fuse`` option (``.visualize()`` draws it when graphviz is installed).
+
+    Example:
+        >>> from zephon_dask.inspect import window_graph  # doctest: +SKIP
+        >>> window_graph(pipeline, 0, 0).visualize()  # doctest: +SKIP
+    """
     spec = pipeline.spec
     if fused is None:
         fused = bool(pipeline.description.settings["fuse"])

@@ -117,7 +117,7 @@ def phase_plan(pipeline, estimate: bool = True) -> list[phases.PhasePlan]:
     source = spec.source
     if source.phases is None:
         return []
-    return phases.plan(spec, pipeline.step_shape().global_batches, pipeline.description.batch.microbatch_size,
+    return phases.plan(spec, pipeline.session.step_shape().global_batches, pipeline.description.batch.microbatch_size,
                        dict(enumerate(source.phase_chunks or ())), estimate)
 
 
@@ -182,8 +182,14 @@ def lane_plans(canonical_replicas: int, dp_degrees: Iterable[int],
 
 def plan_table(pipeline, dp_degrees: Iterable[int] = (1, 2, 4, 8),
                mappings: Sequence[str] = routing.MAPPING_STRATEGIES) -> PlanTable:
-    """:func:`lane_plans` for a pipeline's ``canonical_replicas`` and ``batches_per_step``, with its
-    mixture's weights (and, weighted by tokens, the tokens per sample) in a header line."""
+    """The lane-to-group table of ``pipeline`` for each DP degree and mapping, with load imbalance:
+    :func:`lane_plans` for its ``canonical_replicas`` and step settings, with its mixture's weights
+    (and, weighted by tokens, the tokens per sample) in a header line.
+
+    Example:
+        >>> from zephon_dask.inspect import plan_table  # doctest: +SKIP
+        >>> plan_table(pipeline, dp_degrees=(2, 4))  # doctest: +SKIP
+    """
     options = pipeline.description.settings
     table = lane_plans(options["canonical_replicas"], dp_degrees, mappings, options.get("batches_per_step"),
                        options.get("global_batches_per_step"))

@@ -86,7 +86,7 @@ def source_html(source) -> str:
 
 def _identity(pipeline) -> str:
     try:
-        degree, group = pipeline.identity()
+        degree, group = pipeline.session.identity()
         lanes = lanes_of(pipeline)
     except ConfigError as exc:  # a repr never raises: show what is wrong instead
         return f"invalid ({exc})"
@@ -123,7 +123,7 @@ def _token_weight(source, c: int) -> str:
 
 def _unmeasured_summary(pipeline) -> Section:
     """The summary of a token-weighted pipeline that does not tokenize yet (nothing to measure)."""
-    source = pipeline.session.base_source
+    source = pipeline.session.source
     datasets = ", ".join(f"{n} ({size:,} samples, {float(w):.3g} of tokens)"
                          for n, size, w in zip(source.names, source.sizes, source.target_weights, strict=True))
     return Section("zephon_dask Pipeline", pairs=(
@@ -138,7 +138,7 @@ def _unmeasured_summary(pipeline) -> Section:
 def pipeline_summary(pipeline) -> Section:
     """One screen about ``pipeline``: fingerprint, datasets with sizes, stream, lanes and
     windows, operators, batch shape, DP identity and runner (reads only; starts nothing)."""
-    if pipeline.session.base_source.unmeasured and not has_tokens(pipeline.session.base_source, pipeline.description.record_ops):
+    if pipeline.session.source.unmeasured and not has_tokens(pipeline.session.source, pipeline.description.record_ops):
         return _unmeasured_summary(pipeline)
     spec = pipeline.spec
     source = spec.source

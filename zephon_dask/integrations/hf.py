@@ -36,7 +36,6 @@ after the last batch it trained on.
 
 from __future__ import annotations
 
-import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -45,6 +44,7 @@ import torch
 from transformers import Trainer, TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint, speed_metrics
 
+from .. import torch_dist
 from ..errors import ConfigError, StateError
 from ..log import logger
 from ..pipeline import Pipeline
@@ -160,14 +160,6 @@ def stand_in(fields: tuple[str, ...]):
     features = datasets.Features({name: datasets.Sequence(datasets.Value("int64")) for name in fields})
     row = {name: [[IGNORE_INDEX] * 2 if name == "labels" else [0, 0]] for name in fields}
     return datasets.Dataset.from_dict(row, features=features).to_iterable_dataset()
-
-
-def _distributed():
-    """``torch.distributed`` when it runs several ranks, else ``None``."""
-    dist = sys.modules.get("torch.distributed")
-    if dist is not None and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        return dist
-    return None
 
 
 def _blank(fields: tuple[str, ...], like: dict | None, device) -> dict:
@@ -291,12 +283,12 @@ class ZephonTrainerMixin(_TrainerBase):
     def _match_step(self, given: int | None = None) -> None:
         """One optimizer step = one global step of the pipeline; the batch size is its microbatch.
         ``given``: the user's ``gradient_accumulation_steps``, refused if it says otherwise."""
-        shape = self.pipeline.step_shape()
+        shape = self.pipeline.session.step_shape()
         if given is not None and given not in (1, shape.per_rank):
             raise ConfigError(
                 f"gradient_accumulation_steps={given}, but one optimizer step must be one global step of the "
                 f"pipeline: {shape.per_rank} batches per rank at dp_degree={shape.dp_degree} "
-                f"(pipeline.step_shape().per_rank). {type(self).__name__} sets it: leave it unset, or change "
+                f"(pipeline.session.step_shape().per_rank). {type(self).__name__} sets it: leave it unset, or change "
                 "the step with .options(global_batches_per_step=...)"
             )
         if self.args.gradient_accumulation_steps != shape.per_rank:
@@ -379,9 +371,9 @@ class ZephonTrainerMixin(_TrainerBase):
 
     def _pipeline_loss(self, pipeline, ignore_keys) -> tuple[float, int, int]:
         """(loss per label token over all ranks, samples over all ranks, steps taken in step)."""
-        model, device, dist = self.model, self.args.device, _distributed()
-        if dist is not None and pipeline.identity()[0] != dist.get_world_size():
-            raise ConfigError(f"the evaluation pipeline has dp_degree={pipeline.identity()[0]} in a job of "
+        model, device, dist = self.model, self.args.device, torch_dist.initialized(several=True)
+        if dist is not None and pipeline.session.identity()[0] != dist.get_world_size():
+            raise ConfigError(f"the evaluation pipeline has dp_degree={pipeline.session.identity()[0]} in a job of "
                               f"{dist.get_world_size()} ranks: each rank must evaluate its own lanes (leave "
                               "dp_degree unset)")
         model.eval()

@@ -9,7 +9,7 @@ resumes exactly with no state code:
   collective: all ranks raise the same :class:`ConfigError`, none hangs);
 - one optimizer step is one global step of the pipeline: when training
   starts (after a checkpoint's data state is loaded, since the state keeps
-  its step) ``accumulate_grad_batches`` is set to ``step_shape().per_rank``,
+  its step) ``accumulate_grad_batches`` is set to ``session.step_shape().per_rank``,
   or refused if the user set another value;
 - the data state in a checkpoint matches its weights: the train loader is a
   :class:`LightningLoader` whose ``state_dict`` is the state after the
@@ -36,6 +36,7 @@ import pytorch_lightning as pl
 from pytorch_lightning.callbacks import GradientAccumulationScheduler
 
 from ..errors import ConfigError
+from ..pipeline import frameworks_compat
 from ..pipeline.guard import Refused
 from ..pipeline.torch_data import PipelineDataset, PipelineLoader
 from .ranks import check_identity, collective_state
@@ -110,7 +111,7 @@ class ZephonDataModule(pl.LightningDataModule):
     ``loader_kwargs`` go to both ``DataLoader`` s (``pin_memory``, ...). Batches
     are the pipeline's dicts of tensors (``input_ids``, ``labels``, ... plus
     ``lane`` and ``index_in_lane``). ``accumulate_grad_batches`` is set to
-    ``pipeline.step_shape().per_rank`` when training starts: leave it unset.
+    ``pipeline.session.step_shape().per_rank`` when training starts: leave it unset.
 
     Example:
         >>> from zephon_dask.integrations.lightning import ZephonDataModule  # doctest: +SKIP
@@ -183,14 +184,14 @@ class ZephonDataModule(pl.LightningDataModule):
             return
         if trainer.lightning_module.automatic_optimization:
             size_accumulation(trainer, self.pipeline)
-            if trainer.fit_loop.restarting:
-                restart_accumulation(trainer)
+            if frameworks_compat.fit_restarting(trainer):
+                frameworks_compat.restart_accumulation(trainer)
         self.batches.begin(trainer.global_step)
 
     def mark_trained(self) -> None:
         """Make the pipeline's consumed watermark the batches the weights have trained on."""
         if self.batches.started and self.trainer is not None:
-            self.pipeline.mark_consumed(self.batches.trained(self.trainer.global_step))
+            self.pipeline.session.mark_consumed(self.batches.trained(self.trainer.global_step))
 
     def on_before_batch_transfer(self, batch, dataloader_idx: int):
         """Lightning's hook on the batch a step is about to use: while training, count it received.
@@ -204,7 +205,7 @@ class ZephonDataModule(pl.LightningDataModule):
         """
         trainer = self.trainer
         if trainer is not None and trainer.training and self.batches.started:
-            self.pipeline.mark_consumed(batch)  # checks it is the next delivery, not one fetched ahead
+            self.pipeline.session.mark_consumed(batch)  # checks it is the next delivery, not one fetched ahead
             self.batches.receive(trainer.global_step)
         return batch
 
@@ -212,7 +213,7 @@ class ZephonDataModule(pl.LightningDataModule):
 def size_accumulation(trainer, pipeline) -> None:
     """Set ``trainer.accumulate_grad_batches`` to the pipeline's batches per rank in a global step
     (automatic optimization); refuse another value the user set."""
-    shape = pipeline.step_shape()
+    shape = pipeline.session.step_shape()
     given = trainer.accumulate_grad_batches
     if given == shape.per_rank:
         return
@@ -224,23 +225,3 @@ def size_accumulation(trainer, pipeline) -> None:
             f"DDP is up), or set it to {shape.per_rank}; change the step with global_batches_per_step"
         )
     trainer.accumulate_grad_batches = shape.per_rank
-
-
-def restart_accumulation(trainer) -> None:
-    """On a resume, start Lightning's count of micro-batches at the last optimizer step.
-
-    The data resumes after the batches the weights trained on, and gradients are
-    not checkpointed, so the next optimizer step accumulates a whole step from
-    there: the epoch's count becomes its optimizer steps times the accumulation
-    (also after a change of DP degree). All progress counters move together, so
-    Lightning's restart bookkeeping (which compares them) is unchanged.
-    """
-    loop = trainer.fit_loop.epoch_loop
-    steps = loop.automatic_optimization.optim_progress.optimizer.step.current.completed
-    counts = loop.batch_progress
-    shift = counts.current.processed - steps * trainer.accumulate_grad_batches
-    for tracker in (counts.current, counts.total):
-        tracker.ready -= shift
-        tracker.started -= shift
-        tracker.processed -= shift
-        tracker.completed -= shift

@@ -3,18 +3,9 @@ place the ranks themselves. Imports no framework; holds no state."""
 
 from __future__ import annotations
 
-import sys
-
+from .. import torch_dist
 from ..errors import ConfigError
 from ..state import gather_state
-
-
-def _world():
-    """``torch.distributed`` when initialised with several ranks, else ``None``."""
-    dist = sys.modules.get("torch.distributed")
-    if dist is not None and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        return dist
-    return None
 
 
 def collective_state(pipeline) -> dict:
@@ -24,7 +15,7 @@ def collective_state(pipeline) -> dict:
     ranks (every rank must call it; each gets the merged state), else the
     pipeline's own state.
     """
-    if _world() is not None:
+    if torch_dist.initialized(several=True) is not None:
         return gather_state(pipeline)
     return pipeline.state_dict()
 
@@ -45,12 +36,12 @@ def check_identity(pipelines: dict, replicas: int, replica: int, framework: str)
     mine = []
     for role, pipeline in pipelines.items():
         try:
-            found = pipeline.identity()
+            found = pipeline.session.identity()
         except ConfigError as e:
             found = str(e)
         if found != (replicas, replica):
             mine.append((role, found, replica))
-    dist = _world()
+    dist = torch_dist.initialized(several=True)
     ranks: list = [mine]
     if dist is not None:
         ranks = [None] * dist.get_world_size()

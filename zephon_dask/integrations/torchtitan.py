@@ -95,7 +95,7 @@ class ZephonDataLoader(BaseDataLoader):
     def __init__(self, config: Config, *, dp_world_size: int, dp_rank: int, seq_len: int,
                  local_batch_size: int, **kwargs):
         pipeline = self._pipeline_of(config)
-        if pipeline.identity() != (dp_world_size, dp_rank):  # tensor/pipeline-parallel ranks share a DP rank
+        if pipeline.session.identity() != (dp_world_size, dp_rank):  # tensor/pipeline-parallel ranks share a DP rank
             pipeline = pipeline.options(dp_degree=dp_world_size, dp_group_id=dp_rank)
         self.pipeline = pipeline
         self._owned = pipeline if pipeline is not config.pipeline else None  # closed by close()
@@ -241,5 +241,5 @@ def configure(config, pipeline: Pipeline, num_workers: int = 0):
     microbatch = pipeline.description.batch.microbatch_size
     config.dataloader = ZephonDataLoader.Config(pipeline=pipeline, num_workers=num_workers)
     config.training.local_batch_size = microbatch
-    config.training.global_batch_size = pipeline.step_shape().global_batches * microbatch
+    config.training.global_batch_size = pipeline.session.step_shape().global_batches * microbatch
     return config

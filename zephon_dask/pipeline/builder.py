@@ -15,12 +15,16 @@ and ``close()`` act on it. A pipeline derived from one with a loaded state
 carries that state on (checked again when the data changed).
 
 The class keeps building and identity (``description``, ``spec``,
-``fingerprint``, ``identity``, ``step_shape``); the rest are one-line calls
+``fingerprint``, ``num_steps``); the rest are one-line calls
 into their homes: the session (iteration, checkpoints, the runner:
-``pipeline.session.runner()``), :mod:`.ranks` (DP identity, lanes:
+``pipeline.session.runner()``; the DP identity and the global step:
+``pipeline.session.identity()``, ``pipeline.session.step_shape()``; a step's
+consumption: ``pipeline.session.mark_consumed(batch)``), :mod:`.ranks` (lanes:
 ``ranks.owned_lanes(pipeline.description.settings)``), :mod:`.resume`,
 :mod:`.torch_data` (torch adapters), :mod:`zephon_dask.inspect` (views, step
-counts, phase plans) and :mod:`zephon_dask.recipe` (``from_config``).
+counts, phase plans, the lane table ``plan_table(pipeline)`` and one window's
+graph ``window_graph(pipeline, lane, window)``) and :mod:`zephon_dask.recipe`
+(``from_config``).
 """
 
 from __future__ import annotations
@@ -48,12 +52,10 @@ from ..options import DEFAULTS, OPTIONS
 from ..options import check as check_options
 from ..recipe import Recipe, load_recipe
 from ..state import steps
-from ..state.progress import StepShape
 from ..state.schema import State
 from ..validate import check_bool, check_int, check_keywords
 from .description import Description
 from .guard import refuse_fetching_ahead
-from .ranks import dp_identity
 from .resume import check as check_resume
 from .session import Session
 
@@ -94,11 +96,11 @@ class Pipeline:
             changes["settings"] = MappingProxyType(dict(changes["settings"]))
         new._description = replace(self._description, **changes)
         # the session never sees the pipeline; its source is measured again if its operators need it
-        new._session = Session(self._session.base_source, new._description, built=self._source)
+        new._session = Session(self._session.source, new._description, built=self._source)
         resume = self._session.resume
         if resume is not None:
             if new.spec.fingerprint == self.spec.fingerprint:
-                new._session.load(resume, self._session.source)
+                new._session.load(resume, self._session.measured_source())
             else:  # the data changed: the state must still describe it
                 new.load_state_dict(resume)
         return new
@@ -640,25 +642,6 @@ class Pipeline:
         """
         return self.spec.fingerprint
 
-    # -- identity -----------------------------------------------------------------------
-
-    def identity(self) -> tuple[int, int]:
-        """``(dp_degree, dp_group_id)``: from options, else ``torch.distributed``, else ``(1, 0)``.
-
-        Returns:
-            The data-parallel degree and this process's group.
-
-        Raises:
-            ConfigError: ``dp_group_id`` is not below ``dp_degree``.
-
-        Example:
-            >>> pipeline.options(dp_degree=2, dp_group_id=1).identity()  # doctest: +SKIP
-            (2, 1)
-            >>> ranks.owned_lanes(pipeline.description.settings)  # its lanes; doctest: +SKIP
-            [4, 5, 6, 7]
-        """
-        return dp_identity(self._description.settings)
-
     # -- execution ------------------------------------------------------------------------
 
     def __iter__(self):
@@ -775,7 +758,7 @@ class Pipeline:
 
         Raises:
             ConfigError: the step settings make steps depend on the topology
-                (see :meth:`step_shape`).
+                (see :meth:`Session.step_shape`).
             StateError: a state was loaded into this pipeline and not yet
                 applied: a DataLoader's workers would start every iteration
                 there (load a ``StatefulDataLoader`` state into the loader, or
@@ -814,24 +797,11 @@ class Pipeline:
 
     # -- checkpoints ------------------------------------------------------------------------
 
-    def step_shape(self) -> StepShape:
-        """The global step at this group's degree (``per_rank`` batches here, ``global_batches``
-        over all ranks), from the options and a loaded state (see :mod:`zephon_dask.state.steps`).
-
-        Returns:
-            A :class:`~zephon_dask.state.progress.StepShape`.
-
-        Raises:
-            ConfigError: the step settings make steps depend on the topology.
-            StateError: they would change a loaded state's global step.
-        """
-        return self._session.step_shape()
-
     def state_dict(self, *, ahead: int | None = None, at_step: int | None = None) -> dict:
         """Progress of what this group's iteration delivered to the caller: a plain ``dict``.
 
         By default the state after every delivered batch, or after the batch
-        :meth:`mark_consumed` last named. Both options reach back at most
+        :meth:`Session.mark_consumed` last named. Both options reach back at most
         :data:`~zephon_dask.state.progress.CONSUMED_RING` batches.
 
         Args:
@@ -852,23 +822,6 @@ class Pipeline:
             >>> zephon_dask.save_state("ckpt/data.json", pipeline.state_dict())  # doctest: +SKIP
         """
         return self._session.state_dict(ahead, at_step)
-
-    def mark_consumed(self, upto) -> None:
-        """The training step consumed deliveries up to ``upto``; :meth:`state_dict` then leaves out
-        those fetched after it.
-
-        Args:
-            upto: a delivered :class:`~zephon_dask.Batch`, or a count of this
-                iteration's deliveries.
-
-        Raises:
-            StateError: no iteration is in progress, or ``upto`` is not among its
-                recent deliveries.
-
-        Example:
-            >>> pipeline.mark_consumed(batch)  # doctest: +SKIP
-        """
-        self._session.mark_consumed(upto)
 
     def load_state_dict(self, state: dict | State) -> Pipeline:
         """Resume from ``state`` at the next iteration; refuses a state of other data.
@@ -968,36 +921,6 @@ class Pipeline:
             >>> pipeline.preview(n=2)  # doctest: +SKIP
         """
         return inspection.preview(self, n, lane)
-
-    def plan(self, dp_degrees=(1, 2, 4, 8)):
-        """The lane-to-group table for each DP degree and mapping, with load imbalance.
-
-        Args:
-            dp_degrees: the data-parallel degrees to tabulate.
-
-        Returns:
-            A :class:`~zephon_dask.inspect.PlanTable`.
-
-        Example:
-            >>> pipeline.plan(dp_degrees=(2, 4))  # doctest: +SKIP
-        """
-        return inspection.plan_table(self, dp_degrees)
-
-    def window_graph(self, lane: int, window: int, fused: bool | None = None):
-        """The Dask graph of one window (``.visualize()`` draws it when graphviz is installed).
-
-        Args:
-            lane: the lane.
-            window: the window's index within the lane.
-            fused: show the fused graph (default: the ``fuse`` option).
-
-        Returns:
-            A :class:`~zephon_dask.inspect.WindowGraphView`.
-
-        Example:
-            >>> pipeline.window_graph(0, 0).visualize()  # doctest: +SKIP
-        """
-        return inspection.window_graph(self, lane, window, fused)
 
     def stats(self):
         """Progress of the current iteration: lanes, windows, tokens/s, efficiency, mixture.

@@ -1,5 +1,5 @@
 """Refuse framework wrappers that would re-shard a pipeline, or checkpoint it ahead of the step.
-Pure; imports no framework.
+Pure; imports no framework: the frameworks' names it looks for are in :mod:`.frameworks_compat`.
 
 A pipeline already splits its lanes by the ``torch.distributed`` identity:
 each rank iterates only its own lanes. A wrapper that splits the stream again
@@ -27,19 +27,8 @@ import inspect
 from types import FrameType
 
 from ..errors import ConfigError, ShardingError
+from .frameworks_compat import EVALUATION_LOOPS, RESHARDING_WRAPPERS, TRAINING_LOOPS
 
-# (module prefix, qualified-name prefix) of the wrappers that split an iterable stream
-RESHARDING_WRAPPERS = (
-    ("accelerate.", "IterableDatasetShard."),
-    ("accelerate.", "DataLoaderDispatcher."),
-    ("accelerate.", "DataLoaderShard."),  # one process: not split, but its deliveries go unrecorded
-    ("transformers.", "IterableDatasetShard."),
-)
-# (module prefix, qualified-name prefix) of Lightning's training loops (they fetch ahead and checkpoint
-# the loader's state), and of its evaluation loop, which runs inside them and checkpoints nothing
-TRAINING_LOOPS = tuple((package + "loops.", loop) for package in ("pytorch_lightning.", "lightning.pytorch.")
-                       for loop in ("_FitLoop.", "_TrainingEpochLoop."))
-EVALUATION_LOOPS = (("pytorch_lightning.loops.", "_EvaluationLoop."), ("lightning.pytorch.loops.", "_EvaluationLoop."))
 MAX_DEPTH = 64  # callers examined; the wrappers sit a few frames above the dataset
 
 FIX = ("a zephon_dask pipeline already gives each rank its own lanes, so this would train "

@@ -8,27 +8,19 @@ here), else ``(1, 0)``; the lanes follow from ``canonical_replicas`` and
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Mapping
 from typing import Any
 
+from .. import torch_dist
 from ..curriculum.routing import group_lanes
 from ..errors import ConfigError
 
 
-def _torch_distributed():
-    """``torch.distributed`` if the user imported and initialised it, else ``None``."""
-    dist = sys.modules.get("torch.distributed")
-    if dist is not None and dist.is_available() and dist.is_initialized():
-        return dist
-    return None
-
-
 def dp_identity(settings: Mapping[str, Any]) -> tuple[int, int]:
-    """``(dp_degree, dp_group_id)`` (see ``Pipeline.identity``); :class:`ConfigError` if the group
+    """``(dp_degree, dp_group_id)`` (see ``Session.identity``); :class:`ConfigError` if the group
     is not below the degree."""
     degree, group = settings["dp_degree"], settings["dp_group_id"]
-    dist = _torch_distributed() if degree is None or group is None else None
+    dist = torch_dist.initialized() if degree is None or group is None else None
     if dist is not None:
         degree = dist.get_world_size() if degree is None else degree
         group = dist.get_rank() if group is None else group
@@ -48,5 +40,5 @@ def owned_lanes(settings: Mapping[str, Any]) -> list[int]:
 def process_rank(settings: Mapping[str, Any]) -> int:
     """This process's rank (it names the ledger file): ``torch.distributed``'s when initialised,
     else the DP group."""
-    dist = _torch_distributed()
+    dist = torch_dist.initialized()
     return dist.get_rank() if dist is not None else dp_identity(settings)[1]

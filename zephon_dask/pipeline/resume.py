@@ -31,8 +31,8 @@ from ..errors import ConfigError, StateError, ZephonWarning
 from ..log import logger
 from ..operators.identity import sha256_json
 from ..state import steps
-from ..state.progress import StepShape
 from ..state.schema import State, config_diff, describe_diff
+from ..state.steps import StepShape
 from .ranks import dp_identity, owned_lanes
 
 
@@ -76,7 +76,7 @@ def check(session, state: Any, lanes: list[int] | None = None, *, stacklevel: in
     check_positions(spec, state)
     shape = shape_for(d, state, degree)  # refuses a setting that would change the state's G
     if stacklevel is not None:
-        _announce(session.base_source, state, source, lanes, stacklevel + 2)  # + this frame and _announce's
+        _announce(session.source, state, source, lanes, stacklevel + 2)  # + this frame and _announce's
     return Resume(state, source, shape)
 
 

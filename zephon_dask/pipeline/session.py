@@ -4,9 +4,14 @@ A :class:`~zephon_dask.pipeline.Pipeline` is an immutable description; the
 session it owns is everything that happens when it runs:
 
 * the **runner** (started on first use, closed by :meth:`Session.close`);
-* the **work source**: the pipeline's (:attr:`built_source`), or one carrying
-  a loaded state's seed and tokens per sample (:attr:`base_source`); a token-weighted source without them is measured
-  once, on first use, with the pipeline's record operators (:mod:`.measure`);
+* the **work source**, one name per form: as the pipeline was built
+  (:attr:`built_source`); as this session runs it (:attr:`source`: the built
+  one, or one carrying a loaded state's seed and tokens per sample); that one
+  with its tokens per sample measured (:meth:`measured_source`: a
+  token-weighted source without them is measured once, on first use, with the
+  pipeline's record operators, :mod:`.measure`); and with a schedule given in
+  global steps resolved to chunk blocks (``spec().source``, what the batches
+  come from);
 * the **loaded state**: the :class:`~zephon_dask.state.State` given to
   ``load_state_dict``, checked by :func:`.resume.check`;
   its G and seed hold for the session, and the next iteration starts at it,
@@ -36,7 +41,6 @@ inspectors and the CLI read; nothing outside this module touches the rest.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import replace
 
 from ..consumer.stream import BatchStream
 from ..core import phases
@@ -45,8 +49,9 @@ from ..curriculum import MixtureWorkSource
 from ..errors import ClosedError, ConfigError, StateError
 from ..execution import Runner, make_runner
 from ..state.ledger import LedgerWriter
-from ..state.progress import Progress, StepShape, resume_point
-from ..state.schema import State, StepProgress
+from ..state.progress import Progress, resume_point
+from ..state.schema import State
+from ..state.steps import StepShape
 from .description import Description
 from .measure import measured
 from .ranks import dp_identity, owned_lanes, process_rank
@@ -70,8 +75,8 @@ class Session:
         self.description = description  # the pipeline's operators, batch shape and settings
         self._resolved: tuple | None = None  # (source, (G, microbatch), its schedule resolved)
         self.built_source = source if built is None else built  # the pipeline's source as built
-        self.base_source = source  # the pipeline's source, or one with a checkpoint's seed and measurement
-        self._measured: MixtureWorkSource | None = None  # base_source with its tokens per sample measured, once needed
+        self._source = source  # `source`: the built one, or one with a checkpoint's seed and measurement
+        self._measured: MixtureWorkSource | None = None  # `source` measured, once needed
         self.resume: State | None = None  # the checked state given to load_state_dict (its G, its seed)
         self.pending = False  # the next iteration starts at `resume` (a loaded state applies once)
         self.start: State | None = None  # where the current iteration started (None: the stream's beginning)
@@ -87,26 +92,31 @@ class Session:
     # -- the work source -----------------------------------------------------------------
 
     @property
-    def source(self):
-        """The work source the batches come from: :attr:`base_source`, measured if it weighs by
-        tokens and has no tokens per sample yet (measured once per session)."""
+    def source(self) -> MixtureWorkSource:
+        """The work source this session runs: the pipeline's as built, or after a resume one with
+        the checkpoint's seed and tokens per sample (never measured here; see :meth:`measured_source`)."""
+        return self._source
+
+    def use_source(self, source: MixtureWorkSource) -> None:
+        """Run ``source`` from now on (a checked resume's: the checkpoint's seed wins)."""
+        self._source, self._measured = source, None
+
+    def measured_source(self) -> MixtureWorkSource:
+        """:attr:`source`, measured if it weighs by tokens and has no tokens per sample yet
+        (measured once per session)."""
         if self._measured is None:
-            if self.base_source.unmeasured and not has_tokens(self.base_source, self.description.record_ops):
+            if self._source.unmeasured and not has_tokens(self._source, self.description.record_ops):
                 raise ConfigError(
                     "the work source weighs by tokens (weight_by='tokens'), measured with the pipeline's "
                     "tokenizer: call .tokenize(...) before using the pipeline's data"
                 )
-            self._measured = measured(self.base_source, self.description.record_ops)
+            self._measured = measured(self._source, self.description.record_ops)
         return self._measured
 
-    @source.setter
-    def source(self, source) -> None:
-        self.base_source, self._measured = source, None
-
-    def work_source(self) -> MixtureWorkSource:
-        """The work source the batches come from, a schedule given in global steps resolved to chunk
-        blocks for the current batch shape and global step (cached; after a load, the checkpoint's)."""
-        source = self.source
+    def _resolved_source(self) -> MixtureWorkSource:
+        """:meth:`measured_source`, a schedule given in global steps resolved to chunk blocks for the
+        current batch shape and global step (cached; after a load, the checkpoint's)."""
+        source = self.measured_source()
         if source.phases is None:
             return source
         key = (self.step_shape().global_batches, self.description.batch.microbatch_size)
@@ -119,11 +129,34 @@ class Session:
     def spec(self) -> PipelineSpec:
         """The data definition this session runs (see ``Pipeline.spec``)."""
         d = self.description
-        return PipelineSpec.of(self.work_source(), d.record_ops, d.accumulators, d.settings, d.batch_ops)
+        return PipelineSpec.of(self._resolved_source(), d.record_ops, d.accumulators, d.settings, d.batch_ops)
+
+    def identity(self) -> tuple[int, int]:
+        """``(dp_degree, dp_group_id)``: from the options, else ``torch.distributed``, else ``(1, 0)``.
+
+        Raises:
+            ConfigError: ``dp_group_id`` is not below ``dp_degree``.
+
+        Example:
+            >>> pipeline.options(dp_degree=2, dp_group_id=1).session.identity()  # doctest: +SKIP
+            (2, 1)
+        """
+        return dp_identity(self.description.settings)
 
     def step_shape(self) -> StepShape:
-        """The global step at the group's degree, a loaded state's G kept (see ``Pipeline.step_shape``)."""
-        return shape_for(self.description, self.resume, dp_identity(self.description.settings)[0])
+        """The global step at this group's degree (``per_rank`` batches here, ``global_batches``
+        over all ranks), from the options and a loaded state, whose G is kept
+        (see :mod:`zephon_dask.state.steps`).
+
+        Raises:
+            ConfigError: the step settings make steps depend on the topology.
+            StateError: they would change a loaded state's global step.
+
+        Example:
+            >>> pipeline.session.step_shape().per_rank  # batches per optimizer step here; doctest: +SKIP
+            4
+        """
+        return shape_for(self.description, self.resume, self.identity()[0])
 
     # -- the runner ---------------------------------------------------------------------
 
@@ -253,6 +286,11 @@ class Session:
         return Progress(self.spec(), owned_lanes(self.description.settings), self.resume if self.pending else self.start,
                         self.step_shape())
 
+    def hand_out(self) -> None:
+        """A DataLoader now serves this session's data out of sight (``to_torch_dataset()``):
+        :meth:`state_dict` raises until the next iteration here."""
+        self.handed_out = True
+
     # -- checkpoints ------------------------------------------------------------------------
 
     def state_dict(self, ahead: int | None = None, at_step: int | None = None) -> dict:
@@ -262,6 +300,20 @@ class Session:
         return self.current_progress().state(ahead, at_step)
 
     def mark_consumed(self, upto) -> None:
+        """The training step consumed deliveries up to ``upto``; :meth:`state_dict` then leaves out
+        those fetched after it.
+
+        Args:
+            upto: a delivered :class:`~zephon_dask.Batch`, or a count of this
+                iteration's deliveries.
+
+        Raises:
+            StateError: no iteration is in progress, or ``upto`` is not among its
+                recent deliveries.
+
+        Example:
+            >>> pipeline.session.mark_consumed(batch)  # doctest: +SKIP
+        """
         if self.progress is None:
             raise StateError("mark_consumed() needs an iteration in progress; iterate the pipeline first")
         self.progress.mark_consumed(upto)
@@ -270,7 +322,7 @@ class Session:
         """Make ``state`` (checked) where the next iteration starts, with ``source`` (the
         state's seed); its G holds for the session."""
         self.end_iteration()
-        self.source = source
+        self.use_source(source)
         self.resume = state
         self.pending = True
         self.progress = None
@@ -309,23 +361,3 @@ class Session:
         state.update(_runner=None, _runner_fp=None, stream=None, progress=None)
         return state
 
-
-def loader_shape(shape: StepShape, lanes: list[int], owned: int) -> StepShape:
-    """The step of a DataLoader worker serving ``lanes`` of a group that owns ``owned`` lanes and
-    steps by ``shape``: the group's G, degree and microbatch size (what a checkpoint records and a
-    resume keeps), and as ``per_rank`` the worker's share of each step. A step is whole
-    round-robin cycles over the owned lanes, one batch per lane a cycle, so the share is whole.
-    Not explicit: the loader's user counts the steps, so a state taken mid-step does not warn."""
-    return StepShape(shape.per_rank * len(lanes) // owned, shape.global_batches, shape.dp_degree, False,
-                     shape.microbatch)
-
-
-def share_step(step: StepProgress, share: StepShape) -> StepProgress:
-    """A worker state's ``step`` that counted the worker's own lanes as a step (G = those lanes,
-    degree 1: loader states before dataset-state version 3) recounted in ``share``, the worker's
-    share of the group's step (see :func:`loader_shape`). Its microbatch size becomes 0 (unknown,
-    as for version 1 states): it was not always recorded. Pure."""
-    delivered = step.global_step * step.batches_per_step + step.batches_in_step
-    return replace(step, global_step=delivered // share.per_rank, batches_in_step=delivered % share.per_rank,
-                   batches_per_step=share.per_rank, dp_degree=share.dp_degree,
-                   global_batches=share.global_batches, microbatch_size=0)

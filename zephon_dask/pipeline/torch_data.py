@@ -12,7 +12,6 @@ iterator takes its workers' base seed from the loader's own generator
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import replace
 
 import numpy as np
 import torch
@@ -22,12 +21,13 @@ from ..consumer.torch_io import batch_item, check_device, to_device_iter
 from ..curriculum.routing import worker_lanes
 from ..curriculum.seeding import stream_keys
 from ..errors import ConfigError, StateError
+from ..state import dataset_state
+from ..state.dataset_state import DatasetState, worker_shape
 from ..state.progress import Progress, resume_point
 from ..state.schema import State, config_diff, describe_diff
 from . import resume
 from .guard import refuse_fetching_ahead, refuse_resharding
 from .ranks import owned_lanes
-from .session import loader_shape, share_step
 
 
 def device_batches(pipeline, device=None, pin_memory: bool | None = None, prefetch: int = 2) -> Iterator[dict]:
@@ -55,12 +55,8 @@ def handed_dataset(pipeline) -> PipelineDataset:
             "resume a StatefulDataLoader from its own state_dict() with loader.load_state_dict()")
     _ = pipeline.spec.source  # weight_by="tokens": measured here once, not in every worker
     dataset = PipelineDataset(pipeline, start=session.next_start(owned_lanes(pipeline.description.settings)))
-    session.handed_out = True
+    session.hand_out()
     return dataset
-
-
-DATASET_FORMAT = "zephon_dask.dataset_state"
-DATASET_VERSION = 3  # 1, 2: the step counted the worker's own lanes as a step (migrated on load)
 
 
 class PipelineDataset(IterableDataset):
@@ -94,12 +90,12 @@ class PipelineDataset(IterableDataset):
     follows_training_step = False  # True: inside a loader whose state is the trained batches' (see guard)
 
     def __init__(self, pipeline, start: State | None = None):
-        pipeline.step_shape()  # its state records the step: bad step settings are refused here, not in a worker
+        pipeline.session.step_shape()  # its state records the step: bad step settings are refused here, not in a worker
         self.pipeline = pipeline
         runner = pipeline.session.runner()
         client = getattr(runner, "client", None)
         self._address = client.scheduler.address if client is not None else None
-        self._identity = pipeline.identity()
+        self._identity = pipeline.session.identity()
         self._worker_pipe = None  # in a worker: a copy of the pipeline without the parent's runner
         self._first = start  # where the first iteration in a process starts (None: the stream's beginning)
         self._loaded: tuple[list[int], State | None] | None = None  # lanes and state given to load_state_dict,
@@ -147,8 +143,8 @@ class PipelineDataset(IterableDataset):
         if not lanes:
             return None, None
         pipe = self._pipe()
-        group = resume.shape_for(pipe.description, start, pipe.identity()[0])  # a loaded state's G, kept
-        shape = loader_shape(group, lanes, len(owned_lanes(pipe.description.settings)))
+        group = resume.shape_for(pipe.description, start, pipe.session.identity()[0])  # a loaded state's G, kept
+        shape = worker_shape(group, lanes, len(owned_lanes(pipe.description.settings)))
         return Progress(pipe.spec, lanes, start, shape, first_lane=first), start
 
     def __iter__(self):
@@ -200,7 +196,7 @@ class PipelineDataset(IterableDataset):
             >>> loader.dataset.check_loader_state(state, loader.num_workers)  # doctest: +SKIP
             >>> loader.load_state_dict(state)  # doctest: +SKIP
         """
-        taken = sorted({ds.get("num_workers") for ds in _dataset_states(state)}, key=repr)
+        taken = sorted({ds.get("num_workers") for ds in dataset_state.dataset_states(state)}, key=repr)
         if not taken:
             raise StateError("the state holds no zephon_dask dataset state: pass the state_dict() of a "
                              "StatefulDataLoader over pipeline.to_torch_dataset()")
@@ -208,38 +204,31 @@ class PipelineDataset(IterableDataset):
             raise StateError(worker_count_error(taken[0] if len(taken) == 1 else taken, num_workers))
 
     def state_dict(self) -> dict:
-        """Where this process's iteration stands: plain builtins (torchdata's ``Stateful``)."""
+        """Where this process's iteration stands: plain builtins (torchdata's ``Stateful``; the
+        schema is :mod:`zephon_dask.state.dataset_state`)."""
         progress = self._progress if self._progress is not None else self._begin()[0]
         worker, workers = self._worker()
-        return {"format": DATASET_FORMAT, "version": DATASET_VERSION, "worker": worker, "num_workers": workers,
-                "lanes": list(progress.lanes) if progress else [], "state": progress.state() if progress else None}
+        return dataset_state.to_dict(worker, workers, list(progress.lanes) if progress else [],
+                                     progress.state() if progress else None)
 
     def load_state_dict(self, state: dict) -> None:
         """Start the next iteration in this process where ``state`` (from :meth:`state_dict`) stands."""
-        if not isinstance(state, dict) or state.get("format") != DATASET_FORMAT:
-            raise StateError(f"PipelineDataset.load_state_dict needs a state from PipelineDataset."
-                             f"state_dict(), got {type(state).__name__}")
-        version = state.get("version")
-        if type(version) is not int or not 1 <= version <= DATASET_VERSION:
-            raise StateError(f"the dataset state has version {version!r}; this zephon_dask reads versions 1 "
-                             f"to {DATASET_VERSION}: upgrade zephon_dask to resume from a newer one")
+        read = DatasetState.from_dict(state)
         worker, workers = self._worker()
-        if (state.get("worker"), state.get("num_workers")) != (worker, workers):
-            raise StateError(worker_count_error(state.get("num_workers"), workers))
-        lanes = state.get("lanes")
-        if lanes == [] and state.get("state") is None:  # a worker that serves no lane
+        if (read.worker, read.num_workers) != (worker, workers):
+            raise StateError(worker_count_error(read.num_workers, workers))
+        if read.state is None:  # a worker that serves no lane
             self._loaded, self._progress = ([], None), None
             return
-        inner = State.from_dict(state.get("state"), where="the dataset state")
         pipe = self._pipe()
         owned = set(owned_lanes(pipe.description.settings))
-        lanes = _served(lanes, inner, owned)
-        if version < DATASET_VERSION:  # it recorded no G: the pipeline's, the worker's count recounted
-            inner = replace(inner, step=share_step(inner.step, loader_shape(pipe.step_shape(), lanes, len(owned))))
+        lanes = _served(read.lanes, read.state, owned)
+        inner = read.migrated(lambda: worker_shape(pipe.session.step_shape(), lanes, len(owned))).state
+        assert inner is not None
         resumed = resume.check(pipe.session, inner, lanes)  # other data, positions past the end, a changed G
         if workers:
             self._check_later_passes(resumed.state)
-        pipe.session.source = resumed.source  # the state's seed wins, as in Pipeline.load_state_dict
+        pipe.session.use_source(resumed.source)  # the state's seed wins, as in Pipeline.load_state_dict
         self._loaded = (lanes, resumed.state)
         self._progress = None
 
@@ -275,15 +264,6 @@ def worker_count_error(taken, workers: int) -> str:
             f"a StatefulDataLoader resumes only with the worker count its state was taken with, so resume "
             f"with num_workers={taken}. A run that must change it iterates pipeline.to_torch_loader(), whose "
             "state (the pipeline's) resumes under any worker count")
-
-
-def _dataset_states(state) -> list[dict]:
-    """Every :class:`PipelineDataset` state nested in ``state`` (a torchdata loader state)."""
-    if isinstance(state, dict):
-        if state.get("format") == DATASET_FORMAT:
-            return [state]
-        return [found for value in state.values() for found in _dataset_states(value)]
-    return []
 
 
 def _recorded(progress: Progress, batches: Iterator[dict]) -> Iterator[dict]:
@@ -328,7 +308,7 @@ class PipelineLoader(DataLoader):
             raise ConfigError(f"to_torch_loader() does not take {fixed}: batches are cut by "
                               ".batch(microbatch_size, drop_last=...) and lanes are not sampled")
         if dataloader_kwargs.get("generator") is None:
-            dataloader_kwargs["generator"] = loader_generator(pipeline.session.base_source.seed)
+            dataloader_kwargs["generator"] = loader_generator(pipeline.session.source.seed)
         served = PipelineDataset(pipeline)
         super().__init__(served, batch_size=None, num_workers=num_workers, **dataloader_kwargs)
         self.pipeline, self._served = pipeline, served
@@ -355,5 +335,5 @@ class PipelineLoader(DataLoader):
         self.pipeline.load_state_dict(state)
 
     def mark_consumed(self, upto) -> None:
-        """See :meth:`Pipeline.mark_consumed`."""
-        self.pipeline.mark_consumed(upto)
+        """See :meth:`Session.mark_consumed`."""
+        self.pipeline.session.mark_consumed(upto)

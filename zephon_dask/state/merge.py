@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from .. import torch_dist
 from ..errors import StateError
 from .schema import LaneProgress, State
 
@@ -86,9 +87,8 @@ def gather_state(pipeline, group=None) -> dict:
         >>> if dist.get_rank() == 0:  # doctest: +SKIP
         ...     zephon_dask.save_state("ckpt/data.json", state)
     """
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized()):
+    dist = torch_dist.initialized()
+    if dist is None:
         raise StateError("gather_state needs torch.distributed initialised (init_process_group); "
                          "in a single process use pipeline.state_dict()")
     states = [None] * dist.get_world_size(group)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 import warnings
 from collections import deque
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import numpy as np
 
@@ -24,6 +24,7 @@ from ..errors import StateError, ZephonWarning
 from .history import StepHistory
 from .ledger import LedgerWriter
 from .schema import LaneProgress, State, StepProgress, pointer_key
+from .steps import StepShape
 
 CONSUMED_RING = 64  # deliveries a state can be rewound by (batches fetched ahead of the step)
 
@@ -57,21 +58,6 @@ def pass_start(state: State) -> State:
     return replace(state, lanes={lane: LaneProgress() for lane in state.lanes}, pointers={},
                    step=replace(step, global_step=step.global_step + (1 if step.batches_in_step else 0),
                                 batches_in_step=0))
-
-
-@dataclass(frozen=True)
-class StepShape:
-    """A global step: ``global_batches`` (G) over all ranks, ``per_rank`` = G / ``dp_degree`` here.
-
-    ``explicit`` says G was set by an option, so a state taken mid-step
-    warns; ``microbatch`` is the samples per batch (recorded with G).
-    """
-
-    per_rank: int
-    global_batches: int
-    dp_degree: int
-    explicit: bool
-    microbatch: int = 1
 
 
 class Progress:

@@ -13,11 +13,27 @@ global step (G x microbatch size): with another microbatch size, G scales.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from ..curriculum.routing import check_step
 from ..errors import ConfigError, StateError
-from ..state.progress import StepShape
-from ..state.schema import describe_diff
 from ..validate import check_int
+from .schema import describe_diff
+
+
+@dataclass(frozen=True)
+class StepShape:
+    """A global step: ``global_batches`` (G) over all ranks, ``per_rank`` = G / ``dp_degree`` here.
+
+    ``explicit`` says G was set by an option, so a state taken mid-step
+    warns; ``microbatch`` is the samples per batch (recorded with G).
+    """
+
+    per_rank: int
+    global_batches: int
+    dp_degree: int
+    explicit: bool
+    microbatch: int = 1
 
 
 def valid_degrees(replicas: int, global_batches: int) -> list[int]:
