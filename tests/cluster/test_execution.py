@@ -124,7 +124,7 @@ def _scheduler_log_bounds(dask_scheduler):
 def test_embedded_cluster_bounds_dasks_logs_unless_the_user_set_them():
     import dask
 
-    from zephon_dask.execution.cluster import connect
+    from zephon_dask.execution.connect import connect
 
     # Dask's 1,000 one-second profile cycles (kept twice) grew a streaming worker by 24-32 MB over 17 minutes
     with connect(n_workers=1) as client:
@@ -205,11 +205,11 @@ def test_windows_computed_ahead_wait_in_the_training_process_not_on_the_workers(
 def _scheduler_records(dask_scheduler, trim=False):
     from dask.utils import key_split
 
-    from zephon_dask.execution.cluster import SPAN_NAME
     from zephon_dask.execution.plugins import TrimSchedulerRecords
+    from zephon_dask.execution.runner import SPAN_NAME
 
     if trim:
-        TrimSchedulerRecords.trim(dask_scheduler, keep=1, quiet=0)
+        TrimSchedulerRecords.trim(dask_scheduler, SPAN_NAME, keep=1, quiet=0)
     spans = dask_scheduler.extensions["spans"].spans.values()
     ours = [s for s in spans if s.name == SPAN_NAME]
     dead_groups = sum(dask_scheduler.task_groups.get(tg.name) is not tg for s in ours for tg in s.groups)
@@ -399,14 +399,14 @@ def _scheduler_tasks(fp: str, dask_scheduler=None) -> dict:
 def test_distributed_runner_submits_exactly_the_window_graph(corpus_dir, cluster, fuse):
     import dask
 
-    from zephon_dask.execution.cluster import DistributedRunner
+    from zephon_dask.execution.runner import ClusterSettings, DistributedRunner
     from zephon_dask.graph import window_graph
 
     spec = build(corpus_dir, seed=77).spec  # a fingerprint no other test submits
     fp = spec.fingerprint[:16]
     graph = window_graph(spec, 1, 0, fuse)
     whole = graph.to_dict(spec)
-    runner = DistributedRunner(spec, client=cluster)
+    runner = DistributedRunner(spec, ClusterSettings(client=cluster))
     handle = runner.submit(graph, priority=7)
     assert handle.result().digest() == dask.get(whole, graph.key).digest()
     seen = cluster.run_on_scheduler(_scheduler_tasks, fp)
@@ -450,12 +450,12 @@ def test_windows_are_held_narrowed_on_the_workers_and_here(corpus_dir, cluster):
     import numpy as np
 
     from zephon_dask.core.window import compute_window
-    from zephon_dask.execution.cluster import DistributedRunner
+    from zephon_dask.execution.runner import ClusterSettings, DistributedRunner
     from zephon_dask.graph import window_graph
 
     spec = build(corpus_dir, seed=79).spec  # a fingerprint no other test submits
     wide = compute_window(spec, 1, 0)
-    runner = DistributedRunner(spec, client=cluster)
+    runner = DistributedRunner(spec, ClusterSettings(client=cluster))
     runner.fetch_ahead = False  # the worker keeps it until it is fetched
     try:
         graph = window_graph(spec, 1, 0, True)
@@ -531,11 +531,11 @@ def test_window_tasks_are_queued_in_priority_order_however_few(corpus_dir, clust
     queues only groups much larger than the cluster otherwise, so at an iteration's start a
     few fused windows went straight to the workers while the first window's chunks waited
     behind them. A split window's last task (it has dependencies) is not queued."""
-    from zephon_dask.execution.cluster import DistributedRunner
+    from zephon_dask.execution.runner import ClusterSettings, DistributedRunner
     from zephon_dask.graph import window_graph
 
     spec = build(corpus_dir, seed=79, k=4).spec  # a fingerprint no other test submits
-    runner = DistributedRunner(spec, client=cluster)
+    runner = DistributedRunner(spec, ClusterSettings(client=cluster))
     split, fused = window_graph(spec, 0, 0, fused=False), window_graph(spec, 1, 0, fused=True)
     runner.fetch_ahead = False  # its results stay held, not released: the scheduler still has every task
     handles = [runner.submit(split, priority=0), runner.submit(fused, priority=-1)]
