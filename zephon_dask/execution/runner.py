@@ -299,7 +299,7 @@ class DistributedRunner(Runner):
 
     def fetch_early(self, handle: DistributedHandle, future) -> concurrent.futures.Future | None:
         """Fetch ``future``'s result as soon as it is computed and hand it to ``handle``
-        (:meth:`DistributedHandle.fetched_early`), at most :data:`EARLY_FETCHES` at once, so a
+        (:meth:`~.handle.DistributedHandle.fetched_early`), at most :data:`EARLY_FETCHES` at once, so a
         worker that stops answering ties up only those of the client's gathers. Runs on the
         client's event loop until the future ends or the handle cancels it; its errors are left to
         the consumer's own wait and fetch (which waits for this one once it gathers)."""
@@ -432,10 +432,10 @@ class DistributedRunner(Runner):
             raise
 
     def close(self) -> None:
-        """Stop using the cluster, each step bounded (:data:`CLOSE_S`): a start still in progress is
+        """Stop using the cluster, each step bounded (:data:`~.cluster.CLOSE_S`): a start still in progress is
         not waited for (it closes what it started when it ends, on its own thread); an embedded
         cluster is closed, a client this runner opened too. During interpreter shutdown, when
-        Dask's event loop no longer runs, nothing is waited for (:func:`close_open_runners` closed
+        Dask's event loop no longer runs, nothing is waited for (:func:`~.cluster.close_open_runners` closed
         the runner at exit already)."""
         OPEN_RUNNERS.discard(self)
         head = self._head
