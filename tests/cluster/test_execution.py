@@ -93,26 +93,6 @@ def _worker_settings():
             dask.config.get("distributed.admin.tick.interval"), dask.config.get("distributed.worker.profile.interval"))
 
 
-def test_embedded_cluster_settings_spare_the_training_cores_unless_the_user_set_them(corpus_dir, monkeypatch):
-    import dask
-
-    # Dask's default MALLOC_TRIM_THRESHOLD_=65536 made tokenize + pack ~20% slower in a worker
-    monkeypatch.delenv("MALLOC_TRIM_THRESHOLD_", raising=False)
-    # one glibc arena per worker, so its periodic trim reaches all of the worker's free memory
-    monkeypatch.delenv("MALLOC_ARENA_MAX", raising=False)
-    with build(corpus_dir, n_workers=1) as p:
-        next(iter(p))
-        got = p.session.runner().client.run(_worker_settings)
-    assert list(got.values()) == [(None, "1", "1s", "1s")]
-    # nor is this process's environment changed
-    assert "MALLOC_TRIM_THRESHOLD_" not in os.environ and "MALLOC_ARENA_MAX" not in os.environ
-    monkeypatch.setenv("MALLOC_ARENA_MAX", "4")
-    with dask.config.set({"distributed.worker.profile.interval": "20ms"}), build(corpus_dir, n_workers=1) as p:
-        next(iter(p))
-        got = p.session.runner().client.run(_worker_settings)
-    assert list(got.values()) == [(None, "4", "1s", "20ms")]
-
-
 def _worker_log_bounds(dask_worker):
     return (dask_worker.profile_history.maxlen, dask_worker.state.log.maxlen, dask_worker.monitor.maxlen)
 
@@ -121,18 +101,43 @@ def _scheduler_log_bounds(dask_scheduler):
     return dask_scheduler.transition_log.maxlen, dask_scheduler.monitor.maxlen
 
 
-def test_embedded_cluster_bounds_dasks_logs_unless_the_user_set_them():
+def test_embedded_cluster_settings_spare_the_training_cores_unless_the_user_set_them(corpus_dir, monkeypatch):
+    """The embedded cluster's Dask settings (its workers' environment, its ticks, its bounded logs),
+    each kept as the user set it; one cluster with the defaults, one with the user's."""
     import dask
 
+    # Dask's default MALLOC_TRIM_THRESHOLD_=65536 made tokenize + pack ~20% slower in a worker
+    monkeypatch.delenv("MALLOC_TRIM_THRESHOLD_", raising=False)
+    # one glibc arena per worker, so its periodic trim reaches all of the worker's free memory
+    monkeypatch.delenv("MALLOC_ARENA_MAX", raising=False)
+    with build(corpus_dir, n_workers=1) as p:
+        next(iter(p))
+        client = p.session.runner().client
+        got = client.run(_worker_settings)
+        # Dask's 1,000 one-second profile cycles (kept twice) grew a streaming worker by 24-32 MB over 17 minutes
+        assert list(client.run(_worker_log_bounds).values()) == [(300, 300, 300)]
+        assert client.run_on_scheduler(_scheduler_log_bounds) == (300, 300)
+    assert list(got.values()) == [(None, "1", "1s", "1s")]
+    # nor is this process's environment changed
+    assert "MALLOC_TRIM_THRESHOLD_" not in os.environ and "MALLOC_ARENA_MAX" not in os.environ
+    monkeypatch.setenv("MALLOC_ARENA_MAX", "4")
+    users = {"distributed.worker.profile.interval": "20ms", "distributed.admin.low-level-log-length": 50}
+    with dask.config.set(users), build(corpus_dir, n_workers=1) as p:
+        next(iter(p))
+        client = p.session.runner().client
+        got = client.run(_worker_settings)
+        assert list(client.run(_worker_log_bounds).values()) == [(50, 50, 300)]
+        assert client.run_on_scheduler(_scheduler_log_bounds) == (50, 300)
+    assert list(got.values()) == [(None, "4", "1s", "20ms")]
+
+
+def test_connect_starts_an_embedded_cluster_with_its_settings():
+    """``connect()`` (``prepare_tokens``) starts the same embedded cluster as the runner."""
     from zephon_dask.execution.connect import connect
 
-    # Dask's 1,000 one-second profile cycles (kept twice) grew a streaming worker by 24-32 MB over 17 minutes
     with connect(n_workers=1) as client:
         assert list(client.run(_worker_log_bounds).values()) == [(300, 300, 300)]
         assert client.run_on_scheduler(_scheduler_log_bounds) == (300, 300)
-    with dask.config.set({"distributed.admin.low-level-log-length": 50}), connect(n_workers=1) as client:
-        assert list(client.run(_worker_log_bounds).values()) == [(50, 50, 300)]
-        assert client.run_on_scheduler(_scheduler_log_bounds) == (50, 300)
 
 
 def _plugins(dask_worker=None):
