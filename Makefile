@@ -5,7 +5,7 @@ TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench docs clean
+.PHONY: demo test test-fast lint bench docs clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -19,6 +19,12 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
+
+# The inner loop: no cluster, no framework, no subprocess-heavy test (the whole suite: make test).
+FAST_TESTS := tests/unit tests/formats tests/pipeline tests/docs/test_architecture.py tests/docs/test_docstrings.py
+
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -m "not slow" $(FAST_TESTS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check zephon_dask zephon_dask_demo tests benchmarks

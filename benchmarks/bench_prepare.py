@@ -83,7 +83,7 @@ def shard_loop(ds: Dataset, tok_path: str, out: str) -> dict:
 
 
 def prepare_with(ds: Dataset, tok_path: str, out: str, workers: int) -> dict:
-    from zephon_dask.execution.cluster import connect
+    from zephon_dask.execution.connect import connect
 
     t0 = time.perf_counter()
     with connect(n_workers=workers) as client:

@@ -93,26 +93,6 @@ def _worker_settings():
             dask.config.get("distributed.admin.tick.interval"), dask.config.get("distributed.worker.profile.interval"))
 
 
-def test_embedded_cluster_settings_spare_the_training_cores_unless_the_user_set_them(corpus_dir, monkeypatch):
-    import dask
-
-    # Dask's default MALLOC_TRIM_THRESHOLD_=65536 made tokenize + pack ~20% slower in a worker
-    monkeypatch.delenv("MALLOC_TRIM_THRESHOLD_", raising=False)
-    # one glibc arena per worker, so its periodic trim reaches all of the worker's free memory
-    monkeypatch.delenv("MALLOC_ARENA_MAX", raising=False)
-    with build(corpus_dir, n_workers=1) as p:
-        next(iter(p))
-        got = p.session.runner().client.run(_worker_settings)
-    assert list(got.values()) == [(None, "1", "1s", "1s")]
-    # nor is this process's environment changed
-    assert "MALLOC_TRIM_THRESHOLD_" not in os.environ and "MALLOC_ARENA_MAX" not in os.environ
-    monkeypatch.setenv("MALLOC_ARENA_MAX", "4")
-    with dask.config.set({"distributed.worker.profile.interval": "20ms"}), build(corpus_dir, n_workers=1) as p:
-        next(iter(p))
-        got = p.session.runner().client.run(_worker_settings)
-    assert list(got.values()) == [(None, "4", "1s", "20ms")]
-
-
 def _worker_log_bounds(dask_worker):
     return (dask_worker.profile_history.maxlen, dask_worker.state.log.maxlen, dask_worker.monitor.maxlen)
 
@@ -121,18 +101,43 @@ def _scheduler_log_bounds(dask_scheduler):
     return dask_scheduler.transition_log.maxlen, dask_scheduler.monitor.maxlen
 
 
-def test_embedded_cluster_bounds_dasks_logs_unless_the_user_set_them():
+def test_embedded_cluster_settings_spare_the_training_cores_unless_the_user_set_them(corpus_dir, monkeypatch):
+    """The embedded cluster's Dask settings (its workers' environment, its ticks, its bounded logs),
+    each kept as the user set it; one cluster with the defaults, one with the user's."""
     import dask
 
-    from zephon_dask.execution.cluster import connect
+    # Dask's default MALLOC_TRIM_THRESHOLD_=65536 made tokenize + pack ~20% slower in a worker
+    monkeypatch.delenv("MALLOC_TRIM_THRESHOLD_", raising=False)
+    # one glibc arena per worker, so its periodic trim reaches all of the worker's free memory
+    monkeypatch.delenv("MALLOC_ARENA_MAX", raising=False)
+    with build(corpus_dir, n_workers=1) as p:
+        next(iter(p))
+        client = p.session.runner().client
+        got = client.run(_worker_settings)
+        # Dask's 1,000 one-second profile cycles (kept twice) grew a streaming worker by 24-32 MB over 17 minutes
+        assert list(client.run(_worker_log_bounds).values()) == [(300, 300, 300)]
+        assert client.run_on_scheduler(_scheduler_log_bounds) == (300, 300)
+    assert list(got.values()) == [(None, "1", "1s", "1s")]
+    # nor is this process's environment changed
+    assert "MALLOC_TRIM_THRESHOLD_" not in os.environ and "MALLOC_ARENA_MAX" not in os.environ
+    monkeypatch.setenv("MALLOC_ARENA_MAX", "4")
+    users = {"distributed.worker.profile.interval": "20ms", "distributed.admin.low-level-log-length": 50}
+    with dask.config.set(users), build(corpus_dir, n_workers=1) as p:
+        next(iter(p))
+        client = p.session.runner().client
+        got = client.run(_worker_settings)
+        assert list(client.run(_worker_log_bounds).values()) == [(50, 50, 300)]
+        assert client.run_on_scheduler(_scheduler_log_bounds) == (50, 300)
+    assert list(got.values()) == [(None, "4", "1s", "20ms")]
 
-    # Dask's 1,000 one-second profile cycles (kept twice) grew a streaming worker by 24-32 MB over 17 minutes
+
+def test_connect_starts_an_embedded_cluster_with_its_settings():
+    """``connect()`` (``prepare_tokens``) starts the same embedded cluster as the runner."""
+    from zephon_dask.execution.connect import connect
+
     with connect(n_workers=1) as client:
         assert list(client.run(_worker_log_bounds).values()) == [(300, 300, 300)]
         assert client.run_on_scheduler(_scheduler_log_bounds) == (300, 300)
-    with dask.config.set({"distributed.admin.low-level-log-length": 50}), connect(n_workers=1) as client:
-        assert list(client.run(_worker_log_bounds).values()) == [(50, 50, 300)]
-        assert client.run_on_scheduler(_scheduler_log_bounds) == (50, 300)
 
 
 def _plugins(dask_worker=None):
@@ -205,11 +210,11 @@ def test_windows_computed_ahead_wait_in_the_training_process_not_on_the_workers(
 def _scheduler_records(dask_scheduler, trim=False):
     from dask.utils import key_split
 
-    from zephon_dask.execution.cluster import SPAN_NAME
     from zephon_dask.execution.plugins import TrimSchedulerRecords
+    from zephon_dask.execution.runner import SPAN_NAME
 
     if trim:
-        TrimSchedulerRecords.trim(dask_scheduler, keep=1, quiet=0)
+        TrimSchedulerRecords.trim(dask_scheduler, SPAN_NAME, keep=1, quiet=0)
     spans = dask_scheduler.extensions["spans"].spans.values()
     ours = [s for s in spans if s.name == SPAN_NAME]
     dead_groups = sum(dask_scheduler.task_groups.get(tg.name) is not tg for s in ours for tg in s.groups)
@@ -399,14 +404,14 @@ def _scheduler_tasks(fp: str, dask_scheduler=None) -> dict:
 def test_distributed_runner_submits_exactly_the_window_graph(corpus_dir, cluster, fuse):
     import dask
 
-    from zephon_dask.execution.cluster import DistributedRunner
+    from zephon_dask.execution.runner import ClusterSettings, DistributedRunner
     from zephon_dask.graph import window_graph
 
     spec = build(corpus_dir, seed=77).spec  # a fingerprint no other test submits
     fp = spec.fingerprint[:16]
     graph = window_graph(spec, 1, 0, fuse)
     whole = graph.to_dict(spec)
-    runner = DistributedRunner(spec, client=cluster)
+    runner = DistributedRunner(spec, ClusterSettings(client=cluster))
     handle = runner.submit(graph, priority=7)
     assert handle.result().digest() == dask.get(whole, graph.key).digest()
     seen = cluster.run_on_scheduler(_scheduler_tasks, fp)
@@ -450,12 +455,12 @@ def test_windows_are_held_narrowed_on_the_workers_and_here(corpus_dir, cluster):
     import numpy as np
 
     from zephon_dask.core.window import compute_window
-    from zephon_dask.execution.cluster import DistributedRunner
+    from zephon_dask.execution.runner import ClusterSettings, DistributedRunner
     from zephon_dask.graph import window_graph
 
     spec = build(corpus_dir, seed=79).spec  # a fingerprint no other test submits
     wide = compute_window(spec, 1, 0)
-    runner = DistributedRunner(spec, client=cluster)
+    runner = DistributedRunner(spec, ClusterSettings(client=cluster))
     runner.fetch_ahead = False  # the worker keeps it until it is fetched
     try:
         graph = window_graph(spec, 1, 0, True)
@@ -531,11 +536,11 @@ def test_window_tasks_are_queued_in_priority_order_however_few(corpus_dir, clust
     queues only groups much larger than the cluster otherwise, so at an iteration's start a
     few fused windows went straight to the workers while the first window's chunks waited
     behind them. A split window's last task (it has dependencies) is not queued."""
-    from zephon_dask.execution.cluster import DistributedRunner
+    from zephon_dask.execution.runner import ClusterSettings, DistributedRunner
     from zephon_dask.graph import window_graph
 
     spec = build(corpus_dir, seed=79, k=4).spec  # a fingerprint no other test submits
-    runner = DistributedRunner(spec, client=cluster)
+    runner = DistributedRunner(spec, ClusterSettings(client=cluster))
     split, fused = window_graph(spec, 0, 0, fused=False), window_graph(spec, 1, 0, fused=True)
     runner.fetch_ahead = False  # its results stay held, not released: the scheduler still has every task
     handles = [runner.submit(split, priority=0), runner.submit(fused, priority=-1)]

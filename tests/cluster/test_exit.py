@@ -17,7 +17,7 @@ import psutil
 import pytest
 
 from tests.helpers.pipelines import build, child_pids, wait_for, wait_until_no_new_processes
-from zephon_dask.execution import cluster as cluster_mod
+from zephon_dask.execution import runner as runner_mod
 
 pytestmark = pytest.mark.timeout(300)
 EXIT_DEADLINE = 120  # seconds: generous on a loaded machine; these scripts used to hang for good
@@ -159,14 +159,14 @@ def test_a_short_run_that_never_closes_exits_without_waiting_for_its_cluster(cor
 def test_close_returns_while_the_cluster_starts_and_the_start_is_undone(corpus_dir, monkeypatch):
     """``close()`` does not wait for a cluster start in progress; the start, once done, closes
     what it started (no process is left)."""
-    real = cluster_mod.local_cluster
+    real = runner_mod.local_cluster
     closed = threading.Event()
 
     def slow(*args, **kwargs):  # the start ends only after close() has returned
         closed.wait(60)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(cluster_mod, "local_cluster", slow)
+    monkeypatch.setattr(runner_mod, "local_cluster", slow)
     before = child_pids()
     p = build(corpus_dir, n_workers=1)
     try:
@@ -185,7 +185,7 @@ def test_a_pipeline_closed_before_its_cluster_was_needed_starts_none(corpus_dir,
     """The cluster's start waits for the first window computed here; a pipeline closed before
     that starts no cluster at all (and its close does not wait for the start's bound)."""
     started = []
-    monkeypatch.setattr(cluster_mod, "local_cluster", lambda *args, **kwargs: started.append(args))
+    monkeypatch.setattr(runner_mod, "local_cluster", lambda *args, **kwargs: started.append(args))
     p = build(corpus_dir, n_workers=1)
     runner = p.session.runner()  # nothing iterated: the start waits
     p.close()

@@ -21,7 +21,7 @@ from tests.helpers.pipelines import build, child_pids, wait_for, wait_until_no_n
 from zephon_dask import compute_window
 from zephon_dask.core.window import compute_chunk
 from zephon_dask.errors import ClosedError, ClusterError
-from zephon_dask.execution import cluster as cluster_mod
+from zephon_dask.execution import runner as runner_mod
 from zephon_dask.execution.head_start import HeadStart, LargestFirst
 from zephon_dask.execution.local import SynchronousRunner
 from zephon_dask.graph import window_graph
@@ -282,7 +282,7 @@ def test_a_cluster_that_fails_to_start_fails_the_waiting_windows_promptly(corpus
     def broken(*args, **kwargs):
         raise OSError("no free port")
 
-    monkeypatch.setattr(cluster_mod, "local_cluster", broken)
+    monkeypatch.setattr(runner_mod, "local_cluster", broken)
     # promptly: the start's own error, not the end of a wait as long as the test's timeout
     p = build(corpus_dir, n_workers=2, prefetch_windows=2, cluster_timeout=3600.0)
     with pytest.raises(OSError, match="no free port"), p:
@@ -302,7 +302,7 @@ def test_a_cluster_that_does_not_start_in_time_is_a_cluster_error(corpus_dir, mo
         released.wait(60)
         raise OSError("too late")
 
-    monkeypatch.setattr(cluster_mod, "local_cluster", slow)
+    monkeypatch.setattr(runner_mod, "local_cluster", slow)
     p = build(corpus_dir, n_workers=2, prefetch_windows=1, cluster_timeout=1.5)
     try:
         with pytest.raises(ClusterError, match="did not start within 1.5 s"):
@@ -322,14 +322,14 @@ def test_closing_while_the_cluster_starts_leaves_no_process(corpus_dir):
 
 
 def test_a_cluster_that_starts_after_close_gave_up_on_it_is_closed(corpus_dir, monkeypatch):
-    real = cluster_mod.local_cluster
+    real = runner_mod.local_cluster
     gave_up = threading.Event()
 
     def late(*args, **kwargs):  # starts only once the pipeline has given up on it and closed
         gave_up.wait(60)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(cluster_mod, "local_cluster", late)
+    monkeypatch.setattr(runner_mod, "local_cluster", late)
     before = child_pids()
     p = build(corpus_dir, n_workers=1, cluster_timeout=1.0)
     next(iter(p))  # the first window, computed here, lets the start begin (a runner closed before starts nothing)
@@ -355,7 +355,7 @@ def test_the_embedded_cluster_starts_within_the_pipelines_cluster_timeout(corpus
         asked.append(kwargs.get("timeout"))
         raise OSError("recorded")
 
-    monkeypatch.setattr(cluster_mod, "local_cluster", record)
+    monkeypatch.setattr(runner_mod, "local_cluster", record)
     p = build(corpus_dir, n_workers=1, cluster_timeout=120.0)
     with pytest.raises(OSError, match="recorded"), p:
         p.session.runner().worker_pids()
@@ -429,7 +429,7 @@ def test_the_cluster_starts_only_once_the_first_window_is_computed_here(corpus_d
         _HOLDS["order"][0].set()
         raise OSError("recorded")
 
-    monkeypatch.setattr(cluster_mod, "local_cluster", record)
+    monkeypatch.setattr(runner_mod, "local_cluster", record)
     p = _pipeline_with_slow_first_window(corpus_dir, "order", cluster_timeout=1.0, stall_timeout=120.0)
     runner = p.session.runner()
     try:
@@ -439,7 +439,9 @@ def test_the_cluster_starts_only_once_the_first_window_is_computed_here(corpus_d
         _HOLDS["order"][0].set()
         p.close()
     assert first is not None
-    assert seen == [[(0, 0)]]  # begun once, after lane 0's first window was computed here
+    # begun once, after lane 0's first window was computed here; other windows the head start went
+    # on to compute before the start thread got to local_cluster (it imports distributed first) may follow it
+    assert len(seen) == 1 and seen[0][:1] == [(0, 0)], seen
 
 
 def test_the_cluster_starts_only_once_the_first_batch_is_cut(corpus_dir, monkeypatch):
@@ -462,7 +464,7 @@ def test_the_cluster_starts_only_once_the_first_batch_is_cut(corpus_dir, monkeyp
         at_cut.append(started.is_set())
         return real_check(*args, **kwargs)
 
-    monkeypatch.setattr(cluster_mod, "local_cluster", record)
+    monkeypatch.setattr(runner_mod, "local_cluster", record)
     monkeypatch.setattr(stream_mod, "check_first_window", check)
     monkeypatch.setattr(head_start_mod, "CUT_AT_MOST", 120.0)
     p = build(corpus_dir)
@@ -485,7 +487,7 @@ def test_a_first_window_no_batch_is_cut_from_lets_the_cluster_start(corpus_dir, 
         started.set()
         raise OSError("recorded")
 
-    monkeypatch.setattr(cluster_mod, "local_cluster", record)
+    monkeypatch.setattr(runner_mod, "local_cluster", record)
     monkeypatch.setattr(head_start_mod, "CUT_AT_MOST", 0.2)
     p = build(corpus_dir)
     runner = p.session.runner()
@@ -507,7 +509,7 @@ def test_a_first_window_that_makes_no_progress_lets_the_cluster_start(corpus_dir
         _HOLDS["bound"][0].set()  # lets the held window go on
         raise OSError("recorded")
 
-    monkeypatch.setattr(cluster_mod, "local_cluster", record)
+    monkeypatch.setattr(runner_mod, "local_cluster", record)
     p = _pipeline_with_slow_first_window(corpus_dir, "bound", stall_timeout=0.5)
     runner = p.session.runner()
     try:

@@ -352,7 +352,7 @@ def test_rerun_of_a_finished_shard_task_leaves_its_files_untouched(corpus, tmp_p
 
 def test_each_completed_forgets_a_task_once_its_result_is_read(cluster):
     """Otherwise the scheduler reruns a finished task when the worker holding its result dies."""
-    from zephon_dask.execution.cluster import each_completed
+    from zephon_dask.execution.connect import each_completed
 
     def work(delay, i):
         time.sleep(delay * i)

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from tests.helpers.oracles import ref_submissions
 from tests.helpers.pipelines import FakeSpec, FakeWindow
 from zephon_dask.consumer.fetcher import WindowFetcher
+from zephon_dask.consumer.settings import ConsumerSettings
 from zephon_dask.errors import ClusterStallError
 from zephon_dask.execution.watch import POLL
 from zephon_dask.pipeline.ranks import owned_lanes
@@ -55,7 +56,8 @@ def test_fetcher_submits_in_the_reference_order(data):
     prefetch = data.draw(st.integers(1, 10))
     gets = data.draw(st.lists(st.sampled_from(lanes), max_size=40))
     runner = RecordingRunner()
-    fetcher = WindowFetcher(FakeSpec(num_windows), runner, lanes, prefetch, start_windows=start, fused=True)
+    fetcher = WindowFetcher(FakeSpec(num_windows), runner, lanes, ConsumerSettings(prefetch, fuse=True),
+                            start_windows=start)
     for lane in gets:
         out = fetcher.get(lane)
         assert out is None or out[0] == lane
@@ -78,8 +80,8 @@ def test_fetcher_splits_only_the_first_and_last_windows_it_submits(data):
     fused = data.draw(st.booleans())
     gets = data.draw(st.lists(st.sampled_from(lanes), max_size=30))
     runner = RecordingRunner()
-    fetcher = WindowFetcher(FakeSpec(num_windows), runner, lanes, prefetch, start_windows=start, fused=fused,
-                            split_first=split_first, split_last=split_last)
+    fetcher = WindowFetcher(FakeSpec(num_windows), runner, lanes, ConsumerSettings(
+        prefetch, fuse=fused, split_first=split_first, split_last=split_last), start_windows=start)
     for lane in gets:
         fetcher.get(lane)
     assert runner.submitted == ref_submissions(num_windows, start, prefetch, gets)

@@ -22,6 +22,7 @@ from tests.helpers.oracles import (
 )
 from tests.helpers.pipelines import FakeSpec, FakeWindow, build
 from zephon_dask.consumer.fetcher import WindowFetcher
+from zephon_dask.consumer.settings import ConsumerSettings
 from zephon_dask.errors import ClosedError
 from zephon_dask.execution.base import (
     AUTO_AFTER,
@@ -35,7 +36,7 @@ from zephon_dask.execution.base import (
     held_windows_per_task,
     most_windows_per_task,
 )
-from zephon_dask.execution.cluster import DistributedRunner
+from zephon_dask.execution.runner import DistributedRunner
 from zephon_dask.graph import group_graph, window_graph
 from zephon_dask.graph.keys import windows_key
 from zephon_dask.pipeline.ranks import owned_lanes
@@ -94,8 +95,9 @@ def test_fetcher_groups_consecutive_fused_windows_and_keeps_workers_fed(data):
     split_first, alone_at_end = data.draw(st.integers(0, 4)), data.draw(st.integers(0, 3))
     gets = data.draw(st.lists(st.sampled_from(lanes), max_size=40))
     runner = GroupingRunner()
-    fetcher = WindowFetcher(FakeSpec(num_windows), runner, lanes, prefetch, start_windows=start, fused=True,
-                            split_first=split_first, windows_per_task=size, alone_at_end=alone_at_end)
+    fetcher = WindowFetcher(FakeSpec(num_windows), runner, lanes, ConsumerSettings(
+        prefetch, fuse=True, split_first=split_first, windows_per_task=size, alone_at_end=alone_at_end),
+        start_windows=start)
     for lane in gets:
         out = fetcher.get(lane)
         assert out is None or out[0] == lane
@@ -288,8 +290,9 @@ def test_automatic_grouping_follows_the_first_windows_cpu_and_never_changes_what
     gets = data.draw(st.lists(st.sampled_from(lanes), max_size=60))
     runner = TimedRunner(task_cpu, lambda lane, w: costs[(lane + w) % len(costs)],
                          {} if peer is None else {"windows-per-task": peer})
-    fetcher = WindowFetcher(FakeSpec(num_windows), runner, lanes, prefetch, fused=True, split_first=split_first,
-                            windows_per_task=None, alone_at_end=alone_at_end, scale_prefetch=scale, threads=2)
+    fetcher = WindowFetcher(FakeSpec(num_windows), runner, lanes, ConsumerSettings(
+        prefetch, fuse=True, split_first=split_first, windows_per_task=None, alone_at_end=alone_at_end,
+        scale_prefetch=scale, threads=2))
     runner.fetcher = fetcher
     expected, cpus = dict.fromkeys(lanes, 0), []
     for lane in gets:
@@ -341,8 +344,8 @@ def test_a_scaled_prefetch_of_cheap_large_windows_holds_a_bounded_number_of_byte
     runner = TimedRunner(0.006, lambda lane, w: 0.0005)
     runner._timed = lambda pair: type("H", (Handle,), {"result": lambda h: LargeWindow(h.pair, h.cpu, nbytes)})(
         pair, runner.released, 0.0005)
-    fetcher = WindowFetcher(FakeSpec({0: None}), runner, [0], prefetch, fused=True, windows_per_task=None,
-                            scale_prefetch=True, threads=1, prefetch_bytes=given_bytes)
+    fetcher = WindowFetcher(FakeSpec({0: None}), runner, [0], ConsumerSettings(
+        prefetch, fuse=True, windows_per_task=None, scale_prefetch=True, threads=1, prefetch_bytes=given_bytes))
     runner.fetcher = fetcher
     for w in range(max(AUTO_AFTER, prefetch) + 3):
         assert tuple(fetcher.get(0)) == (0, w)

@@ -217,3 +217,53 @@ def test_importing_the_package_loads_nothing_heavy():
             "print(sorted(m for m in ('numpy', 'dask', 'distributed', 'torch', 'pyarrow') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.strip() == "[]"
+
+
+PARAMETER_SCOPE = ("zephon_dask/consumer", "zephon_dask/execution", "zephon_dask/pipeline/session.py")
+MOST_PARAMETERS = 8  # past this, settings travel as one object (ConsumerSettings, ClusterSettings)
+
+
+def _scope_files(*paths: str) -> list[Path]:
+    files: list[Path] = []
+    for path in map(ROOT.joinpath, paths):
+        files += sorted(path.rglob("*.py")) if path.is_dir() else [path]
+    return files
+
+
+def test_no_function_in_the_consumer_the_runners_or_the_session_takes_more_than_8_parameters():
+    """Named parameters, ``self`` and ``cls`` not counted."""
+    found = []
+    for f in _scope_files(*PARAMETER_SCOPE):
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                a = node.args
+                names = [p.arg for p in (*a.posonlyargs, *a.args, *a.kwonlyargs) if p.arg not in ("self", "cls")]
+                if len(names) > MOST_PARAMETERS:
+                    found.append(f"{f.relative_to(ROOT)}:{node.lineno} {node.name}() takes {len(names)}")
+    assert not found, "pass a settings object instead:\n" + "\n".join(found)
+
+
+def _execution_imports(f: Path) -> set[str]:
+    """The modules of ``zephon_dask.execution`` that ``f`` imports, anywhere in it."""
+    found = set()
+    for node in ast.walk(ast.parse(f.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.level == 1:
+            found |= {node.module} if node.module else {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("zephon_dask.execution."):
+            found.add(node.module.split(".")[2])
+    return found
+
+
+def test_the_execution_modules_are_small_and_import_in_no_circle():
+    modules = {f.stem: f for f in (ROOT / "zephon_dask" / "execution").glob("*.py")}
+    sizes = {name: len(f.read_text().splitlines()) for name, f in modules.items()}
+    assert max(sizes.values()) <= 500, sizes
+    graph = {name: _execution_imports(f) & set(modules) - {name} for name, f in modules.items()}
+    assert not graph["plugins"] & {"cluster", "runner", "handle", "head_start"}, graph["plugins"]
+
+    def reaches(start: str, goal: str, seen: set[str]) -> bool:
+        return any(nxt == goal or (nxt not in seen and not seen.add(nxt) and reaches(nxt, goal, seen))
+                   for nxt in graph[start])
+
+    circles = sorted(name for name in graph if reaches(name, name, set()))
+    assert not circles, {name: graph[name] for name in circles}

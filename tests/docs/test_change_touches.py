@@ -386,3 +386,47 @@ MIGRATIONS = {1: _migrate_v1, 2: _migrate_v2}'''))
                 "tests/pipeline/test_stateful_loader.py", "tests/pipeline/test_state.py",
                 "-k", "malformed or v1 or resume_derives or previous_format or json or migrat")
     repo.check_against("a checkpoint field")
+
+
+def test_a_new_execution_option_reaches_its_reader_through_the_settings_object(monkeypatch):
+    """A new execution option the consumer reads is one ``Option``, a field of that name in
+    ``ConsumerSettings`` and the code that reads it (here, the fetcher's ``get``): the value goes
+    from ``options()`` to the reader through the settings object, and no signature between them
+    (``Session.open_stream``, ``BatchStream``, ``WindowFetcher``, ``ConsumerSettings.from_options``)
+    is edited. Before the settings object, such an option was threaded through 5 signatures."""
+    import inspect
+
+    from zephon_dask.consumer import fetcher as fetcher_module
+    from zephon_dask.consumer.settings import ConsumerSettings
+    from zephon_dask.consumer.stream import BatchStream
+    from zephon_dask.pipeline import session as session_module
+    from zephon_dask.validate import check_bool
+
+    path = (session_module.Session.open_stream, BatchStream.__init__, fetcher_module.WindowFetcher.__init__,
+            ConsumerSettings.from_options)
+    signatures = [inspect.signature(f) for f in path]
+    option = options_module.Option("trace_windows", False, "execution", (bool,), "log every window taken",
+                                   check_bool)  # the Option in options.py
+    monkeypatch.setattr(options_module, "OPTIONS", (*options_module.OPTIONS, option))
+    monkeypatch.setitem(options_module.BY_NAME, option.name, option)
+    monkeypatch.setitem(options_module.DEFAULTS, option.name, option.default)
+    settings = dataclasses.make_dataclass("ConsumerSettings", [(option.name, bool, False)],
+                                          bases=(ConsumerSettings,), frozen=True)  # its field
+    monkeypatch.setattr(session_module, "ConsumerSettings", settings)
+    read: list[bool] = []
+    get = fetcher_module.WindowFetcher.get
+
+    def reading_get(self, lane):  # the code that reads it
+        read.append(self.settings.trace_windows)
+        return get(self, lane)
+
+    monkeypatch.setattr(fetcher_module.WindowFetcher, "get", reading_get)
+    base = z.Pipeline(_source()).tokenize().batch(2).options(canonical_replicas=2, flush_every_k_chunks=2,
+                                                             runner="synchronous")
+    with base.options(trace_windows=True) as traced, base as plain:
+        want = [b["tokens"].tobytes() for b in plain]
+        assert read and not any(read)  # not given: the field's default
+        read.clear()
+        assert [b["tokens"].tobytes() for b in traced] == want and want
+        assert read and all(read)
+    assert [inspect.signature(f) for f in path] == signatures

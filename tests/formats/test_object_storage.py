@@ -30,6 +30,7 @@ pytest.importorskip("moto")
 datasets = pytest.importorskip("datasets")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+pytestmark = pytest.mark.slow  # a real S3-protocol server in a process of its own
 
 
 @pytest.fixture(scope="session")
@@ -139,7 +140,6 @@ def _batches(pipeline, n: int) -> list:
         return [batch_rows(b) for _, b in zip(range(n), pipeline)]
 
 
-@pytest.mark.slow
 def test_cluster_workers_read_the_bucket_and_prepared_tokens_round_trip(s3, tmp_path):
     """A pipeline on the embedded cluster (no head start: every window on a worker) reading the
     bucket gives the local batches; prepare_tokens writes a store into the bucket, read back."""
@@ -169,7 +169,6 @@ def test_cluster_workers_read_the_bucket_and_prepared_tokens_round_trip(s3, tmp_
     assert records(store) == records(mine)
 
 
-@pytest.mark.slow
 def test_recipe_with_s3_paths_runs_through_the_cli(s3, tmp_path):
     """`zephon-dask run` on the embedded cluster streams a recipe whose dataset is in a bucket;
     the secret in its storage_options is in no output, ledger line or checkpoint."""
@@ -231,7 +230,6 @@ def forget() -> None:
         memo.clear()
 
 
-@pytest.mark.slow
 def test_faults_of_the_store_are_retried_and_change_no_record(s3, bucket, tmp_path):
     """Through a proxy answering 503 SlowDown, resetting connections mid-body and delaying
     responses, every format reads what the local files hold; a store that never stops

@@ -102,6 +102,7 @@ def test_to_torch_state_counts_delivered_not_staged(corpus_dir):
     assert take(resumed, 5) == truth[7:12]
 
 
+@pytest.mark.slow  # worker processes
 @pytest.mark.parametrize("before,after", [(2, 4), (4, 0), (0, 2)])
 def test_dataloader_worker_count_change(corpus_dir, before, after):
     """A DataLoader cut at any batch resumes exactly under another worker count."""

@@ -68,7 +68,7 @@ def windows_log(tmp_path, monkeypatch):
     return read_and_clear
 
 
-@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("workers", [0, pytest.param(2, marks=pytest.mark.slow)])  # slow: worker processes
 def test_stateful_dataloader_resumes_exactly_and_in_constant_time(corpus_dir, workers, windows_log):
     with build(corpus_dir, runner="synchronous") as pipe:
         full = [rows(item) for item in loader(pipe, workers)]
@@ -322,6 +322,7 @@ def test_a_newer_iterator_supersedes_the_older(corpus_dir, tmp_path):
     assert len(lines) == 2 + len(truth)  # the ledger stayed open for the live iterator
 
 
+@pytest.mark.slow  # worker processes
 def test_stateful_dataloader_with_an_idle_worker(corpus_dir):
     """4 lanes over 3 workers: worker 2 serves none, and its (empty) state resumes too."""
     with build(corpus_dir, runner="synchronous") as pipe:

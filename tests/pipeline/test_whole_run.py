@@ -146,7 +146,8 @@ ITERATE = {
 }
 
 
-@pytest.mark.parametrize("via", sorted(ITERATE))
+@pytest.mark.parametrize("via", [pytest.param(via, marks=pytest.mark.slow) if via == "loader2" else via
+                                 for via in sorted(ITERATE)])  # slow: worker processes
 def test_torch_iterators_and_loaders_resume_across_the_end_of_the_stream(small_corpus, tmp_path, via):
     n = pass_length(small_corpus)
     total, fresh_at = 2 * n + 6, frozenset({n + n // 2})  # two passes; the second left mid-way
@@ -175,7 +176,7 @@ def test_torch_iterators_and_loaders_resume_across_the_end_of_the_stream(small_c
 # -- torchdata's StatefulDataLoader over its own iterations -----------------------------------
 
 
-@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("workers", [0, pytest.param(2, marks=pytest.mark.slow)])  # slow: worker processes
 def test_stateful_dataloader_epochs_resume_like_the_uninterrupted_loader(small_corpus, workers):
     from torchdata.stateful_dataloader import StatefulDataLoader
 
@@ -232,6 +233,7 @@ def same_weights(a, b) -> bool:
     return all(torch.equal(x, y) for x, y in zip(a.parameters(), b.parameters(), strict=True))
 
 
+@pytest.mark.slow  # a framework
 def test_hf_trainer_runs_past_the_end_and_resumes_exactly(small_corpus, tmp_path):
     """Optimizer steps of 4 batches (one global step), a pass of n = 50 batches (not whole steps:
     what the Trainer does with the pass's last 2 batches is its own policy), 16 steps: resumed at
@@ -276,6 +278,7 @@ def test_hf_trainer_runs_past_the_end_and_resumes_exactly(small_corpus, tmp_path
         assert same_weights(model, model2), f"resumed at step {at}: dropout drew other numbers"
 
 
+@pytest.mark.slow  # a framework
 def test_lightning_runs_past_the_end_and_resumes_exactly(small_corpus, tmp_path):
     """As for the Trainer; the module keeps the torch RNG in its checkpoints (Lightning does not)."""
     pl = pytest.importorskip("pytorch_lightning")
@@ -333,6 +336,7 @@ def test_lightning_runs_past_the_end_and_resumes_exactly(small_corpus, tmp_path)
         assert same_weights(full, resumed), f"resumed at step {at}: dropout drew other numbers"
 
 
+@pytest.mark.slow  # a framework
 def test_accelerate_runs_past_the_end_and_resumes_exactly(small_corpus, tmp_path):
     """``save_state``/``load_state`` (which keep the RNGs) around a loop that starts a new
     iteration of the loader when one ends."""
@@ -391,7 +395,7 @@ def assert_rngs_untouched(before, what):
     assert before[2] == after[2], f"{what} drew from Python's global random"
 
 
-@pytest.mark.parametrize("runner", ["synchronous", "distributed"])
+@pytest.mark.parametrize("runner", ["synchronous", pytest.param("distributed", marks=pytest.mark.slow)])  # slow: a cluster
 def test_loaders_draw_nothing_from_the_global_rngs(small_corpus, runner):
     """Every loader, created, iterated and resumed (a pass and a half), with the in-process runner
     and with an embedded Dask cluster; and a StatefulDataLoader given a generator, as documented."""

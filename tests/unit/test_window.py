@@ -86,6 +86,7 @@ def _digests():
     return {(lane, w): compute_window(spec, lane, w).digest() for lane in range(4) for w in range(2)}
 
 
+@pytest.mark.slow  # a fresh interpreter
 def test_same_bytes_in_another_process_with_other_hash_seed():
     code = (
         "import tests.unit.test_window as t\n"

@@ -59,7 +59,7 @@ def run(args) -> int:
     import tomllib
 
     from ..errors import ZephonError
-    from ..execution.cluster import connect
+    from ..execution.connect import connect
     from ..jobs import prepare_tokens
     from ..operators import Tokenize
 

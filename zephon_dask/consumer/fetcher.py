@@ -9,7 +9,8 @@ their next window, so a submission costs O(log lanes), not O(lanes). Each handle
 stays bounded however long the run is, and the memory windows free is
 given back to the OS at most every 30 s (:class:`~zephon_dask.execution.memory.Trimmer`).
 
-With ``fused=True`` every window is one task except the first windows of the
+Its settings are one :class:`~.settings.ConsumerSettings`; the names below are its fields.
+With ``fuse`` every window is one task except the first windows of the
 stream, one per lane for the first ``split_first`` submissions (the runner's
 worker threads, see the session), and the last ``split_last`` windows of an
 iteration whose lanes all end, which are split into their chunk tasks: split
@@ -82,25 +83,25 @@ from ..execution.base import (
 from ..execution.memory import Trimmer
 from ..graph import window_graph
 from ..log import logger
+from .settings import ConsumerSettings
 
 
 class WindowFetcher:
-    def __init__(self, spec: PipelineSpec, runner, lanes: list[int], prefetch: int,
-                 start_windows: dict[int, int] | None = None, fused: bool = False, split_first: int = 0,
-                 windows_per_task: int | None = 1, alone_at_end: int = 0, prefetch_bytes: int | None = None,
-                 scale_prefetch: bool = False, threads: int = 1, split_last: int = 0):
-        self.spec, self.runner, self.lanes = spec, runner, list(lanes)
-        self.base_prefetch = max(1, int(prefetch))
-        self.prefetch_bytes = prefetch_bytes
+    def __init__(self, spec: PipelineSpec, runner, lanes: list[int], settings: ConsumerSettings,
+                 start_windows: dict[int, int] | None = None):
+        self.spec, self.runner, self.lanes, self.settings = spec, runner, list(lanes), settings
+        self.base_prefetch = max(1, int(settings.prefetch))
+        self.prefetch_bytes = settings.prefetch_bytes
         self.taken_bytes = self.taken = 0  # windows handed to the consumer, and their bytes as held
         self.sample: list[float] = []  # CPU seconds of the windows taken until the automatic size is decided
         self.window_cpu: float | None = None  # their median, once decided
         self._auto = 1  # the automatic size: 1 until decided
-        self.given = None if windows_per_task is None else max(1, int(windows_per_task))  # None: automatic
-        self.scale_prefetch = scale_prefetch and self.given is None
-        self.threads = max(1, threads)  # worker threads of this consumer's share (the automatic size's bound)
-        self.alone_at_end = alone_at_end
-        self.fused, self.split_first, self.split_last = fused, split_first, split_last
+        given = settings.windows_per_task
+        self.given = None if given is None else max(1, int(given))  # None: automatic
+        self.scale_prefetch = settings.scale_prefetch and self.given is None
+        self.threads = max(1, settings.threads)  # worker threads of this consumer's share (the automatic size's bound)
+        self.alone_at_end = settings.alone_at_end
+        self.fused, self.split_first, self.split_last = settings.fuse, settings.split_first, settings.split_last
         start = start_windows or {}
         self.next_needed = {lane: start.get(lane, 0) for lane in self.lanes}
         self.next_submit = dict(self.next_needed)

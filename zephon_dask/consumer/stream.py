@@ -3,8 +3,8 @@
 It pulls windows through a :class:`WindowFetcher`, cuts each lane's samples
 into batches with a :class:`LaneBatcher`, and emits batches in strict
 round-robin over the owned lanes, skipping lanes that have finished (a group
-owning one lane passes straight through). With ``deterministic=False`` it
-emits whichever lane has a batch ready first.
+owning one lane passes straight through). With ``deterministic=False`` (its
+:class:`~.settings.ConsumerSettings`) it emits whichever lane has a batch ready first.
 
 A resumed stream starts each lane at its saved frontier: the fetcher begins
 at the saved window, the batcher drops the ``offset`` samples of it that were
@@ -30,6 +30,7 @@ from .batch import Batch, BatchOptions
 from .batcher import LaneBatcher
 from .checks import check_first_window, empty_stream
 from .fetcher import WindowFetcher
+from .settings import ConsumerSettings
 from .waiting import FirstBatchWait
 
 
@@ -51,12 +52,10 @@ EMPTY_WINDOWS_LIMIT = 256  # consecutive windows without a sample before a lane 
 
 class BatchStream:
     def __init__(self, spec: PipelineSpec, batch_options: BatchOptions, lanes: list[int], runner,
-                 prefetch: int, deterministic: bool = True, fused: bool = False,
-                 *, start: Mapping[int, Frontier], first_lane: int | None = None, split_first: int = 0,
-                 windows_per_task: int | None = 1, alone_at_end: int = 0, prefetch_bytes: int | None = None,
-                 scale_prefetch: bool = False, threads: int = 1, split_last: int = 0):
+                 settings: ConsumerSettings, *, start: Mapping[int, Frontier], first_lane: int | None = None):
         self.lanes = list(lanes)
-        self.deterministic = deterministic
+        self.settings = settings
+        self.deterministic = settings.deterministic
         self.spec = spec
         at = {lane: start[lane] for lane in self.lanes}
         self._fresh = all(f.window == 0 and f.offset == 0 and f.batches_delivered == 0 and not f.finished
@@ -70,11 +69,7 @@ class BatchStream:
         for lane in self._unverified:
             self.finished[lane] = False
         live = [lane for lane in self.lanes if not self.finished[lane]]
-        self.fetcher = WindowFetcher(spec, runner, live, prefetch, fused=fused, split_first=split_first,
-                                     windows_per_task=windows_per_task, alone_at_end=alone_at_end,
-                                     prefetch_bytes=prefetch_bytes, scale_prefetch=scale_prefetch, threads=threads,
-                                     split_last=split_last,
-                                     start_windows={lane: at[lane].window for lane in live})
+        self.fetcher = WindowFetcher(spec, runner, live, settings, start_windows={lane: at[lane].window for lane in live})
         self.batchers = {
             lane: LaneBatcher(lane, batch_options, spec.source.names,
                               first_index=at[lane].batches_delivered,

@@ -1,9 +1,11 @@
 """Runners: where window graphs execute. None of them can change a byte of the data.
 
-:mod:`.base` is the contract, :mod:`.local` and :mod:`.cluster` the runners,
-:mod:`.watch` the bounded waits on a cluster, :mod:`.task_errors` the errors a
-task returns instead of raising, :mod:`.registry` the names and the choice
-between them.
+:mod:`.base` is the contract, :mod:`.local` and :mod:`.runner` the runners
+(:mod:`.handle` a window's tasks on a cluster, :mod:`.head_start` the first windows
+computed here while the embedded cluster starts), :mod:`.cluster` the embedded
+cluster's lifecycle, :mod:`.connect` Dask for other jobs, :mod:`.watch` the
+bounded waits on a cluster, :mod:`.task_errors` the errors a task returns
+instead of raising, :mod:`.registry` the names and the choice between them.
 """
 
 from .base import Runner, WindowHandle

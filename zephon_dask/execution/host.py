@@ -49,7 +49,7 @@ import tempfile
 from ..errors import ClusterError
 
 # what the scheduler and a worker import: imported once, in the host, before it forks any
-PRELOAD = ("distributed", "zephon_dask.execution.spawned", "zephon_dask.execution.cluster",
+PRELOAD = ("distributed", "zephon_dask.execution.spawned", "zephon_dask.execution.runner",
            "zephon_dask.graph", "tokenizers")
 # the preparation data that would make a forked process import the training script
 MAIN_KEYS = ("init_main_from_name", "init_main_from_path")

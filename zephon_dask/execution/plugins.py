@@ -2,7 +2,8 @@
 plugin holds its periodic callback; :class:`TrimFreedMemory` its last trim's time.
 
 Dask's plugin classes are subclassed here, so importing this module imports ``distributed``: the
-runner imports it only when its embedded cluster has started (see :mod:`.cluster`).
+runner imports it only when its embedded cluster has started (see :mod:`.runner`). It imports
+nothing of the runner: what it needs of it (the span its windows are submitted under) is given.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ from distributed.diagnostics.plugin import SchedulerPlugin, WorkerPlugin
 from tornado.ioloop import PeriodicCallback
 
 from . import dask_compat
-from .cluster import SPAN_NAME
 from .dask_compat import forget_key_names
 from .memory import TRIM_EVERY, trim_freed_memory
 
@@ -62,23 +62,24 @@ class TrimSchedulerRecords(SchedulerPlugin):
     """A scheduler plugin of the embedded cluster: every ``every`` seconds,
     :func:`~.memory.trim_freed_memory`, :func:`~.dask_compat.forget_key_names` and
     :func:`~.dask_compat.forget_finished_spans` (finished default spans but the last
-    :data:`SPANS_KEPT`, forgotten task groups of :data:`SPAN_NAME`, repeated collection entries)."""
+    :data:`SPANS_KEPT`, forgotten task groups of the runner's span ``span``, repeated collection
+    entries)."""
 
     name = "zephon-trim-scheduler-records"
 
-    def __init__(self, every: float = TRIM_EVERY):
-        self.every = every
+    def __init__(self, span: tuple[str, ...], every: float = TRIM_EVERY):
+        self.span, self.every = span, every
         self._callback: PeriodicCallback | None = None
 
     async def start(self, scheduler) -> None:
-        self._callback = PeriodicCallback(lambda: self.trim(scheduler), self.every * 1000)
+        self._callback = PeriodicCallback(lambda: self.trim(scheduler, self.span), self.every * 1000)
         self._callback.start()
 
     @staticmethod
-    def trim(scheduler, keep: int = SPANS_KEPT, quiet: float = SPAN_QUIET_S) -> None:
+    def trim(scheduler, span: tuple[str, ...], keep: int = SPANS_KEPT, quiet: float = SPAN_QUIET_S) -> None:
         trim_freed_memory()
         forget_key_names()
-        dask_compat.forget_finished_spans(scheduler, SPAN_NAME, keep, quiet)
+        dask_compat.forget_finished_spans(scheduler, span, keep, quiet)
 
     async def close(self) -> None:
         if self._callback is not None:

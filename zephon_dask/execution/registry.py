@@ -49,7 +49,7 @@ class RunnerRegistry(MutableMapping[str, type[Runner]]):
 
 
 RUNNERS = RunnerRegistry({
-    "distributed": ".cluster:DistributedRunner",
+    "distributed": ".runner:DistributedRunner",
     "threads": ".local:ThreadRunner",
     "synchronous": ".local:SynchronousRunner",
 })

@@ -29,7 +29,7 @@ from ..data.paths import filesystem, to_url
 from ..data.shard import Shard
 from ..data.tokens import FORMAT, RECORD, VERSION, ShardWriter, array_at, verify_shard, zarr_options
 from ..errors import ConfigError, DataFormatError, MissingFieldError, TokenizerMismatchError
-from ..execution.cluster import connect, each_completed
+from ..execution.connect import connect, each_completed
 from ..operators.identity import sha256_json
 from ..operators.tokenize import Tokenize
 from ..progress_bar import progress_bar

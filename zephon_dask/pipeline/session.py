@@ -42,6 +42,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
+from ..consumer.settings import ConsumerSettings
 from ..consumer.stream import BatchStream
 from ..core import phases
 from ..core.spec import PipelineSpec, has_tokens
@@ -185,19 +186,9 @@ class Session:
         """A new stream over ``lanes`` starting at ``resume`` (a state; ``None``: the beginning)."""
         start, _ = resume_point(resume, lanes)
         runner = self.runner()
-        settings = self.description.settings
-        slots = runner.share(len(lanes))  # as many first windows split as the workers compute together
-        prefetch = settings["prefetch_windows"] or runner.default_prefetch(len(lanes))
-        return BatchStream(
-            self.spec(), self.description.batch, lanes, runner, prefetch,
-            deterministic=settings["deterministic"], fused=settings["fuse"],
-            start=start, first_lane=first_lane, split_first=slots if slots > 1 else 0,
-            windows_per_task=settings["windows_per_task"],  # None: chosen as windows are taken
-            alone_at_end=slots,  # an iteration's last windows, one per worker thread, one per task
-            prefetch_bytes=settings["prefetch_bytes"],
-            scale_prefetch=not settings["prefetch_windows"], threads=slots,
-            split_last=slots if slots > 1 else 0,  # so the workers share the iteration's end chunk by chunk
-        )
+        settings = ConsumerSettings.from_options(self.description.settings, runner, len(lanes))
+        return BatchStream(self.spec(), self.description.batch, lanes, runner, settings,
+                           start=start, first_lane=first_lane)
 
     def next_start(self, lanes: list[int]) -> State | None:
         """Where the next iteration over ``lanes`` starts (``None``: the stream's beginning).
