@@ -48,6 +48,7 @@ from .errors import (
     ZephonError,
 )
 from .operators.pack import ALGORITHMS as PACK_ALGORITHMS
+from .operators.shuffle import ALGORITHMS as SHUFFLE_ALGORITHMS
 from .options import BY_NAME as OPTIONS
 from .validate import did_you_mean
 
@@ -164,10 +165,13 @@ TOKENIZE = Table("[tokenize]", "how text becomes token ids", "`pipeline.tokenize
         "tokenizer", (), "the tokenizer's, found by name"),
     Key("eos_id", (int, str), None, "the EOS id, like `bos_id`", (), "the tokenizer's, found by name"),
 ))
-SHUFFLE = Table("[shuffle]", "a reservoir shuffle inside each window (runs before `[pack]`)",
+SHUFFLE = Table("[shuffle]", "a shuffle inside each window (runs before `[pack]`)",
                 "`pipeline.shuffle(**shuffle)`", (
-    Key("buffer_size", _INT, REQUIRED_KEY, "samples held in the reservoir (larger mixes more)"),
+    Key("buffer_size", _INT, REQUIRED_KEY, "samples held in the buffer (larger mixes more)"),
     Key("seed", _INT, None, "this shuffle's seed", (), "`[source]` `seed`"),
+    Key("algorithm", _STR, "reservoir", "`reservoir` evicts the slot each new sample's identity names; "
+        "`block` permutes consecutive blocks of `buffer_size`; `block_warmup` grows the blocks from "
+        "`buffer_size / 16` so a window's first samples come early", SHUFFLE_ALGORITHMS),
 ))
 PACK = Table("[pack]", "documents packed into rows of exactly `max_length` tokens, inside each window",
              "`pipeline.pack(**pack)`", (

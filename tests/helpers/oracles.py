@@ -407,3 +407,24 @@ def ref_batch_arrays(table, opts) -> dict:
         cu = [k for k in range(len(flat)) if k % width == 0 or flat[k] != flat[k - 1]] if width else []
         out["cu_seqlens"] = np.array([*cu, len(flat)], dtype=np.int32)
     return out
+
+
+def ref_identity_key(seed: int, lineage_row) -> int:
+    """A sample's shuffle key, one Python int at a time: the seed's "shuffle" key mixed with
+    ``(dataset, shard, offset, token_start)``."""
+    key = ref_keys(seed, "shuffle")[0]
+    for v in list(lineage_row)[:4]:
+        key = _mix(key ^ (int(v) & MASK64))
+    return key
+
+
+def ref_block_shuffle(keys: list[int], buffer_size: int, warmup: bool) -> list[int]:
+    """``block`` / ``block_warmup`` shuffle order: blocks cut in arrival order (of ``buffer_size``,
+    or growing from ``max(1, buffer_size // 16)`` by doubling), each sorted by key (ties by arrival)."""
+    out, start, size = [], 0, (max(1, buffer_size // 16) if warmup else buffer_size)
+    while start < len(keys):
+        block = list(range(start, min(start + size, len(keys))))
+        out += sorted(block, key=lambda i: (keys[i], i))
+        start += len(block)
+        size = min(2 * size, buffer_size)
+    return out

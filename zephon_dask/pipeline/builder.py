@@ -314,27 +314,31 @@ class Pipeline:
                           hint=f"a token id of dataset {ds.name!r}'s vocabulary")
         return self._add_accumulator(op, BatchOptions(**{**self._description.batch.config(), "pad_id": pad_id}))
 
-    def shuffle(self, buffer_size: int, seed: int | None = None) -> Pipeline:
-        """Shuffle each window's samples through a reservoir of ``buffer_size`` (an accumulator).
+    def shuffle(self, buffer_size: int, seed: int | None = None, algorithm: str = "reservoir") -> Pipeline:
+        """Shuffle each window's samples through a buffer of ``buffer_size`` (an accumulator).
 
         The randomness comes from each sample's identity and the seed, never from a
         counter, so the order is the same on any runner and after any resume.
 
         Args:
-            buffer_size: samples held in the reservoir (larger mixes more).
+            buffer_size: samples held in the buffer (larger mixes more).
             seed: this shuffle's seed (default: the work source's seed).
+            algorithm: ``"reservoir"`` (each new sample evicts the slot its identity names),
+                ``"block"`` (consecutive blocks of ``buffer_size``, each permuted) or
+                ``"block_warmup"`` (blocks growing from ``buffer_size // 16`` to
+                ``buffer_size``, so a window's first samples come early).
 
         Returns:
             A new pipeline.
 
         Raises:
-            ConfigError: a bad ``buffer_size`` or no tokens yet.
+            ConfigError: a bad ``buffer_size`` or ``algorithm``, or no tokens yet.
 
         Example:
-            >>> pipeline.shuffle(1024)  # doctest: +SKIP
+            >>> pipeline.shuffle(1024, algorithm="block")  # doctest: +SKIP
         """
         self._check_tokens("shuffle")
-        return self._add_accumulator(Shuffle(buffer_size, seed))
+        return self._add_accumulator(Shuffle(buffer_size, seed, algorithm))
 
     def stateful(self, name: str, init, push, flush, version=None) -> Pipeline:
         """Add your own accumulator: ``init()``, ``push(state, sample)``, ``flush(state)``.
