@@ -63,8 +63,10 @@ def pass_start(state: State) -> State:
 class StepShape:
     """A global step: ``global_batches`` (G) over all ranks, ``per_rank`` = G / ``dp_degree`` here.
 
-    ``explicit`` says G was set by an option, so a state taken mid-step
-    warns; ``microbatch`` is the samples per batch (recorded with G).
+    ``explicit`` says G was set by an option (else it is the default, one
+    cycle); ``microbatch`` is the samples per batch (recorded with G);
+    ``warns_mid_step`` says a state taken mid-step warns, whatever set G
+    (False only for a DataLoader worker's share, whose loader counts the steps).
     """
 
     per_rank: int
@@ -72,6 +74,7 @@ class StepShape:
     dp_degree: int
     explicit: bool
     microbatch: int = 1
+    warns_mid_step: bool = True
 
 
 class Progress:
@@ -206,7 +209,7 @@ class Progress:
         or those up to the end of global step ``at_step``, or up to the watermark."""
         state = self._state(self._resolve_ahead(ahead, at_step))
         in_step = state.step.batches_in_step
-        if in_step and self.shape.explicit:
+        if in_step and self.shape.warns_mid_step:
             warnings.warn(
                 f"state_dict() taken {in_step} batches into a step of {self.shape.per_rank}: a resume "
                 f"starts after those {in_step} batches, so they are skipped unless the weights saved "
