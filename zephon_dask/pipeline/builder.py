@@ -37,6 +37,7 @@ from ..data import fields as record_fields
 from ..errors import ConfigError, UnsizedPipelineError
 from ..operators.base import Accumulator, RecordOp
 from ..operators.chat import ROLES, TokenizeChat
+from ..operators.mixture import EnsureMixture
 from ..operators.pack import Pack
 from ..operators.records import DecodeText, Filter, Map
 from ..operators.shuffle import Shuffle
@@ -339,6 +340,51 @@ class Pipeline:
         """
         self._check_tokens("shuffle")
         return self._add_accumulator(Shuffle(buffer_size, seed, algorithm))
+
+    def ensure_mixture(self, weights=None, *, weight_by: str = "samples", strict: bool = False,
+                       buffer_size: int = 1024, warn_tolerance: float | None = None) -> Pipeline:
+        """Re-balance each window's samples toward the target mixture (an accumulator).
+
+        Filters and splits change how many samples of each dataset are left; this
+        restores the target: place it after them and before ``pack``. It runs per
+        (lane, window) like every accumulator, so it stays exact at any dp degree
+        and across any resume.
+
+        Args:
+            weights: ``{dataset: share}`` (a dataset left out gets 0), or ``None``:
+                the source's mixture (what the curriculum drew into each window).
+            weight_by: ``"samples"`` or ``"tokens"`` (real tokens per sample).
+            strict: drop the surplus of over-represented datasets so each window
+                delivers the target share (within one sample per dataset); else
+                keep every sample and only reorder toward the target.
+            buffer_size: samples held while reordering (the lookahead).
+            warn_tolerance: warn once per iteration when a window's delivered share
+                drifts further than this from the target (e.g. ``0.05``); ``None``:
+                never. Not a data setting.
+
+        Returns:
+            A new pipeline.
+
+        Raises:
+            ConfigError: after ``pack``, a second ``ensure_mixture``, no tokens yet,
+                an unknown dataset or a bad setting.
+
+        Example:
+            >>> pipeline.filter(keep).ensure_mixture(strict=True).pack(2048)  # doctest: +SKIP
+        """
+        self._check_tokens("ensure_mixture")
+        for op in self._description.accumulators:
+            if isinstance(op, (Pack, EnsureMixture)):
+                raise ConfigError(
+                    f".ensure_mixture() comes after .{op.name}(): "
+                    + ("it re-balances documents, so it goes before .pack()" if isinstance(op, Pack)
+                       else "call it once"))
+        source = self._source
+        token_weights = (source.target_weights if source.weight_by == "tokens" and source.phases is None
+                         else None)
+        return self._add_accumulator(EnsureMixture(
+            source.names, weights, weight_by=weight_by, strict=strict, buffer_size=buffer_size,
+            warn_tolerance=warn_tolerance, source_token_weights=token_weights))
 
     def stateful(self, name: str, init, push, flush, version=None) -> Pipeline:
         """Add your own accumulator: ``init()``, ``push(state, sample)``, ``flush(state)``.
