@@ -41,12 +41,12 @@ from fractions import Fraction
 
 import numpy as np
 
+from ..curriculum.token_weights import WEIGHT_BY  # one home: the shares a mixture is weighed in
 from ..errors import ConfigError
 from ..validate import check_bool, check_choice, check_int
 from .base import Accumulator, WindowContext
 from .table import SampleTable
 
-WEIGHT_BY = ("samples", "tokens")
 STAT = "ensure_mixture"
 
 
