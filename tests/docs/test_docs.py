@@ -43,3 +43,10 @@ def test_the_concepts_picture_shows_the_example_pipelines_lanes_and_windows():
         shown = [[int(g) for g in w.split()] for w in re.findall(r"\[([\d ]+)\]", windows)]
         chunks = list(source.lane_chunks(int(lane), 4)[:6])
         assert shown == [chunks[0:2], chunks[2:4], chunks[4:6]], lane
+
+
+def test_the_ensure_mixture_example_prints_the_shares_shown(capsys):
+    code = next(b for b in blocks("operators.md", "python") if "ensure_mixture(strict=True)" in b)
+    shown = next(b for b in blocks("operators.md", "text") if b.startswith("share of b:"))
+    exec(compile(code, "operators.md", "exec"), {})
+    assert capsys.readouterr().out == shown
