@@ -62,12 +62,12 @@ def test_one_window_matches_the_slow_reference(data, n, strict, buffer_size, wei
         assert ctx.stats[f"ensure_mixture.{name}.dropped"] == len([i for i in mine if i not in order])
     if not strict:
         assert sorted(order) == list(range(n))  # only reordered
-    else:  # within one sample's units of the target, per dataset
+    else:  # each dataset within one sample's units of its share of T, so of the delivered total
         got = [sum(units[i] for i in order if labels[i] == c) for c in range(3)]
         total = Fraction(sum(got))
         shares = [Fraction(w, sum(weights)) for w in weights]
         if total:
-            assert all(abs(g - total * s) <= max(units) for g, s in zip(got, shares, strict=True))
+            assert all(abs(g - total * s) <= 3 * max(units) for g, s in zip(got, shares, strict=True))
 
 
 def test_strict_restores_a_filtered_half_and_non_strict_only_reorders():

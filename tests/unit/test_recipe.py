@@ -165,7 +165,16 @@ def test_recipe_tables_match_the_python_signatures():
     """Each table's keys are parameters of its Python call, with the same defaults."""
     import inspect
 
-    from zephon_dask.recipe import BATCH, DATASETS, ENSURE_MIXTURE, PACK, REQUIRED_KEY, SHUFFLE, SOURCE, TOKENIZE
+    from zephon_dask.recipe import (
+        BATCH,
+        DATASETS,
+        ENSURE_MIXTURE,
+        PACK,
+        REQUIRED_KEY,
+        SHUFFLE,
+        SOURCE,
+        TOKENIZE,
+    )
 
     methods = {"source": z.MixtureWorkSource.__init__, "tokenize": z.Pipeline.tokenize,
                "shuffle": z.Pipeline.shuffle, "ensure_mixture": z.Pipeline.ensure_mixture,

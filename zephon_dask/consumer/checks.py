@@ -59,21 +59,14 @@ def check_first_window(spec: PipelineSpec, lane: int, window: int, out: WindowOu
 
 
 def check_mixture_drift(spec: PipelineSpec, lane: int, window: int, out: WindowOutput) -> bool:
-    """Warn when an accumulator with a ``warn_tolerance`` (``ensure_mixture``) delivered a share in
-    this window further than it from the target (its ``drift(stats)``); whether it warned."""
+    """Warn when an accumulator's ``drift_warning(stats)`` (``ensure_mixture`` with a
+    ``warn_tolerance``) finds this window's delivered share too far from its target; whether it warned."""
     for op in spec.accumulators:
-        tolerance, drift = getattr(op, "warn_tolerance", None), getattr(op, "drift", None)
-        if tolerance is None or drift is None or (far := drift(out.stats)) <= tolerance:
-            continue
-        got, want = op.delivered(out.stats) or {}, op.targets(out.stats) or {}
-        shares = ", ".join(f"{name} {got.get(name, 0):.3f} (target {want.get(name, 0):.3f})" for name in want)
-        warnings.warn(
-            f"{op.name}: lane {lane}, window {window} delivered {shares}, {far:.3f} from the target, more "
-            f"than warn_tolerance={tolerance}: the window lacks samples of a dataset (a filter or split "
-            "removes most of it). ensure_mixture(strict=True) drops the surplus instead. Warned once "
-            "per iteration",
-            ZephonWarning, stacklevel=2)
-        return True
+        check = getattr(op, "drift_warning", None)
+        message = check(out.stats) if check is not None else None
+        if message:
+            warnings.warn(f"{op.name}: lane {lane}, window {window} {message}", ZephonWarning, stacklevel=2)
+            return True
     return False
 
 

@@ -269,7 +269,7 @@ def _ensure_mixture(spec) -> tuple[Section, ...]:
               else ", ".join(f"{n} {float(w):.3f}" for n, w in zip(op.names, op.given, strict=True)))
     return (Section("ensure_mixture", pairs=(
         ("target", f"{target} (shares of {op.weight_by})"),
-        ("surplus", "dropped (strict): each window delivers the target within one sample per dataset"
+        ("surplus", "dropped (strict): each dataset delivers its share of what the window can fill, to within one sample"
          if op.strict else "kept: samples reordered toward the target, none dropped"),
         ("lookahead", f"{op.buffer_size:,} samples held while reordering"),
         ("warn_tolerance", "never warns" if op.warn_tolerance is None

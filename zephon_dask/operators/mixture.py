@@ -21,9 +21,9 @@ not for what is left. This accumulator re-balances what is left:
   window can fill at the target (``min(available_c / W_c)`` over the datasets
   with weight), dataset ``c`` keeps its first samples (arrival order) whose
   units fit in ``floor(T * W_c)``; the rest is dropped and counted. The kept
-  samples are then ordered as above. So a window's delivered share is within
-  one sample's units of the target per dataset; a window lacking a dataset
-  of positive weight delivers nothing.
+  samples are then ordered as above. So each dataset delivers its share of
+  ``T`` to within one sample's units; a window lacking a dataset of positive
+  weight delivers nothing.
 
 A sample without lineage belongs to no dataset: it is kept, never counted,
 and leaves ahead of the others once held. Counters per window, for each
@@ -183,6 +183,18 @@ class EnsureMixture(Accumulator):
         if got is None or want is None:
             return 0.0
         return max(abs(got[n] - want[n]) for n in self.names)
+
+    def drift_warning(self, stats: Mapping[str, int]) -> str | None:
+        """What a window with counters ``stats`` delivered, when further than ``warn_tolerance`` from
+        the target (else ``None``)."""
+        far = self.drift(stats)
+        if self.warn_tolerance is None or far <= self.warn_tolerance:
+            return None
+        got, want = self.delivered(stats) or {}, self.targets(stats) or {}
+        shares = ", ".join(f"{n} {got.get(n, 0):.3f} (target {want.get(n, 0):.3f})" for n in self.names)
+        return (f"delivered {shares}, {far:.3f} from the target, more than warn_tolerance="
+                f"{self.warn_tolerance}: the window lacks samples of a dataset (a filter or split removes "
+                "most of it). ensure_mixture(strict=True) drops the surplus instead. Warned once per iteration")
 
     def apply(self, table: SampleTable, ctx: WindowContext) -> SampleTable:
         ds = dataset_of(table)

@@ -355,8 +355,8 @@ class Pipeline:
                 the source's mixture (what the curriculum drew into each window).
             weight_by: ``"samples"`` or ``"tokens"`` (real tokens per sample).
             strict: drop the surplus of over-represented datasets so each window
-                delivers the target share (within one sample per dataset); else
-                keep every sample and only reorder toward the target.
+                delivers the target share (each dataset within one sample of its
+                share); else keep every sample and only reorder toward it.
             buffer_size: samples held while reordering (the lookahead).
             warn_tolerance: warn once per iteration when a window's delivered share
                 drifts further than this from the target (e.g. ``0.05``); ``None``:
