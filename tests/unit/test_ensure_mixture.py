@@ -101,6 +101,10 @@ def test_settings_are_checked_at_the_door_and_enter_the_fingerprint():
                       ({"warn_tolerance": 2}, "warn_tolerance"), ({"strict": "yes"}, "strict")]:
         with pytest.raises(ConfigError, match=match):
             base.ensure_mixture(**kw)
+    by_tokens = z.Pipeline(z.MixtureWorkSource([web, code], {"web": 1, "code": 3}, chunk_size=4,
+                                               weight_by="tokens", tokens_per_sample={"web": 4, "code": 4}))
+    assert by_tokens.tokenize().ensure_mixture(weight_by="tokens").spec.accumulators[0].spec()["weights"] == \
+        {"web": "1/4", "code": "3/4"}  # the source's token weights
     with pytest.raises(ConfigError, match="before .pack"):
         base.pack(16).ensure_mixture()
     with pytest.raises(ConfigError, match="once"):
