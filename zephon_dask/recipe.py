@@ -49,6 +49,7 @@ from .errors import (
     ZephonError,
 )
 from .operators.pack import ALGORITHMS as PACK_ALGORITHMS
+from .operators.shuffle import ALGORITHMS as SHUFFLE_ALGORITHMS
 from .options import BY_NAME as OPTIONS
 from .validate import did_you_mean
 
@@ -177,10 +178,26 @@ TOKENIZE = Table("[tokenize]", "how text becomes token ids", "`pipeline.tokenize
         "(its document's): a list of names, or a table `{ name = \"int64\" }` (`int64`, `float32`, "
         "`float64` or `bool`)", (), "none"),
 ))
-SHUFFLE = Table("[shuffle]", "a reservoir shuffle inside each window (runs before `[pack]`)",
+SHUFFLE = Table("[shuffle]", "a shuffle inside each window (runs before `[pack]`)",
                 "`pipeline.shuffle(**shuffle)`", (
-    Key("buffer_size", _INT, REQUIRED_KEY, "samples held in the reservoir (larger mixes more)"),
+    Key("buffer_size", _INT, REQUIRED_KEY, "samples held in the buffer (larger mixes more)"),
     Key("seed", _INT, None, "this shuffle's seed", (), "`[source]` `seed`"),
+    Key("algorithm", _STR, "reservoir", "`reservoir` evicts the slot each new sample's identity names; "
+        "`block` permutes consecutive blocks of `buffer_size`; `block_warmup` grows the blocks from "
+        "`buffer_size / 16` so a window's first samples come early", SHUFFLE_ALGORITHMS),
+))
+ENSURE_MIXTURE = Table("[ensure_mixture]", "re-balance each window toward the target mixture after the "
+                       "filters and splits (runs after `[shuffle]`, before `[pack]`)",
+                       "`pipeline.ensure_mixture(**ensure_mixture)`", (
+    Key("weights", _TABLE, None, "an inline table `{ name = share, ... }` of the target (a dataset left out "
+        "gets 0)", (), "the source's mixture: what the curriculum drew into each window"),
+    Key("weight_by", _STR, "samples", "the target's unit: shares of samples or of real tokens",
+        WEIGHT_BY),
+    Key("strict", _BOOL, False, "drop the surplus of over-represented datasets so each window delivers "
+        "the target (`false`: keep every sample, only reorder toward it)"),
+    Key("buffer_size", _INT, 1024, "samples held while reordering (the lookahead)"),
+    Key("warn_tolerance", _NUMBER, None, "warn once per iteration when a window's delivered share "
+        "drifts further than this from the target", (), "never warns"),
 ))
 PACK = Table("[pack]", "documents packed into rows of exactly `max_length` tokens, inside each window",
              "`pipeline.pack(**pack)`", (
@@ -224,7 +241,7 @@ SCHEDULE = Table("[[mixture.schedule]]", "optional, one table per phase in order
         "weights; a dataset left out has weight 0 in the phase"),
 ))
 # The tables whose keys are passed unchanged to one Python call, in the order the pipeline applies them.
-CALL_TABLES = (SOURCE, TOKENIZE, SHUFFLE, PACK, BATCH)
+CALL_TABLES = (SOURCE, TOKENIZE, SHUFFLE, ENSURE_MIXTURE, PACK, BATCH)
 OPTIONS_TABLE = Table("[options]", "data settings (in the fingerprint), step settings (kept on resume), "
                       "then execution settings (never change a byte); every option but `client` (see "
                       "[execution](execution.md#options))", "`pipeline.options(**options)`", tuple(
@@ -246,7 +263,7 @@ _EXAMPLES = {int: "8", float: "0.5", bool: "true", str: '"..."', dict: '{ key = 
 
 _TOML_TYPE_NAMES = {int: "integer", float: "number", bool: "bool", str: "string", dict: "inline table",
                     list: "array"}
-ALL_TABLES = (DATASETS, SOURCE, TOKENIZE, SHUFFLE, PACK, BATCH, OPTIONS_TABLE, SCHEDULE)
+ALL_TABLES = (DATASETS, SOURCE, TOKENIZE, SHUFFLE, ENSURE_MIXTURE, PACK, BATCH, OPTIONS_TABLE, SCHEDULE)
 
 
 def _toml_value(value: Any) -> str:
@@ -312,6 +329,7 @@ class Recipe:
     source: dict[str, Any] = field(default_factory=dict)
     tokenize: dict[str, Any] | None = None
     shuffle: dict[str, Any] | None = None
+    ensure_mixture: dict[str, Any] | None = None
     pack: dict[str, Any] | None = None
     batch: dict[str, Any] | None = None
     options: dict[str, Any] = field(default_factory=dict)
@@ -340,8 +358,8 @@ class Recipe:
 
     def apply(self, pipeline):
         """``pipeline`` (over :meth:`work_source`) with the recipe's tables applied: tokenize, then
-        shuffle, then pack, then batch, then the options; an error names the table."""
-        for table in (TOKENIZE, SHUFFLE, PACK, BATCH):
+        shuffle, then ensure_mixture, then pack, then batch, then the options; an error names the table."""
+        for table in (TOKENIZE, SHUFFLE, ENSURE_MIXTURE, PACK, BATCH):
             kwargs = getattr(self, table.header.strip("[]"))
             if kwargs is not None:
                 with _context(self.path, table.header, table):
@@ -425,6 +443,7 @@ def load_recipe(path: str | os.PathLike) -> Recipe:
         source=tables["source"] or {},
         tokenize=tables["tokenize"],
         shuffle=tables["shuffle"],
+        ensure_mixture=tables["ensure_mixture"],
         pack=tables["pack"],
         batch=tables["batch"],
         options=_options(file, _table(file, "options", doc.get("options")) or {}),

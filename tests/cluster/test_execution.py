@@ -53,6 +53,28 @@ def test_local_runners_match_reference(corpus_dir, runner, prefetch, fuse):
     assert stream(p) == truth
 
 
+@pytest.mark.parametrize("algorithm", ["block", "block_warmup"])
+def test_block_shuffles_and_ensure_mixture_give_the_same_batches_on_every_runner(corpus_dir, cluster, algorithm):
+    def shuffled(**options):
+        web = z.Dataset.from_jsonl("web", str(corpus_dir / "web"), progress=False)
+        code = z.Dataset.from_jsonl("code", str(corpus_dir / "code"), progress=False)
+        ws = z.MixtureWorkSource([web, code], {"web": 3, "code": 1}, chunk_size=12, seed=7)
+        return z.Pipeline(ws).filter(lambda r: len(r["text"]) % 3 > 0).tokenize() \
+            .shuffle(10, algorithm=algorithm).ensure_mixture(strict=algorithm == "block", buffer_size=5) \
+            .pack(96, algorithm="first_fit").batch(3).options(canonical_replicas=4, flush_every_k_chunks=2, **options)
+
+    truth = reference(shuffled(runner="synchronous"))
+    assert len(truth) > 10
+    assert truth != reference(build(corpus_dir, seed=7))  # the shuffle changed the order
+    for options in (dict(runner="synchronous"), dict(runner="threads", prefetch_windows=5),
+                    dict(client=cluster, prefetch_windows=3), dict(client=cluster, dp_degree=2, dp_group_id=1)):
+        p = shuffled(**options)
+        got = stream(p)
+        assert got == reference(p), options
+        if "dp_degree" not in options:
+            assert got == truth, options
+
+
 def test_choose_runner_and_make_runner_agree(corpus_dir):
     from zephon_dask.errors import ConfigError
     from zephon_dask.execution import choose_runner, make_runner

@@ -87,3 +87,10 @@ def test_operators_add_op_example_validates_as_shown(tmp_path):
     assert run.returncode == 0, run.stderr
     assert re.fullmatch(r"lowercase \(record operator add_op\(Lowercase\)\): \d+ checks passed on chunks \[.*\]\n",
                         run.stdout)
+
+
+def test_the_ensure_mixture_example_prints_the_shares_shown(capsys):
+    code = next(b for b in blocks("operators.md", "python") if "ensure_mixture(strict=True)" in b)
+    shown = next(b for b in blocks("operators.md", "text") if b.startswith("share of b:"))
+    exec(compile(code, "operators.md", "exec"), {})
+    assert capsys.readouterr().out == shown

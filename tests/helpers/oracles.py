@@ -430,3 +430,68 @@ def ref_batch_arrays(table, opts) -> dict:
                                                     strict=True) for _ in range(count)]
             out[name][i, :len(expanded)] = expanded
     return out
+
+
+def ref_identity_key(seed: int, lineage_row) -> int:
+    """A sample's shuffle key, one Python int at a time: the seed's "shuffle" key mixed with
+    ``(dataset, shard, offset, token_start)``."""
+    key = ref_keys(seed, "shuffle")[0]
+    for v in list(lineage_row)[:4]:
+        key = _mix(key ^ (int(v) & MASK64))
+    return key
+
+
+def ref_block_shuffle(keys: list[int], buffer_size: int, warmup: bool) -> list[int]:
+    """``block`` / ``block_warmup`` shuffle order: blocks cut in arrival order (of ``buffer_size``,
+    or growing from ``max(1, buffer_size // 16)`` by doubling), each sorted by key (ties by arrival)."""
+    out, start, size = [], 0, (max(1, buffer_size // 16) if warmup else buffer_size)
+    while start < len(keys):
+        block = list(range(start, min(start + size, len(keys))))
+        out += sorted(block, key=lambda i: (keys[i], i))
+        start += len(block)
+        size = min(2 * size, buffer_size)
+    return out
+
+
+def ref_ensure_mixture(ds, units, weights, strict, buffer_size):
+    """``ensure_mixture`` over one window, one sample at a time: ``ds`` each sample's dataset
+    (``-1``: none), ``units`` its units, ``weights`` the target per dataset (any numbers).
+    Strict: every dataset keeps the arrival-order prefix of its samples whose units fit in
+    ``floor(T * w_c)``, ``T`` the largest total every weighted dataset can fill. Then the kept
+    samples leave one by one: of the (at most ``buffer_size``) held, a sample of no dataset
+    first, else the earliest of the held dataset furthest below its target share (exact
+    fractions; the lowest dataset on ties). Returns the indices in output order."""
+    n_ds = len(weights)
+    w = [Fraction(x) / sum(Fraction(y) for y in weights) for x in weights]
+    kept = list(range(len(ds)))
+    if strict:
+        fills = [Fraction(sum(u for d, u in zip(ds, units) if d == c)) / w[c] for c in range(n_ds) if w[c] > 0]
+        t = min(fills) if fills else Fraction(0)
+        used = [0] * n_ds
+        kept = []
+        full = [False] * n_ds
+        for i, d in enumerate(ds):
+            if d < 0:
+                kept.append(i)
+            elif not full[d] and used[d] + units[i] <= t * w[d]:
+                used[d] += units[i]
+                kept.append(i)
+            else:
+                full[d] = True  # a prefix: nothing after the first sample that does not fit
+    pending, held, out = list(kept), [], []
+    emitted, total = [0] * n_ds, 0
+    while pending or held:
+        while pending and len(held) < buffer_size:
+            held.append(pending.pop(0))
+        loose = [i for i in held if ds[i] < 0]
+        if loose:
+            pick = loose[0]
+        else:
+            present = sorted({ds[i] for i in held})
+            best = max(present, key=lambda c: (w[c] * total - emitted[c], -c))
+            pick = next(i for i in held if ds[i] == best)
+            emitted[best] += units[pick]
+            total += units[pick]
+        held.remove(pick)
+        out.append(pick)
+    return out

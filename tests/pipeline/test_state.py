@@ -208,6 +208,55 @@ def test_mid_step_checkpoint_loses_and_repeats_nothing(corpus_dir, cut, dp, mapp
     assert got == truth
 
 
+def test_a_mid_step_state_warns_with_the_default_step_size_too(corpus_dir):
+    """R=4 with no step option: a step is one cycle of 4 batches, so 3 batches in is mid-step."""
+    pipe = build(corpus_dir, runner="synchronous")
+    assert not pipe.step_shape().explicit
+    take(pipe, 3)
+    with pytest.warns(ZephonWarning, match="3 batches into a step of 4"):
+        pipe.state_dict()
+    pipe = build(corpus_dir, runner="synchronous")
+    take(pipe, 8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # at a step boundary: silent
+        pipe.state_dict()
+
+
+def _mid_step_state(corpus_dir, cut):
+    before = elastic_pipes(corpus_dir, 2, "contiguous", 2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ZephonWarning)  # the mid-step state_dict() warning, tested above
+        for p in before:
+            take_batches(p, cut)
+        return z.merge_states([p.state_dict() for p in before])
+
+
+@pytest.mark.parametrize("dp", [1, 4])
+def test_a_mid_step_state_resumed_on_another_topology_warns_once(corpus_dir, dp):
+    state = _mid_step_state(corpus_dir, 5)  # 1 batch into each group's step of 4
+    after = elastic_pipes(corpus_dir, dp, "contiguous", 2)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for p in after:
+            p.load_state_dict(state)
+            take(p, 3)
+    mine = [w for w in caught if "on another topology" in str(w.message)]
+    assert len(mine) == len(after), [str(w.message) for w in caught]  # once per pipeline, at its load
+    assert all("interleave its lanes differently" in str(w.message) for w in mine)
+    assert all(w.filename == __file__ for w in mine)  # points at the user's load_state_dict() call
+
+
+@pytest.mark.parametrize("cut, dp", [(5, 2), (8, 1), (8, 4), (4, 4)])
+def test_a_step_aligned_or_same_topology_resume_is_silent(corpus_dir, cut, dp):
+    """A mid-step state resumed on its own topology, or a step-aligned one on any: no warning."""
+    state = _mid_step_state(corpus_dir, cut)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for p in elastic_pipes(corpus_dir, dp, "contiguous", 2):
+            p.load_state_dict(state)
+            take(p, 2)
+
+
 def take_batches(pipe, n):
     out = []
     for batch in pipe:

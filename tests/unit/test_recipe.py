@@ -48,6 +48,10 @@ bos = true
 [shuffle]
 buffer_size = 5
 
+[ensure_mixture]
+strict = true
+buffer_size = 7
+
 [pack]
 max_length = 48
 algorithm = "first_fit"
@@ -90,7 +94,7 @@ def hand_built(folder: Path) -> z.Pipeline:
     code = z.Dataset.from_jsonl("code", folder / "data" / "code", text_field="text")
     source = z.MixtureWorkSource([prose, code], {"prose": 2, "code": 1}, chunk_size=6, seed=7,
                                  shuffle_shards=False)
-    return (z.Pipeline(source).tokenize("bytes", bos=True).shuffle(5)
+    return (z.Pipeline(source).tokenize("bytes", bos=True).shuffle(5).ensure_mixture(strict=True, buffer_size=7)
             .pack(48, algorithm="first_fit", num_bins=4).batch(2, labels=True)
             .options(canonical_replicas=2, flush_every_k_chunks=3, runner="synchronous", prefetch_windows=1))
 
@@ -161,15 +165,26 @@ def test_recipe_tables_match_the_python_signatures():
     """Each table's keys are parameters of its Python call, with the same defaults."""
     import inspect
 
-    from zephon_dask.recipe import BATCH, DATASETS, PACK, REQUIRED_KEY, SHUFFLE, SOURCE, TOKENIZE
+    from zephon_dask.recipe import (
+        BATCH,
+        DATASETS,
+        ENSURE_MIXTURE,
+        PACK,
+        REQUIRED_KEY,
+        SHUFFLE,
+        SOURCE,
+        TOKENIZE,
+    )
 
     methods = {"source": z.MixtureWorkSource.__init__, "tokenize": z.Pipeline.tokenize,
-               "shuffle": z.Pipeline.shuffle, "pack": z.Pipeline.pack, "batch": z.Pipeline.batch}
+               "shuffle": z.Pipeline.shuffle, "ensure_mixture": z.Pipeline.ensure_mixture,
+               "pack": z.Pipeline.pack, "batch": z.Pipeline.batch}
     for table, keys in TABLES.items():
         params = set(inspect.signature(methods[table]).parameters)
         assert set(keys) <= params, table
     for table, method in [(SOURCE, z.MixtureWorkSource.__init__), (TOKENIZE, z.Pipeline.tokenize),
-                          (SHUFFLE, z.Pipeline.shuffle), (PACK, z.Pipeline.pack), (BATCH, z.Pipeline.batch),
+                          (SHUFFLE, z.Pipeline.shuffle), (ENSURE_MIXTURE, z.Pipeline.ensure_mixture),
+                          (PACK, z.Pipeline.pack), (BATCH, z.Pipeline.batch),
                           (DATASETS, z.Dataset.from_jsonl)]:
         params = inspect.signature(method).parameters
         for key in table.keys:
@@ -192,7 +207,8 @@ def test_the_reference_names_every_table_and_key_the_loader_accepts():
     from zephon_dask.recipe import ALL_TABLES, SCHEDULE_KEYS, TOP_LEVEL, reference_markdown
 
     text = reference_markdown()
-    assert [t.header for t in ALL_TABLES] == ["[[datasets]]", "[source]", "[tokenize]", "[shuffle]", "[pack]",
+    assert [t.header for t in ALL_TABLES] == ["[[datasets]]", "[source]", "[tokenize]", "[shuffle]",
+                                              "[ensure_mixture]", "[pack]",
                                               "[batch]", "[options]", "[[mixture.schedule]]"]
     assert {t.header.strip("[]").split(".")[0] for t in ALL_TABLES} == set(TOP_LEVEL)
     for table in ALL_TABLES:
@@ -200,7 +216,7 @@ def test_the_reference_names_every_table_and_key_the_loader_accepts():
         for key in table.keys:
             assert f"| `{key.name}` |" in text
     assert SCHEDULE_KEYS == ("step", "chunk", "weights")
-    assert {o.name for o in OPTIONS if o.toml} == {k.name for k in ALL_TABLES[6].keys}
+    assert {o.name for o in OPTIONS if o.toml} == {k.name for k in ALL_TABLES[7].keys}
 
 
 # -- errors --------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import zephon_dask as z
+from tests.helpers.oracles import ref_block_shuffle, ref_identity_key
 from zephon_dask.consumer import BatchOptions, LaneBatcher, make_batch
 from zephon_dask.core import compute_chunk, compute_window
 from zephon_dask.errors import ConfigError, DatasetNotFoundError, MissingFieldError, ZephonError
@@ -208,6 +209,36 @@ def test_shuffle_is_a_permutation_keyed_by_identity(lengths, buffer, seed):
     assert out.digest() == Shuffle(buffer).apply(table, ctx).digest()
     # another window with the same records shuffles them the same way: no running counter
     assert out.digest() == Shuffle(buffer).apply(table, WindowContext(seed, 3, 9, ())).digest()
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.integers(0, 9), min_size=0, max_size=70), st.integers(1, 40), st.integers(0, 99),
+       st.sampled_from(["block", "block_warmup"]))
+def test_block_shuffles_match_the_slow_reference(lengths, buffer, seed, algorithm):
+    n = len(lengths)
+    offsets = np.concatenate(([0], np.cumsum(lengths))).astype(np.int64)
+    lineage = np.array([[i % 2, i % 7, 3 * i, i % 4, n_] for i, n_ in enumerate(lengths)], dtype=np.int64)
+    table = SampleTable.from_documents(np.arange(offsets[-1]) % 251, offsets, lineage.reshape(n, 5))
+    out = Shuffle(buffer, algorithm=algorithm).apply(table, WindowContext(seed, 1, 2, ("a", "b")))
+    keys = [ref_identity_key(seed, row) for row in lineage]
+    order = ref_block_shuffle(keys, buffer, warmup=algorithm == "block_warmup")
+    assert out.digest() == (table.take(order) if n > 1 else table).digest()
+    if algorithm == "block":  # no sample leaves its block of buffer_size
+        assert all(a // buffer == b // buffer for a, b in zip(order, range(n)))
+
+
+def test_block_warmup_blocks_grow_to_the_buffer_and_the_algorithm_enters_the_fingerprint():
+    from zephon_dask.operators.shuffle import warmup_sizes
+
+    assert warmup_sizes(100, 32) == [2, 4, 8, 16, 32, 32, 6]
+    assert warmup_sizes(3, 8) == [1, 2]
+    assert Shuffle(8).spec() == {"op": "shuffle", "buffer_size": 8, "seed": None}  # as before the choice
+    web = z.Dataset.from_records("web", corpus(2, 20, 1, "web"))
+    base = z.Pipeline(z.MixtureWorkSource([web], chunk_size=8, seed=1)).tokenize()
+    specs = {base.shuffle(8, algorithm=a).spec.fingerprint for a in ("reservoir", "block", "block_warmup")}
+    assert len(specs) == 3
+    with pytest.raises(ConfigError, match=r"algorithm='blok'.*block"):
+        base.shuffle(8, algorithm="blok")
 
 
 def _take_by_tokens(table: SampleTable, index) -> SampleTable:

@@ -61,6 +61,18 @@ def check_first_window(spec: PipelineSpec, lane: int, window: int, out: WindowOu
             check(out.stats, len(out), where)
 
 
+def check_mixture_drift(spec: PipelineSpec, lane: int, window: int, out: WindowOutput) -> bool:
+    """Warn when an accumulator's ``drift_warning(stats)`` (``ensure_mixture`` with a
+    ``warn_tolerance``) finds this window's delivered share too far from its target; whether it warned."""
+    for op in spec.accumulators:
+        check = getattr(op, "drift_warning", None)
+        message = check(out.stats) if check is not None else None
+        if message:
+            warnings.warn(f"{op.name}: lane {lane}, window {window} {message}", ZephonWarning, stacklevel=2)
+            return True
+    return False
+
+
 def empty_stream(stats: Mapping[str, int], what: str) -> EmptyStreamError:
     """The error for ``what`` (a stream, or a run of windows) that read records and gave no sample."""
     return EmptyStreamError(

@@ -28,7 +28,7 @@ from ..core.spec import PipelineSpec
 from ..errors import StateError
 from .batch import Batch, BatchOptions
 from .batcher import LaneBatcher
-from .checks import check_first_window, empty_stream
+from .checks import check_first_window, check_mixture_drift, empty_stream
 from .fetcher import WindowFetcher
 from .settings import ConsumerSettings
 from .waiting import FirstBatchWait
@@ -79,6 +79,7 @@ class BatchStream:
         # index into self.lanes of the lane that emits next
         self.pointer = self.lanes.index(first_lane) if first_lane in self.lanes else 0
         self.stats: dict[str, int] = {}
+        self._drift_warned = False  # ensure_mixture's warn_tolerance: once per iteration
         self._started = False  # whether the first batch was asked for
         self.on_finish: Callable[[int, int], None] | None = None  # called as on_finish(lane, batch count) when a lane ends without a last batch
 
@@ -101,6 +102,8 @@ class BatchStream:
                 check_first_window(self.spec, lane, window, out)
             for key, n in out.stats.items():
                 self.stats[key] = self.stats.get(key, 0) + n
+            if not self._drift_warned:
+                self._drift_warned = check_mixture_drift(self.spec, lane, window, out)
             batcher.push(window, out.table, skip=self._skip.pop(lane, 0))
         return True
 

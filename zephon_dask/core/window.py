@@ -237,7 +237,9 @@ def finish_window(spec: PipelineSpec, lane: int, window: int, chunk_outputs) -> 
     """Run the accumulators over a window's chunk outputs, in chunk order (pure)."""
     started, cpu = time.perf_counter(), time.thread_time()
     chunk_outputs = list(chunk_outputs)
-    ctx = WindowContext(spec.seed, lane, window, spec.source.names)
+    ctx = WindowContext(spec.seed, lane, window, spec.source.names,
+                        allocated=sum((spec.source.chunk_counts(co.chunk) for co in chunk_outputs),
+                                      np.zeros(len(spec.source.names), np.int64)))
     for co in chunk_outputs:
         for key, n in co.stats.items():
             ctx.count(key, n)

@@ -319,6 +319,24 @@ def _per_token(spec, batch) -> tuple[tuple[str, str], ...]:
     return (("per-token fields", "; ".join(kept)),) if kept else ()
 
 
+def _ensure_mixture(spec) -> tuple[Section, ...]:
+    """``ensure_mixture``'s target and what it does with the surplus (nothing without one)."""
+    ops = [op for op in spec.accumulators if op.name == "ensure_mixture"]
+    if not ops:
+        return ()
+    op = ops[0]
+    target = ("the source's mixture: the samples the curriculum drew into each window" if op.given is None
+              else ", ".join(f"{n} {float(w):.3f}" for n, w in zip(op.names, op.given, strict=True)))
+    return (Section("ensure_mixture", pairs=(
+        ("target", f"{target} (shares of {op.weight_by})"),
+        ("surplus", "dropped (strict): each dataset delivers its share of what the window can fill, to within one sample"
+         if op.strict else "kept: samples reordered toward the target, none dropped"),
+        ("lookahead", f"{op.buffer_size:,} samples held while reordering"),
+        ("warn_tolerance", "never warns" if op.warn_tolerance is None
+         else f"warns once per iteration when a window's share drifts more than {op.warn_tolerance}"),
+    )),)
+
+
 def _fetcher(pipeline):
     """The window fetcher of the pipeline's live iteration, or ``None``."""
     stream = pipeline.session.stream
@@ -413,6 +431,7 @@ def explain(pipeline) -> Explanation:
     schedule = phase_rows(pipeline)
     phases = (Section("mixture schedule", headers=PHASE_HEADERS, rows=schedule),) if schedule else ()
     mixture = _mixture(spec.source, pipeline.session.built_source)
-    sections = (_datasets(spec.source), mixture, *phases, lanes, group, _operators(spec), batch,
+    sections = (_datasets(spec.source), mixture, *phases, lanes, group, _operators(spec), *_ensure_mixture(spec),
+                batch,
                 _execution(pipeline, options, fingerprint))
     return Explanation(fingerprint, sections, tuple(lane_notes + group_notes))

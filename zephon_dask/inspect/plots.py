@@ -37,8 +37,18 @@ def plot_mixture(stats, ax=None):
     for m in stats.mixture[:-1]:
         level += m["target"]
         ax.axhline(level, color="black", linestyle="--", linewidth=0.8)
-    ax.set(xlabel="global step", ylabel=f"share of {'real tokens' if unit == 'tokens' else 'samples'}",
-           ylim=(0, 1), title=f"realized mixture per step (dashes: target {unit[:-1]} weights)")
+    title = f"realized mixture per step (dashes: target {unit[:-1]} weights)"
+    ensure = getattr(stats, "ensure_mixture", None)
+    if ensure and all(m["target"] is not None for m in ensure):
+        level = 0.0
+        for m in ensure[:-1]:
+            level += m["target"]
+            ax.axhline(level, color="tab:red", linestyle=":", linewidth=1.2)
+        delivered = " / ".join(f"{m['dataset']} {m['delivered_share'] or 0:.3f}" for m in ensure)
+        dropped = sum(m["dropped"] for m in ensure)
+        title += f"\nensure_mixture (dots: its target): delivered {delivered}, {dropped:,} samples dropped"
+    ax.set(xlabel="global step", ylabel=f"share of {'real tokens' if unit == 'tokens' else 'samples'}", ylim=(0, 1))
+    ax.set_title(title, fontsize=9 if ensure else None)
     ax.legend(loc="upper right", fontsize=8)
     return ax
 

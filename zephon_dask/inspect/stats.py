@@ -57,6 +57,7 @@ class PipelineStats:
     partial_windows: int = 0
     packing: str = ""
     counters: dict = field(default_factory=dict, repr=False)  # the fetched windows' counters, summed
+    ensure_mixture: list[dict] = field(default_factory=list)  # per dataset, when the pipeline has one
 
     @property
     def tokens_per_s(self) -> float:
@@ -155,6 +156,21 @@ class PipelineStats:
                              share(token_target.get(name)), share(ph["token_share"][name])))
         return rows
 
+    _ENSURE_HEADER = ["dataset", "target", "delivered share", "in", "delivered", "dropped samples"]
+
+    def _ensure_rows(self):
+        def share(x):
+            return "n/a" if x is None else f"{x:.3f}"
+
+        return [(m["dataset"], share(m["target"]), share(m["delivered_share"]), f"{m['in']:,}", f"{m['out']:,}",
+                 f"{m['dropped']:,}") for m in self.ensure_mixture]
+
+    @property
+    def _ensure_caption(self) -> str:
+        unit = self.ensure_mixture[0]["unit"] if self.ensure_mixture else "samples"
+        return (f"ensure_mixture, shares of {unit} over the windows fetched (in: before it, delivered: after "
+                "it, both in that unit; dropped: the surplus a strict one removed)")
+
     def _lane_rows(self):
         return [(p["lane"], p["window"], p["offset"], p["batches_delivered"], "yes" if p["finished"] else "")
                 for p in self.lanes]
@@ -170,6 +186,8 @@ class PipelineStats:
             *([f"  {self.why}"] if self.why else []),
             *([f"mixture by schedule phase, weighted by {self.weight_by} (over the global steps each "
                "phase covers)", text_table(PHASE_HEADERS, self._phase_rows())] if self.phases else []),
+            *([self._ensure_caption, text_table(self._ENSURE_HEADER, self._ensure_rows())]
+              if self.ensure_mixture else []),
             "lanes", text_table(["lane", "window", "offset", "batches", "finished"], self._lane_rows()),
         ])
 
@@ -182,6 +200,8 @@ class PipelineStats:
             *([html_table(PHASE_HEADERS, self._phase_rows(),
                           caption=f"mixture by schedule phase, weighted by {self.weight_by}")]
               if self.phases else []),
+            *([html_table(self._ENSURE_HEADER, self._ensure_rows(), caption=self._ensure_caption)]
+              if self.ensure_mixture else []),
             html_table(["lane", "window", "offset", "batches", "finished"], self._lane_rows(), caption="lanes"),
         )
 
@@ -283,7 +303,21 @@ def stats(pipeline) -> PipelineStats:
         partial_windows=partial or 0,
         packing=packs[-1].spec()["algorithm"] if packs else "",
         counters=dict(pack),
+        ensure_mixture=_ensure_rows(pipeline.description.accumulators, pack),
     )
+
+
+def _ensure_rows(accumulators, counters: dict[str, int]) -> list[dict]:
+    """``ensure_mixture``'s target, delivered share, units in and out and samples dropped per dataset,
+    over the windows the stream fetched (their counters); empty without one."""
+    ops = [op for op in accumulators if op.name == "ensure_mixture"]
+    if not ops:
+        return []
+    op = ops[0]
+    target, got = op.targets(counters) or {}, op.delivered(counters) or {}
+    return [{"dataset": n, "unit": op.weight_by, "target": target.get(n), "delivered_share": got.get(n),
+             "in": counters.get(f"ensure_mixture.{n}.in", 0), "out": counters.get(f"ensure_mixture.{n}.out", 0),
+             "dropped": counters.get(f"ensure_mixture.{n}.dropped", 0)} for n in op.names]
 
 
 _DRAWN: dict[tuple[str, int], np.ndarray] = {}  # (fingerprint, lane) -> row w: samples per dataset in windows < w

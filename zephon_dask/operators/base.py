@@ -34,13 +34,17 @@ class _Counters:
 
 @dataclass
 class WindowContext(_Counters):
-    """Where an accumulator runs, plus the window's counters (the only mutable part)."""
+    """Where an accumulator runs, plus the window's counters (the only mutable part).
+
+    ``allocated`` holds the samples of each dataset the curriculum put in the window's chunks
+    (``None`` where unknown: a table built by hand)."""
 
     seed: int
     lane: int
     window: int
     dataset_names: tuple[str, ...]
     stats: dict[str, int] = field(default_factory=dict)
+    allocated: np.ndarray | None = None
 
 
 @dataclass

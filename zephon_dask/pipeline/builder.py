@@ -43,6 +43,7 @@ from ..errors import ConfigError, UnsizedPipelineError
 from ..operators.base import Accumulator, RecordOp
 from ..operators.chat import ROLES, TokenizeChat
 from ..operators.custom import MapBatch, adopt
+from ..operators.mixture import EnsureMixture
 from ..operators.pack import Pack
 from ..operators.records import DecodeText, Filter, Map
 from ..operators.shuffle import Shuffle
@@ -352,27 +353,76 @@ class Pipeline:
                           hint=f"a token id of dataset {ds.name!r}'s vocabulary")
         return self._add_accumulator(op, BatchOptions(**{**self._description.batch.config(), "pad_id": pad_id}))
 
-    def shuffle(self, buffer_size: int, seed: int | None = None) -> Pipeline:
-        """Shuffle each window's samples through a reservoir of ``buffer_size`` (an accumulator).
+    def shuffle(self, buffer_size: int, seed: int | None = None, algorithm: str = "reservoir") -> Pipeline:
+        """Shuffle each window's samples through a buffer of ``buffer_size`` (an accumulator).
 
         The randomness comes from each sample's identity and the seed, never from a
         counter, so the order is the same on any runner and after any resume.
 
         Args:
-            buffer_size: samples held in the reservoir (larger mixes more).
+            buffer_size: samples held in the buffer (larger mixes more).
             seed: this shuffle's seed (default: the work source's seed).
+            algorithm: ``"reservoir"`` (each new sample evicts the slot its identity names),
+                ``"block"`` (consecutive blocks of ``buffer_size``, each permuted) or
+                ``"block_warmup"`` (blocks growing from ``buffer_size // 16`` to
+                ``buffer_size``, so a window's first samples come early).
 
         Returns:
             A new pipeline.
 
         Raises:
-            ConfigError: a bad ``buffer_size`` or no tokens yet.
+            ConfigError: a bad ``buffer_size`` or ``algorithm``, or no tokens yet.
 
         Example:
-            >>> pipeline.shuffle(1024)  # doctest: +SKIP
+            >>> pipeline.shuffle(1024, algorithm="block")  # doctest: +SKIP
         """
         self._check_tokens("shuffle")
-        return self._add_accumulator(Shuffle(buffer_size, seed))
+        return self._add_accumulator(Shuffle(buffer_size, seed, algorithm))
+
+    def ensure_mixture(self, weights=None, *, weight_by: str = "samples", strict: bool = False,
+                       buffer_size: int = 1024, warn_tolerance: float | None = None) -> Pipeline:
+        """Re-balance each window's samples toward the target mixture (an accumulator).
+
+        Filters and splits change how many samples of each dataset are left; this
+        restores the target: place it after them and before ``pack``. It runs per
+        (lane, window) like every accumulator, so it stays exact at any dp degree
+        and across any resume.
+
+        Args:
+            weights: ``{dataset: share}`` (a dataset left out gets 0), or ``None``:
+                the source's mixture (what the curriculum drew into each window).
+            weight_by: ``"samples"`` or ``"tokens"`` (real tokens per sample).
+            strict: drop the surplus of over-represented datasets so each window
+                delivers the target share (each dataset within one sample of its
+                share); else keep every sample and only reorder toward it.
+            buffer_size: samples held while reordering (the lookahead).
+            warn_tolerance: warn once per iteration when a window's delivered share
+                drifts further than this from the target (e.g. ``0.05``); ``None``:
+                never. Not a data setting.
+
+        Returns:
+            A new pipeline.
+
+        Raises:
+            ConfigError: after ``pack``, a second ``ensure_mixture``, no tokens yet,
+                an unknown dataset or a bad setting.
+
+        Example:
+            >>> pipeline.filter(keep).ensure_mixture(strict=True).pack(2048)  # doctest: +SKIP
+        """
+        self._check_tokens("ensure_mixture")
+        for op in self._description.accumulators:
+            if isinstance(op, (Pack, EnsureMixture)):
+                raise ConfigError(
+                    f".ensure_mixture() comes after .{op.name}(): "
+                    + ("it re-balances documents, so it goes before .pack()" if isinstance(op, Pack)
+                       else "call it once"))
+        source = self._source
+        token_weights = (source.target_weights if source.weight_by == "tokens" and source.phases is None
+                         else None)
+        return self._add_accumulator(EnsureMixture(
+            source.names, weights, weight_by=weight_by, strict=strict, buffer_size=buffer_size,
+            warn_tolerance=warn_tolerance, source_token_weights=token_weights))
 
     def stateful(self, name: str, init, push, flush, version=None) -> Pipeline:
         """Add your own accumulator: ``init()``, ``push(state, sample)``, ``flush(state)``.

@@ -31,7 +31,7 @@ from ..errors import ConfigError, StateError, ZephonWarning
 from ..log import logger
 from ..operators.identity import sha256_json
 from ..state import steps
-from ..state.schema import State, config_diff, describe_diff
+from ..state.schema import State, config_diff, describe_diff, pointer_key
 from ..state.steps import StepShape
 from .ranks import dp_identity, owned_lanes
 
@@ -193,7 +193,8 @@ def check_positions(spec: PipelineSpec, state: State) -> None:
 def _announce(base: MixtureWorkSource, state: State, source: MixtureWorkSource, lanes: list[int],
               stacklevel: int) -> None:
     """Warn where the checkpoint's seed or tokens per sample override the pipeline's (``base``:
-    its session's source); log where the resume starts."""
+    its session's source), or where a state taken mid-step resumes on another topology (its
+    round-robin pointer is not these lanes'); log where the resume starts."""
     if source.seed != base.seed:
         warnings.warn(f"resuming with the checkpoint's seed {source.seed}, not this pipeline's seed "
                       f"{base.seed}", ZephonWarning, stacklevel=stacklevel)
@@ -201,6 +202,15 @@ def _announce(base: MixtureWorkSource, state: State, source: MixtureWorkSource, 
     if any(used.get(n, v) != v for n, v in base.token_pins.items()):
         warnings.warn("resuming with the checkpoint's tokens_per_sample, not the ones this pipeline's "
                       "work source was given", ZephonWarning, stacklevel=stacklevel)
+    step = state.step
+    if step.batches_in_step and pointer_key(0, 1, lanes) not in state.pointers:
+        warnings.warn(
+            f"resuming a state taken {step.batches_in_step} batches into global step {step.global_step} "
+            f"on another topology (lanes {','.join(map(str, lanes))} were not one group's when it was "
+            "taken): the rest of that step may interleave its lanes differently, and so group later "
+            "batches into steps differently; each lane's batches stay exact (nothing lost or "
+            "repeated). Checkpoint at step boundaries to resume step for step",
+            ZephonWarning, stacklevel=stacklevel)
     logger.info("resuming at global step %d: lane frontiers (window, offset) %s", state.step.global_step,
                 {lane: (state.lanes[lane].window, state.lanes[lane].offset) for lane in lanes})
 

@@ -31,9 +31,9 @@ def worker_shape(shape: StepShape, lanes: list[int], owned: int) -> StepShape:
     steps by ``shape``: the group's G, degree and microbatch size (what a checkpoint records and a
     resume keeps), and as ``per_rank`` the worker's share of each step. A step is whole
     round-robin cycles over the owned lanes, one batch per lane a cycle, so the share is whole.
-    Not explicit: the loader's user counts the steps, so a state taken mid-step does not warn."""
+    The loader's user counts the steps, so a state taken mid-step does not warn."""
     return StepShape(shape.per_rank * len(lanes) // owned, shape.global_batches, shape.dp_degree, False,
-                     shape.microbatch)
+                     shape.microbatch, warns_mid_step=False)
 
 
 def share_step(step: StepProgress, share: StepShape) -> StepProgress:

@@ -192,7 +192,7 @@ class Progress:
         or those up to the end of global step ``at_step``, or up to the watermark."""
         state = self._state(self._resolve_ahead(ahead, at_step))
         in_step = state.step.batches_in_step
-        if in_step and self.shape.explicit:
+        if in_step and self.shape.warns_mid_step:
             warnings.warn(
                 f"state_dict() taken {in_step} batches into a step of {self.shape.per_rank}: a resume "
                 f"starts after those {in_step} batches, so they are skipped unless the weights saved "

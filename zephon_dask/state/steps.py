@@ -25,8 +25,10 @@ from .schema import describe_diff
 class StepShape:
     """A global step: ``global_batches`` (G) over all ranks, ``per_rank`` = G / ``dp_degree`` here.
 
-    ``explicit`` says G was set by an option, so a state taken mid-step
-    warns; ``microbatch`` is the samples per batch (recorded with G).
+    ``explicit`` says G was set by an option (else it is the default, one
+    cycle); ``microbatch`` is the samples per batch (recorded with G);
+    ``warns_mid_step`` says a state taken mid-step warns, whatever set G
+    (False only for a DataLoader worker's share, whose loader counts the steps).
     """
 
     per_rank: int
@@ -34,6 +36,7 @@ class StepShape:
     dp_degree: int
     explicit: bool
     microbatch: int = 1
+    warns_mid_step: bool = True
 
 
 def valid_degrees(replicas: int, global_batches: int) -> list[int]:
