@@ -8,6 +8,11 @@ name the offending value and say how to fix it.
 
 from __future__ import annotations
 
+import inspect
+from pathlib import Path
+
+_PACKAGE = str(Path(__file__).resolve().parent)
+
 
 class ZephonError(Exception):
     """Base class of every error zephon_dask raises on purpose."""
@@ -120,6 +125,17 @@ class ZephonWarning(UserWarning):
 
 class ElasticityWarning(ZephonWarning):
     """A setting is valid but costs balance or elasticity (e.g. lanes not divisible by groups)."""
+
+
+def user_stacklevel() -> int:
+    """``warnings.warn``'s ``stacklevel`` that points at the first frame outside this package (the
+    user's call, or a framework's), however deep inside the package the warning is raised: a fixed
+    count breaks whenever a call path gains a frame (a wrapper, a helper)."""
+    frame, level = inspect.currentframe(), 1
+    frame = frame.f_back if frame is not None else None  # the function that calls warnings.warn: 1
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE):
+        frame, level = frame.f_back, level + 1
+    return max(level - 1, 1) if frame is None else level
 
 
 class DeviceUnavailableError(ConfigError):

@@ -514,6 +514,12 @@ ALLOWED_BUILTIN_RAISES = {
     ("consumer/stream.py", "StopIteration"): "__next__ at the end of the stream: the iterator protocol",
     ("execution/base.py", "NotImplementedError"): "an abstract method of the runner base class",
     ("operators/base.py", "NotImplementedError"): "abstract methods of the operator base classes",
+    ("data/formats.py", "TypeError"): "a format module whose READER is not a Reader: the library's own "
+                                      "mistake, found when the registry is imported",
+    ("data/litdata.py", "ValueError"): "the nested-value decoder's failure, caught by its caller and raised "
+                                       "as a DataFormatError naming the chunk",
+    ("operators/table.py", "ValueError"): "a sample whose document ids outnumber its lineage rows, caught by "
+                                          "the batch cut and raised as a DataFormatError",
 }
 
 

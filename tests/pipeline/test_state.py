@@ -211,7 +211,7 @@ def test_mid_step_checkpoint_loses_and_repeats_nothing(corpus_dir, cut, dp, mapp
 def test_a_mid_step_state_warns_with_the_default_step_size_too(corpus_dir):
     """R=4 with no step option: a step is one cycle of 4 batches, so 3 batches in is mid-step."""
     pipe = build(corpus_dir, runner="synchronous")
-    assert not pipe.step_shape().explicit
+    assert not pipe.session.step_shape().explicit
     take(pipe, 3)
     with pytest.warns(ZephonWarning, match="3 batches into a step of 4"):
         pipe.state_dict()

@@ -387,7 +387,7 @@ def test_per_dataset_repetition_and_read_order_in_a_recipe(corpus):
                                  exhausted_policy={"prose": "stop", "code": "repeat"}, max_repeats={"code": 1},
                                  reshuffle_on_repeat={"code": False}, read_order="weighted_random",
                                  within_dataset="shuffle")
-    q = (z.Pipeline(source).tokenize("bytes", bos=True).shuffle(5).pack(48, algorithm="first_fit", num_bins=4)
+    q = (z.Pipeline(source).tokenize("bytes", bos=True).shuffle(5).ensure_mixture(strict=True, buffer_size=7).pack(48, algorithm="first_fit", num_bins=4)
          .batch(2, labels=True).options(canonical_replicas=2, flush_every_k_chunks=3, runner="synchronous",
                                         prefetch_windows=1))
     assert p.fingerprint() == q.fingerprint()

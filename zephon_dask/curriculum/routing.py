@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import ConfigError, ElasticityWarning
+from ..errors import ConfigError, ElasticityWarning, user_stacklevel
 from ..options import MAPPING_STRATEGIES
 from ..validate import check_choice, check_int
 from .permutation import permute, permute_each
@@ -75,7 +75,7 @@ def check_degree(replicas: int, dp_degree: object) -> int:
             "own one more lane than others and do more work per step. Prefer a degree that "
             f"divides {replicas}",
             ElasticityWarning,
-            stacklevel=3,
+            stacklevel=user_stacklevel(),
         )
     return degree
 

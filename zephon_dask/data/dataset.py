@@ -35,6 +35,7 @@ from ..errors import (
     MissingFieldError,
     RecordIndexError,
     ZephonWarning,
+    user_stacklevel,
 )
 from ..validate import check_keywords, did_you_mean
 from . import fields as record_fields
@@ -124,7 +125,7 @@ def _select(
                 f"data among the {listing.searched}: {_some(others)}. Pass data_files= or a "
                 "glob to choose the files explicitly",
                 ZephonWarning,
-                stacklevel=4,
+                stacklevel=user_stacklevel(),
             )
         files = mine
     if not files:

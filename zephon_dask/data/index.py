@@ -45,7 +45,7 @@ from typing import Any
 import platformdirs
 from fsspec import AbstractFileSystem
 
-from ..errors import ZephonWarning
+from ..errors import ZephonWarning, user_stacklevel
 from ..progress_bar import progress_bar
 from . import integrity
 from .integrity import Signature
@@ -208,7 +208,7 @@ def _load(target: str, url: str) -> dict[str, Any]:
                 f"zephon_dask: the index cache {target!r} does not match its own checksum (edited "
                 "or damaged); it is not used: the files it lists are indexed again",
                 ZephonWarning,
-                stacklevel=5,
+                stacklevel=user_stacklevel(),
             )
         return {}
     files = doc.get("files")
@@ -238,5 +238,5 @@ def _store(target: str, url: str, fresh: dict[str, Any]) -> None:
                 f"zephon_dask: cannot write the index cache {target!r} ({exc!r}); continuing "
                 f"without it (files will be re-indexed next time). Set {CACHE_ENV} or pass "
                 "cache_dir= to use a writable directory",
-                stacklevel=4,
+                stacklevel=user_stacklevel(),
             )

@@ -21,7 +21,6 @@ import copy
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
 
 from ..errors import ConfigError, DataFormatError, DatasetNotFoundError
 from . import integrity
@@ -149,6 +148,8 @@ def open_dataset(
 def read(meta: dict[str, Any], index: int, shard: Shard, offsets: np.ndarray,
          storage_options: dict[str, Any] | None) -> list[dict[str, Any]]:
     """The rows at ``offsets`` (int64, validated) of fragment ``index``, in order; fresh dicts each."""
+    import pyarrow as pa  # here, not at import: the registry imports every format, threads none
+
     uniq, inverse = np.unique(offsets, return_inverse=True)
     ds = _open(meta["uri"], meta["version"], lance_options(meta["uri"], storage_options))
     try:

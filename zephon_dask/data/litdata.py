@@ -34,7 +34,6 @@ import struct
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
 
 from ..errors import ConfigError, DataFormatError, DatasetNotFoundError
 from . import integrity
@@ -379,7 +378,10 @@ def _layout(fs: Any, name: str, shard: Shard, data: bytes | None) -> tuple[np.nd
     return got
 
 
-def _footer(fs: Any, name: str, shard: Shard, span: tuple[int, int], data: bytes | None) -> pa.Table:
+def _footer(fs: Any, name: str, shard: Shard, span: tuple[int, int], data: bytes | None) -> Any:
+    """The chunk's Arrow copy of its rows (a ``pyarrow.Table``), read once per process."""
+    import pyarrow as pa  # here, not at import: the registry imports every format, threads none
+
     table = TABLES.get(shard)
     if table is None:
         start, length = span
@@ -498,7 +500,7 @@ def read(shard: Shard, offsets: np.ndarray, *, meta: dict[str, Any], size: int,
             data = _decompressed(fs, name, shard, size) if level == "chunk" else None
             table, footer = _layout(fs, name, shard, data)
             if footer is not None:
-                rows = _footer(fs, name, shard, footer, data).take(pa.array(uniq)).to_pylist()
+                rows = _footer(fs, name, shard, footer, data).take(uniq).to_pylist()
                 keys = meta["keys"]
                 return fresh([{k: r[k] for k in keys} for r in rows], order)
             raw = _ranges(fs, name, table, uniq, data)

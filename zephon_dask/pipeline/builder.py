@@ -899,7 +899,7 @@ class Pipeline:
         Example:
             >>> pipeline.load_state_dict(zephon_dask.load_state("ckpt/data.json"))  # doctest: +SKIP
         """
-        resumed = check_resume(self._session, state, stacklevel=2)
+        resumed = check_resume(self._session, state, announce=True)
         self._session.load(resumed.state, resumed.source)
         return self
 

@@ -27,7 +27,7 @@ from typing import Any
 from ..core import phases
 from ..core.spec import PipelineSpec
 from ..curriculum import MixtureWorkSource
-from ..errors import ConfigError, StateError, ZephonWarning
+from ..errors import ConfigError, StateError, ZephonWarning, user_stacklevel
 from ..log import logger
 from ..operators.identity import sha256_json
 from ..state import steps
@@ -45,7 +45,7 @@ class Resume:
     shape: StepShape
 
 
-def check(session, state: Any, lanes: list[int] | None = None, *, stacklevel: int | None = None) -> Resume:
+def check(session, state: Any, lanes: list[int] | None = None, *, announce: bool = False) -> Resume:
     """``state`` checked for resuming ``lanes`` (default: the group's) of the data ``session`` runs.
 
     Args:
@@ -53,9 +53,9 @@ def check(session, state: Any, lanes: list[int] | None = None, *, stacklevel: in
             and work source as built).
         state: a state dict (any version) or a :class:`~zephon_dask.state.State`.
         lanes: the lanes the state must cover.
-        stacklevel: when given (a user's ``load_state_dict``), warn where the checkpoint's seed
-            or tokens per sample override the pipeline's (``stacklevel`` as ``warnings.warn``
-            would take it in the caller), and log the resume point.
+        announce: (a user's ``load_state_dict``) warn, at the user's call, where the
+            checkpoint's seed or tokens per sample override the pipeline's or a mid-step state
+            resumes on another topology, and log the resume point.
 
     Returns:
         A :class:`Resume`.
@@ -75,8 +75,8 @@ def check(session, state: Any, lanes: list[int] | None = None, *, stacklevel: in
     check_covers(state, lanes)
     check_positions(spec, state)
     shape = shape_for(d, state, degree)  # refuses a setting that would change the state's G
-    if stacklevel is not None:
-        _announce(session.source, state, source, lanes, stacklevel + 2)  # + this frame and _announce's
+    if announce:
+        _announce(session.source, state, source, lanes)
     return Resume(state, source, shape)
 
 
@@ -190,18 +190,17 @@ def check_positions(spec: PipelineSpec, state: State) -> None:
                              "batch; the state is corrupted")
 
 
-def _announce(base: MixtureWorkSource, state: State, source: MixtureWorkSource, lanes: list[int],
-              stacklevel: int) -> None:
+def _announce(base: MixtureWorkSource, state: State, source: MixtureWorkSource, lanes: list[int]) -> None:
     """Warn where the checkpoint's seed or tokens per sample override the pipeline's (``base``:
     its session's source), or where a state taken mid-step resumes on another topology (its
     round-robin pointer is not these lanes'); log where the resume starts."""
     if source.seed != base.seed:
         warnings.warn(f"resuming with the checkpoint's seed {source.seed}, not this pipeline's seed "
-                      f"{base.seed}", ZephonWarning, stacklevel=stacklevel)
+                      f"{base.seed}", ZephonWarning, stacklevel=user_stacklevel())
     used = dict(zip(source.names, source.tokens_per_sample or (), strict=False))
     if any(used.get(n, v) != v for n, v in base.token_pins.items()):
         warnings.warn("resuming with the checkpoint's tokens_per_sample, not the ones this pipeline's "
-                      "work source was given", ZephonWarning, stacklevel=stacklevel)
+                      "work source was given", ZephonWarning, stacklevel=user_stacklevel())
     step = state.step
     if step.batches_in_step and pointer_key(0, 1, lanes) not in state.pointers:
         warnings.warn(
@@ -210,7 +209,7 @@ def _announce(base: MixtureWorkSource, state: State, source: MixtureWorkSource, 
             "taken): the rest of that step may interleave its lanes differently, and so group later "
             "batches into steps differently; each lane's batches stay exact (nothing lost or "
             "repeated). Checkpoint at step boundaries to resume step for step",
-            ZephonWarning, stacklevel=stacklevel)
+            ZephonWarning, stacklevel=user_stacklevel())
     logger.info("resuming at global step %d: lane frontiers (window, offset) %s", state.step.global_step,
                 {lane: (state.lanes[lane].window, state.lanes[lane].offset) for lane in lanes})
 

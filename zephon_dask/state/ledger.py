@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import StateError, ZephonWarning
+from ..errors import StateError, ZephonWarning, user_stacklevel
 
 
 def batch_digest(tokens) -> str:
@@ -80,7 +80,7 @@ def _repair_torn_tail(path: Path) -> None:
     except FileNotFoundError:
         return
     warnings.warn(f"ledger {str(path)!r}: its last line was cut short by a crash ({size - keep} bytes); "
-                  "removed it before appending", ZephonWarning, stacklevel=3)
+                  "removed it before appending", ZephonWarning, stacklevel=user_stacklevel())
 
 
 def read_ledger(directory) -> dict[int, dict[tuple[int, int], str]]:

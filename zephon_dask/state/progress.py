@@ -20,7 +20,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from ..errors import StateError, ZephonWarning
+from ..errors import StateError, ZephonWarning, user_stacklevel
 from .history import StepHistory
 from .ledger import LedgerWriter
 from .schema import LaneProgress, State, StepProgress, pointer_key
@@ -200,7 +200,7 @@ class Progress:
                 "of an optimizer step has not: take state_dict(at_step=N) with the weights of step N), "
                 "and a resume on another topology may interleave lanes differently. Checkpoint at "
                 "step boundaries",
-                ZephonWarning, stacklevel=3,
+                ZephonWarning, stacklevel=user_stacklevel(),
             )
         return state.to_dict()
 
