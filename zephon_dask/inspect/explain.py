@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from ..consumer.checks import idle_lanes
 from ..curriculum import routing
+from ..curriculum.chunking import chosen_note
 from ..errors import ClusterError, ConfigError, ElasticityWarning, NotFoundError, ZephonError
 from ..execution import RUNNERS, choose_runner
 from ..execution.base import AUTO_AFTER, CONTROL_SHARE, MAX_WINDOWS_PER_TASK
@@ -158,7 +159,16 @@ def _stream_end(source) -> str:
     return f"after {source.max_repeats} repeat(s) (exhausted_policy='repeat')"
 
 
-def _mixture(source) -> Section:
+def _chunk_size(pipeline, source, replicas: int) -> str:
+    """The chunk size, and whether the pipeline chose it from the data (the source left it open)."""
+    if not pipeline.session.built_source.chooses_chunk_size:
+        return str(source.chunk_size)
+    if pipeline.session.resume is not None:
+        return f"{source.chunk_size} (the checkpoint's: chunk_size is left open)"
+    return f"{source.chunk_size} ({chosen_note(source, replicas)})"
+
+
+def _mixture(source, chunk_size: str) -> Section:
     chunks = source.num_chunks
     length = "endless" if chunks is None else f"{chunks:,} chunks ({chunks * source.chunk_size:,} samples)"
     shuffles = [name for name, on in (("shards", source.shuffle_shards),
@@ -171,7 +181,7 @@ def _mixture(source) -> Section:
                  else "samples: weights are shares of each chunk's samples")
     return Section("mixture", pairs=(
         ("weight_by", weight_by),
-        ("chunk_size", str(source.chunk_size)),
+        ("chunk_size", chunk_size),
         ("seed", str(source.seed)),
         ("stream length", length),
         ("stream ends", _stream_end(source)),
@@ -365,6 +375,7 @@ def explain(pipeline) -> Explanation:
     batch = Section("batches", pairs=tuple((k, str(v)) for k, v in pipeline.description.batch.config().items()))
     schedule = phase_rows(pipeline)
     phases = (Section("mixture schedule", headers=PHASE_HEADERS, rows=schedule),) if schedule else ()
-    sections = (_datasets(spec.source), _mixture(spec.source), *phases, lanes, group, _operators(spec), batch,
+    chunk_size = _chunk_size(pipeline, spec.source, spec.canonical_replicas)
+    sections = (_datasets(spec.source), _mixture(spec.source, chunk_size), *phases, lanes, group, _operators(spec), batch,
                 _execution(pipeline, options, fingerprint))
     return Explanation(fingerprint, sections, tuple(lane_notes + group_notes))

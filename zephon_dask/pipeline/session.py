@@ -6,7 +6,8 @@ session it owns is everything that happens when it runs:
 * the **runner** (started on first use, closed by :meth:`Session.close`);
 * the **work source**: the pipeline's (:attr:`built_source`), or one carrying
   a loaded state's seed and tokens per sample (:attr:`base_source`); a token-weighted source without them is measured
-  once, on first use, with the pipeline's record operators (:mod:`.measure`);
+  once, on first use, with the pipeline's record operators (:mod:`.measure`), and one that
+  leaves its chunk size open gets it chosen for the lanes, once (:mod:`~zephon_dask.curriculum.chunking`);
 * the **loaded state**: the :class:`~zephon_dask.state.State` given to
   ``load_state_dict``, checked by :func:`.resume.check`;
   its G and seed hold for the session, and the next iteration starts at it,
@@ -42,6 +43,7 @@ from ..consumer.stream import BatchStream
 from ..core import phases
 from ..core.spec import PipelineSpec, has_tokens
 from ..curriculum import MixtureWorkSource
+from ..curriculum.chunking import fitted
 from ..errors import ClosedError, ConfigError, StateError
 from ..execution import Runner, make_runner
 from ..state.ledger import LedgerWriter
@@ -89,14 +91,16 @@ class Session:
     @property
     def source(self):
         """The work source the batches come from: :attr:`base_source`, measured if it weighs by
-        tokens and has no tokens per sample yet (measured once per session)."""
+        tokens and has no tokens per sample yet (measured once per session), and with its chunk
+        size chosen for the lanes if it leaves it open (:func:`~zephon_dask.curriculum.chunking.fitted`)."""
         if self._measured is None:
             if self.base_source.unmeasured and not has_tokens(self.base_source, self.description.record_ops):
                 raise ConfigError(
                     "the work source weighs by tokens (weight_by='tokens'), measured with the pipeline's "
                     "tokenizer: call .tokenize(...) before using the pipeline's data"
                 )
-            self._measured = measured(self.base_source, self.description.record_ops)
+            source = measured(self.base_source, self.description.record_ops)
+            self._measured = fitted(source, self.description.settings["canonical_replicas"])
         return self._measured
 
     @source.setter
