@@ -77,3 +77,7 @@ def test_performance_is_a_summary_with_commands_and_its_logs_lie_beside_the_benc
     for anchor in set(re.findall(r"\(\.\./benchmarks/RESULTS\.md#([\w-]+)\)", page)):
         assert any(re.sub(r"[^\w\- ]", "", h.lstrip("#").strip().lower()).replace(" ", "-") == anchor
                    for h in results.splitlines() if h.startswith("#")), anchor
+
+
+def test_every_python_block_of_curriculum_runs_as_written(tmp_path):
+    run_page("curriculum.md", tmp_path)

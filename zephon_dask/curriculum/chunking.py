@@ -38,6 +38,8 @@ def candidates(source: MixtureWorkSource) -> list[int]:
 
 def stream_chunks(source: MixtureWorkSource, chunk_size: int) -> int | None:
     """Chunks in ``source``'s stream at ``chunk_size`` (``None``: endless; 0: no chunk fits)."""
+    if chunk_size == source.chunk_size and source.chooses_chunk_size:  # an open source keeps a stream of none
+        return source.num_chunks
     try:
         return source.with_chunk_size(chunk_size).num_chunks
     except ConfigError:  # a valid candidate is refused only for having no chunk
