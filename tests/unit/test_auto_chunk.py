@@ -208,3 +208,24 @@ def test_a_resume_reuses_the_checkpoints_chunk_size_and_refuses_other_data():
     assert "the checkpoint's" in str(resumed.explain())
     with pytest.raises(StateError, match="different data configuration"):
         small(800).load_state_dict(state)
+
+
+def test_fewer_samples_than_lanes_get_the_most_chunks_and_a_note_to_lower_the_lanes():
+    five = z.Pipeline(z.MixtureWorkSource([notes(5)])).tokenize().pack(8).batch(1)
+    assert five.spec.source.chunk_size == 1 and five.spec.source.num_chunks == 5
+    (note,) = [w for w in five.explain().warnings if "lanes get no chunk" in w]
+    assert "lower canonical_replicas to 5 or less (with chunk_size=1)" in note
+
+
+def test_token_weights_are_measured_before_the_size_is_chosen():
+    short = z.Dataset.from_records("short", [{"text": f"s{i}"} for i in range(40)])
+    long = z.Dataset.from_records("long", [{"text": f"long {i} " + "x" * 200} for i in range(40)])
+
+    def pipe(**kw):
+        return z.Pipeline(z.MixtureWorkSource([short, long], {"short": 1, "long": 1}, weight_by="tokens",
+                                              **kw)).tokenize()
+    auto = pipe()
+    size = auto.spec.source.chunk_size
+    assert size < 1024 and auto.spec.source.num_chunks >= 8 > auto.spec.source.with_chunk_size(2 * size).num_chunks
+    assert auto.spec.config() == pipe(chunk_size=size).spec.config()
+    assert size > 8  # by samples (80 of them) it would be 8: the measured weights decide
