@@ -131,8 +131,9 @@ DATASETS = Table("[[datasets]]", "one table per dataset, at least one",
 ))
 SOURCE = Table("[source]", "how the datasets are ordered, mixed and cut into chunks",
                "`MixtureWorkSource(datasets, weights, **source)`", (
-    Key("chunk_size", _INT, 1024, "samples per chunk, the unit a lane receives; each dataset fills its "
-        "weight's share of every chunk"),
+    Key("chunk_size", _INT, None, "samples per chunk, the unit a lane receives; each dataset fills its "
+        "weight's share of every chunk", (), "chosen from the data: 1024, or the largest power of two "
+        "that gives every lane a chunk"),
     Key("seed", _INT, 0, "the seed of the sample orders and of the chunk-to-lane routing (and of "
         "`[shuffle]` unless it sets one)"),
     Key("shuffle_shards", _BOOL, True, "shuffle the order of each dataset's shards"),

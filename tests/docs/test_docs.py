@@ -94,3 +94,7 @@ def test_the_ensure_mixture_example_prints_the_shares_shown(capsys):
     shown = next(b for b in blocks("operators.md", "text") if b.startswith("share of b:"))
     exec(compile(code, "operators.md", "exec"), {})
     assert capsys.readouterr().out == shown
+
+
+def test_every_python_block_of_curriculum_runs_as_written(tmp_path):
+    run_page("curriculum.md", tmp_path)

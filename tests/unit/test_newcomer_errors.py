@@ -104,7 +104,7 @@ def test_a_corpus_too_small_for_its_lanes_says_so_with_the_chunk_size_that_fits(
 
     from zephon_dask.errors import ElasticityWarning
 
-    pipe = small_corpus()  # 700 documents, chunk_size 1,024, 8 lanes: one chunk
+    pipe = small_corpus(chunk_size=1024)  # 700 documents, chunk_size 1,024 given, 8 lanes: one chunk
     (note,) = [w for w in pipe.explain().warnings if "lanes get no chunk" in w]
     assert "7 lanes get no chunk" in note and "chunk_size=64" in note
     with pytest.warns(ElasticityWarning, match="chunk_size=64"), pipe:

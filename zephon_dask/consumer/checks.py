@@ -23,6 +23,7 @@ import numpy as np
 
 from ..core.spec import PipelineSpec
 from ..core.window import WindowOutput
+from ..curriculum.chunking import choose_chunk_size, stream_chunks
 from ..errors import ElasticityWarning, EmptyStreamError, ZephonWarning
 
 MIN_RECORDS = 8  # records of a dataset read in the first window before its absence is worth a warning
@@ -84,16 +85,25 @@ def empty_stream(stats: Mapping[str, int], what: str) -> EmptyStreamError:
 
 def idle_lanes(source, replicas: int) -> str | None:
     """What to say when the stream has fewer chunks than lanes, so lanes get no data and a few
-    lanes carry every batch (a small corpus with the default ``chunk_size``), with the fix: the
-    largest power-of-two ``chunk_size`` that gives every lane a chunk; ``None`` when every lane
-    has one, or the stream never ends. Pure."""
+    lanes carry every batch, with the fix: the chunk size a pipeline chooses from the data
+    (:func:`~zephon_dask.curriculum.chunking.choose_chunk_size`), or fewer lanes where no chunk
+    size gives every lane a chunk; ``None`` when every lane has one, or the stream never ends. Pure."""
     chunks = source.num_chunks
     if chunks is None or chunks >= replicas:
         return None
-    samples = sum(source.sizes) * max(1, getattr(source, "stop_after_passes", 1) or 1)
-    fit = max(1, 1 << max(0, (samples // replicas).bit_length() - 1)) if samples >= replicas else 1
-    return (f"the stream has {chunks} chunk{'s' if chunks != 1 else ''} of {source.chunk_size:,} samples "
+    samples = sum(source.sizes)
+    said = (f"the stream has {chunks} chunk{'s' if chunks != 1 else ''} of {source.chunk_size:,} samples "
             f"for {replicas} lanes: {replicas - chunks} lanes get no chunk and the batches come from "
-            f"{chunks} lane{'s' if chunks != 1 else ''} only. For a corpus of {samples:,} samples pass "
-            f"MixtureWorkSource(..., chunk_size={fit}) (or lower canonical_replicas); both change the "
-            "data, so choose before training")
+            f"{chunks} lane{'s' if chunks != 1 else ''} only. ")
+    fit = choose_chunk_size(source, replicas) if source.phases is None else None
+    most = stream_chunks(source, fit) if fit is not None else None
+    if fit is not None and most is not None and most >= replicas:
+        return (said + f"For a corpus of {samples:,} samples pass MixtureWorkSource(..., chunk_size={fit}) "
+                "(or leave chunk_size out: a pipeline then chooses it), or lower canonical_replicas; "
+                "both change the data, so choose before training")
+    if fit is not None and most:
+        return (said + f"No chunk size gives {samples:,} samples {replicas} lanes: lower canonical_replicas "
+                f"to {most} or less (with chunk_size={fit}), or add data")
+    fit = max(1, 1 << max(0, (samples // replicas).bit_length() - 1)) if samples >= replicas else 1
+    return (said + f"For a corpus of {samples:,} samples pass MixtureWorkSource(..., chunk_size={fit}) "
+            "(or lower canonical_replicas); both change the data, so choose before training")

@@ -34,6 +34,7 @@ from .seeding import check_seed
 from .token_weights import WEIGHT_BY, as_config, sample_weights, token_pins
 
 MAX_CHUNK_SIZE = 1 << 24  # samples per chunk; larger ones do not fit one task's memory
+DEFAULT_CHUNK_SIZE = 1024  # samples per chunk when none is given, at most (see .chunking)
 
 
 class SizedDataset(Protocol):
@@ -155,6 +156,10 @@ class MixtureWorkSource:
     ``weight_by="tokens"`` every phase's weights are token shares, converted with the
     same ``tokens_per_sample``.
 
+    ``chunk_size=None`` (the default) leaves the chunk size open: 1,024 here, and a
+    :class:`~zephon_dask.Pipeline` chooses it from the data (:mod:`.chunking`): smaller
+    when the stream would have fewer chunks than lanes. A schedule keeps 1,024.
+
     Example:
         >>> source = zephon_dask.MixtureWorkSource([web, code], {"web": 0.7, "code": 0.3},  # doctest: +SKIP
         ...                                        chunk_size=64, seed=1234)
@@ -164,7 +169,7 @@ class MixtureWorkSource:
         self,
         datasets: SizedDataset | Sequence[SizedDataset],
         weights: Mapping[str, float] | None = None,
-        chunk_size: int = 1024,
+        chunk_size: int | None = None,
         seed: int = 0,
         shuffle_shards: bool = True,
         shuffle_within_shard: bool = True,
@@ -189,6 +194,8 @@ class MixtureWorkSource:
         self.datasets: tuple = tuple(datasets)
         self.names: tuple[str, ...] = self._check_datasets(self.datasets)
         self.seed = check_seed(seed)
+        self.auto_chunk_size = chunk_size is None  # open: a Pipeline chooses it (see .chunking)
+        chunk_size = DEFAULT_CHUNK_SIZE if chunk_size is None else chunk_size
         self.chunk_size = check_int(chunk_size, "chunk_size", 1, hint="e.g. chunk_size=1024")
         if self.chunk_size > MAX_CHUNK_SIZE:
             raise ConfigError(f"chunk_size={chunk_size!r} is too large: a chunk is read by one task at "
@@ -241,9 +248,9 @@ class MixtureWorkSource:
             )
             for d, reshuffle in zip(self.datasets, self.repetition.reshuffles, strict=True)
         )
-        if self._phase_weights is not None and self.repetition.per_dataset:
+        if self._phase_weights is not None and self.repetition.per_dataset and not self.chooses_chunk_size:
             self.repetition.check_liveness(self.sizes, self._phase_weights, self.chunk_size)
-        if self.resolved and not self.unmeasured and self.num_chunks == 0:
+        if self.resolved and not self.unmeasured and not self.chooses_chunk_size and self.num_chunks == 0:
             smallest = min(
                 (c for c in range(len(self.names)) if self.weights[c] > 0),
                 key=lambda c: self.sizes[c] / self.weights[c]
@@ -318,6 +325,15 @@ class MixtureWorkSource:
         if chunks is not None:  # the Schedule checks their order and count
             chunks = tuple(check_int(g, "phase_chunks", 0, hint="a chunk index") for g in chunks)
         return phases, unit, chunks
+
+    @property
+    def chooses_chunk_size(self) -> bool:
+        """Whether a Pipeline chooses the chunk size from the data: ``chunk_size=None`` and no schedule."""
+        return self.auto_chunk_size and self.phases is None
+
+    def with_chunk_size(self, chunk_size: int) -> MixtureWorkSource:
+        """This source with ``chunk_size`` given (a new source)."""
+        return MixtureWorkSource(**{**self._arguments, "chunk_size": chunk_size})
 
     def with_phase_chunks(self, chunks: Sequence[int]) -> MixtureWorkSource:
         """This source with its step schedule's phases starting at these global chunks (a new source)."""
@@ -643,7 +659,8 @@ class MixtureWorkSource:
             mix += " of tokens"
         size, _ = self.length_status()
         phases = "" if self.phases is None else f", {len(self.phases)} phases"
-        return f"MixtureWorkSource({mix}; chunk_size={self.chunk_size}, seed={self.seed}, {size}{phases})"
+        chunk = "auto" if self.chooses_chunk_size else self.chunk_size
+        return f"MixtureWorkSource({mix}; chunk_size={chunk}, seed={self.seed}, {size}{phases})"
 
     def _repr_html_(self) -> str:
         return views.show("source_html", self)

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from ..consumer.checks import idle_lanes
 from ..curriculum import routing
+from ..curriculum.chunking import chosen_note
 from ..errors import ClusterError, ConfigError, ElasticityWarning, NotFoundError, ZephonError
 from ..execution import RUNNERS, choose_runner
 from ..execution.base import AUTO_AFTER, CONTROL_SHARE, MAX_WINDOWS_PER_TASK
@@ -175,7 +176,16 @@ def _token_origin(built) -> tuple[tuple[str, str], ...]:
     return (("tokens per sample", "; ".join(parts) + " (a resume takes the checkpoint's)"),)
 
 
-def _mixture(source, built=None) -> Section:
+def _chunk_size(pipeline, source, replicas: int) -> str:
+    """The chunk size, and whether the pipeline chose it from the data (the source left it open)."""
+    if not pipeline.session.built_source.chooses_chunk_size:
+        return str(source.chunk_size)
+    if pipeline.session.resume is not None:
+        return f"{source.chunk_size} (the checkpoint's: chunk_size is left open)"
+    return f"{source.chunk_size} ({chosen_note(source, replicas)})"
+
+
+def _mixture(source, built=None, chunk_size: str | None = None) -> Section:
     chunks = source.num_chunks
     length = "endless" if chunks is None else f"{chunks:,} chunks ({chunks * source.chunk_size:,} samples)"
     shuffles = [name for name, on in (("shards", source.shuffle_shards),
@@ -189,7 +199,7 @@ def _mixture(source, built=None) -> Section:
     return Section("mixture", pairs=(
         ("weight_by", weight_by),
         *_token_origin(built if built is not None else source),
-        ("chunk_size", str(source.chunk_size)),
+        ("chunk_size", chunk_size or str(source.chunk_size)),
         ("seed", str(source.seed)),
         ("stream length", length),
         ("stream ends", _stream_end(source)),
@@ -430,7 +440,8 @@ def explain(pipeline) -> Explanation:
                     + _per_token(spec, pipeline.description.batch))
     schedule = phase_rows(pipeline)
     phases = (Section("mixture schedule", headers=PHASE_HEADERS, rows=schedule),) if schedule else ()
-    mixture = _mixture(spec.source, pipeline.session.built_source)
+    chunk_size = _chunk_size(pipeline, spec.source, spec.canonical_replicas)
+    mixture = _mixture(spec.source, pipeline.session.built_source, chunk_size)
     sections = (_datasets(spec.source), mixture, *phases, lanes, group, _operators(spec), *_ensure_mixture(spec),
                 batch,
                 _execution(pipeline, options, fingerprint))

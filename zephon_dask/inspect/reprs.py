@@ -47,7 +47,8 @@ def source_html(source) -> str:
     by tokens, the token weights and tokens per sample; sample weights once those are known), and
     a schedule's phases."""
     _, chunks = source.length_status()
-    pairs = [("chunk_size", str(source.chunk_size)), ("seed", str(source.seed)), ("chunks", chunks),
+    chunk_size = "auto: 1024, or chosen by a Pipeline" if source.chooses_chunk_size else str(source.chunk_size)
+    pairs = [("chunk_size", chunk_size), ("seed", str(source.seed)), ("chunks", chunks),
              ("weight_by", source.weight_by),
              ("stop_after_passes", str(source.stop_after_passes)),
              ("exhausted_policy", str(source.exhausted_policy)),

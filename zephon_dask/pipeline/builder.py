@@ -670,7 +670,9 @@ class Pipeline:
         ``load_state_dict``, the checkpoint's). With ``weight_by="tokens"`` and no
         ``tokens_per_sample``, the first access measures them with this pipeline's record
         operators (see :mod:`zephon_dask.pipeline.measure`); after ``load_state_dict`` they are
-        the checkpoint's. One window is ``zephon_dask.compute_window(pipeline.spec, lane, window)``.
+        the checkpoint's. A chunk size the source leaves open (``chunk_size=None``) is chosen for
+        the lanes (see :mod:`zephon_dask.curriculum.chunking`); after ``load_state_dict``, the
+        checkpoint's. One window is ``zephon_dask.compute_window(pipeline.spec, lane, window)``.
 
         Returns:
             A :class:`~zephon_dask.core.PipelineSpec`; its ``fingerprint`` is :meth:`fingerprint`.

@@ -9,7 +9,8 @@ changed all call it). In order it:
 2. refuses another ``canonical_replicas``;
 3. builds the work source to resume with: the checkpoint's seed, its tokens
    per sample (``weight_by="tokens"``: the measurement is reused, never
-   redone), its schedule's phase starts (:func:`reconcile`: what a resume may
+   redone), its chunk size where the source leaves it open (the choice is
+   reused, never redone), its schedule's phase starts (:func:`reconcile`: what a resume may
    change in a mixture schedule);
 4. refuses another data config (the difference is listed) or a fingerprint
    that does not match the checkpoint's own config;
@@ -27,6 +28,7 @@ from typing import Any
 from ..core import phases
 from ..core.spec import PipelineSpec
 from ..curriculum import MixtureWorkSource
+from ..curriculum.chunking import fitted
 from ..errors import ConfigError, StateError, ZephonWarning, user_stacklevel
 from ..log import logger
 from ..operators.identity import sha256_json
@@ -118,6 +120,7 @@ def _work_source(session, state: State, degree: int) -> tuple[MixtureWorkSource,
     if isinstance(seed, int) and seed != source.seed:
         source = source.with_seed(seed)
     source = _checkpoint_measurement(source, saved)  # before the phases: they may measure
+    source = _checkpoint_chunk_size(source, saved, session.description.settings["canonical_replicas"])
     scheduled = source.phases is not None or "schedule" in saved
     if scheduled and not source.unmeasured:  # the phases by the schedule's rules, the rest as below
         d = session.description
@@ -138,6 +141,19 @@ def _checkpoint_measurement(source: MixtureWorkSource, saved: dict) -> MixtureWo
     except ConfigError as exc:
         raise StateError(f"the checkpoint's tokens_per_sample {numbers!r} do not fit this pipeline's "
                          f"datasets: {exc}") from None
+
+
+def _checkpoint_chunk_size(source: MixtureWorkSource, saved: dict, replicas: int) -> MixtureWorkSource:
+    """``source`` with the chunk size ``saved`` (a checkpoint's source config) holds if ``source``
+    leaves it open (the choice is reused, never redone), else as a fresh run chooses it; one the
+    data cannot take is chosen afresh, and the config diff shows the change."""
+    size = saved.get("chunk_size")
+    if source.chooses_chunk_size and not source.unmeasured and isinstance(size, int) and not isinstance(size, bool):
+        try:
+            return source.with_chunk_size(size)
+        except ConfigError:
+            pass
+    return fitted(source, replicas)
 
 
 def _check_config(state: State, current: dict, scheduled: bool) -> None:

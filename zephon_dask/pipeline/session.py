@@ -9,9 +9,10 @@ session it owns is everything that happens when it runs:
   one, or one carrying a loaded state's seed and tokens per sample); that one
   with its tokens per sample measured (:meth:`measured_source`: a
   token-weighted source without them is measured once, on first use, with the
-  pipeline's record operators, :mod:`.measure`); and with a schedule given in
-  global steps resolved to chunk blocks (``spec().source``, what the batches
-  come from);
+  pipeline's record operators, :mod:`.measure`; one that leaves its chunk size
+  open gets it chosen for the lanes, once, :mod:`~zephon_dask.curriculum.chunking`);
+  and with a schedule given in global steps resolved to chunk blocks
+  (``spec().source``, what the batches come from);
 * the **loaded state**: the :class:`~zephon_dask.state.State` given to
   ``load_state_dict``, checked by :func:`.resume.check`;
   its G and seed hold for the session, and the next iteration starts at it,
@@ -47,6 +48,7 @@ from ..consumer.stream import BatchStream
 from ..core import phases
 from ..core.spec import PipelineSpec, has_tokens
 from ..curriculum import MixtureWorkSource
+from ..curriculum.chunking import fitted
 from ..errors import ClosedError, ConfigError, StateError
 from ..execution import Runner, make_runner
 from ..state.ledger import LedgerWriter
@@ -104,14 +106,16 @@ class Session:
 
     def measured_source(self) -> MixtureWorkSource:
         """:attr:`source`, measured if it weighs by tokens and has no tokens per sample yet
-        (measured once per session)."""
+        (measured once per session), and with its chunk size chosen for the lanes if it leaves
+        it open (:func:`~zephon_dask.curriculum.chunking.fitted`)."""
         if self._measured is None:
             if self._source.unmeasured and not has_tokens(self._source, self.description.record_ops):
                 raise ConfigError(
                     "the work source weighs by tokens (weight_by='tokens'), measured with the pipeline's "
                     "tokenizer: call .tokenize(...) before using the pipeline's data"
                 )
-            self._measured = measured(self._source, self.description.record_ops)
+            source = measured(self._source, self.description.record_ops)
+            self._measured = fitted(source, self.description.settings["canonical_replicas"])
         return self._measured
 
     def _resolved_source(self) -> MixtureWorkSource:
