@@ -374,6 +374,67 @@ def test_symlink_is_written_through(tmp_path, a_state):
     assert z.load_state(link) == a_state
 
 
+def _full_disk(monkeypatch, tmp_path):
+    """Make the next checkpoint's temp file a handle on ``/dev/full``: its writes fail with ENOSPC."""
+    import tempfile
+
+    from zephon_dask.state import files
+
+    real = tempfile.mkstemp
+
+    def on_full_disk(prefix, suffix, dir):
+        fd, name = real(prefix=prefix, suffix=suffix, dir=dir)
+        os.close(fd)
+        return os.open("/dev/full", os.O_WRONLY), name
+
+    monkeypatch.setattr(files.tempfile, "mkstemp", on_full_disk)
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+def test_full_disk_checkpoint_is_a_state_error_keeping_the_previous(tmp_path, a_state, monkeypatch):
+    target = tmp_path / "ckpt.json"
+    z.save_state(target, a_state)
+    before = target.read_bytes()
+    _full_disk(monkeypatch, tmp_path)
+    with pytest.raises(StateError) as err:
+        z.save_state(target, a_state)
+    message = str(err.value)
+    assert str(target) in message and "No space left on device" in message
+    assert "previous checkpoint there is intact" in message
+    assert target.read_bytes() == before and not list(tmp_path.glob(".*.tmp"))
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+def test_cli_run_full_disk_checkpoint_is_one_line_exit_2(tmp_path, monkeypatch, capsys):
+    from zephon_dask.cli import main
+
+    folder = _jsonl(tmp_path, [{"text": f"doc {i}"} for i in range(20)])
+    recipe = tmp_path / "r.toml"
+    recipe.write_text(f'[[datasets]]\nname = "d"\npath = "{folder}"\n[tokenize]\ntokenizer = "bytes"\n'
+                      '[pack]\nmax_length = 16\n[batch]\nmicrobatch_size = 1\n[options]\n'
+                      'runner = "synchronous"\n')
+    _full_disk(monkeypatch, tmp_path)
+    assert main(["run", str(recipe), "--steps", "1", "--checkpoint", str(tmp_path / "c.json")]) == 2
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if "error" in line.lower()]
+    assert "Traceback" not in err and len(errors) == 1, err
+    assert "checkpoint" in errors[0] and "No space left" in errors[0]
+
+
+def test_checkpoint_folder_is_synced_after_the_rename(tmp_path, a_state, monkeypatch):
+    import stat
+
+    from zephon_dask.state import files
+
+    synced, real_fsync = [], os.fsync
+    def fsync(fd):
+        synced.append((stat.S_ISDIR(os.fstat(fd).st_mode), (tmp_path / "ckpt.json").exists()))
+        real_fsync(fd)
+    monkeypatch.setattr(files.os, "fsync", fsync)
+    z.save_state(tmp_path / "ckpt.json", a_state)
+    assert synced[-1] == (True, True)  # the folder, once the file is renamed into it
+
+
 @pytest.mark.parametrize("kind", ["directory", "fifo"])
 def test_non_regular_checkpoint_targets_are_refused(tmp_path, a_state, kind):
     target = tmp_path / "ckpt"
@@ -396,8 +457,10 @@ def test_cli_run_exits_2_for_a_bad_checkpoint_or_ledger(tmp_path):
 
     folder = _jsonl(tmp_path, [{"text": f"doc {i}"} for i in range(20)])
     recipe = tmp_path / "r.toml"
-    recipe.write_text(f'[[datasets]]\nname = "d"\npath = "{folder}"\n[pack]\nmax_length = 16\n'
-                      '[batch]\nmicrobatch_size = 1\n[options]\nrunner = "synchronous"\n')
+    recipe.write_text(f'[[datasets]]\nname = "d"\npath = "{folder}"\n[tokenize]\ntokenizer = "bytes"\n'
+                      '[pack]\nmax_length = 16\n[batch]\nmicrobatch_size = 1\n[options]\n'
+                      'runner = "synchronous"\n')
+    assert main(["run", str(recipe), "--steps", "1"]) == 0  # the recipe runs: the refusals below are the paths'
     (tmp_path / "dir.json").mkdir()
     (tmp_path / "bin.json").write_bytes(b"\x00\xff\xfe")
     ledger_file = tmp_path / "ledger-file"
