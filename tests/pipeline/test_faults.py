@@ -514,6 +514,39 @@ def test_verify_reports_missing_steps_in_the_middle(tmp_path):
     assert not same and "lacks global steps 5..6" in report
 
 
+def _ledger(folder, batches) -> None:
+    from zephon_dask.state.ledger import LedgerWriter
+
+    w = LedgerWriter(folder, 0)
+    for step, lane, value in batches:
+        w.write(step, lane, step, np.full((1, 2), value))
+    w.close()
+
+
+def test_verify_compares_complete_steps_and_reports_a_trailing_partial_one(tmp_path, capsys):
+    from zephon_dask.cli import main
+
+    whole = [(s, lane, 10 * s + lane) for s in range(6) for lane in range(4)]
+    _ledger(tmp_path / "a", whole)
+    _ledger(tmp_path / "b", whole[:4 * 4 + 2])  # stopped inside step 4, after 2 of its 4 batches
+    assert main(["verify", str(tmp_path / "a"), str(tmp_path / "b")]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("OK: 4 global steps (0..3), 16 batches: identical"), out
+    assert "ledger B ends inside global step 4: it holds 2 of the 4 batches A holds there" in out
+    assert main(["verify", str(tmp_path / "b"), str(tmp_path / "a")]) == 0
+    assert "ledger A ends inside global step 4" in capsys.readouterr().out
+
+
+def test_verify_still_finds_a_difference_inside_a_trailing_partial_step(tmp_path):
+    from zephon_dask.state.ledger import verify_ledgers
+
+    whole = [(s, lane, 10 * s + lane) for s in range(3) for lane in range(4)]
+    _ledger(tmp_path / "a", whole)
+    _ledger(tmp_path / "b", [*whole[:8], (2, 0, 99)])
+    same, report = verify_ledgers(tmp_path / "a", tmp_path / "b")
+    assert not same and report.startswith("global step 2 differs"), report
+
+
 # -- use after close ---------------------------------------------------------------------
 
 
