@@ -171,10 +171,10 @@ def verify_ledgers(dir_a, dir_b) -> tuple[bool, str]:
             return False, f"global step {step} differs: {detail}"
     common = sorted(s for s in set(a) & set(b) if s not in partial.values())
     tails = "".join(
-        f"; ledger {label} ends inside global step {step}: it holds {len(steps[step])} of the "
-        f"{len(other[step])} batches {them} holds there, identical (the step is not counted)"
+        f"; ledger {label} ends inside global step {cut}: it holds {len(steps[cut])} of the "
+        f"{len(other[cut])} batches {them} holds there, identical (the step is not counted)"
         for label, them, steps, other in (("A", "B", a, b), ("B", "A", b, a))
-        if (step := partial[label]) is not None
+        if (cut := partial[label]) is not None
     )
     if not common:
         return False, f"the ledgers share no complete global step ({len(a)} and {len(b)} steps){tails}"
