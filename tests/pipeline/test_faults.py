@@ -233,6 +233,53 @@ def test_non_string_text_column_is_refused_at_construction(tmp_path, fmt, column
     assert ds.read(0, [2])[0]["body"] == "z"
 
 
+# -- final errors on read: gone, refused, unparsable ------------------------------------------
+
+
+def _dataset(tmp_path, lines: list[str]):
+    folder = tmp_path / "web"
+    folder.mkdir()
+    (folder / "part-0.jsonl").write_text("".join(line + "\n" for line in lines))
+    return z.Dataset.from_jsonl("web", str(folder), progress=False), folder / "part-0.jsonl"
+
+
+def test_a_deleted_shard_is_a_final_dataset_not_found_error(tmp_path):
+    from zephon_dask.execution.task_errors import is_final
+
+    ds, path = _dataset(tmp_path, ['{"text": "a"}', '{"text": "b"}'])
+    path.unlink()
+    with pytest.raises(DatasetNotFoundError, match="part-0.jsonl") as err:
+        ds.read(0, [1])
+    assert is_final(err.value)  # never retried by Dask: it travels back as the task's value
+
+
+def test_an_unreadable_shard_is_a_final_typed_access_error(tmp_path, monkeypatch):
+    from zephon_dask.data import integrity
+    from zephon_dask.errors import DataAccessError
+    from zephon_dask.execution.task_errors import is_final
+
+    ds, path = _dataset(tmp_path, ['{"text": "a"}', '{"text": "b"}'])
+    real_open = os.open
+
+    def denied(name, *args, **kwargs):  # chmod 000 as a user other than root
+        if str(name) == str(path):
+            raise PermissionError(13, "Permission denied", str(name))
+        return real_open(name, *args, **kwargs)
+
+    monkeypatch.setattr(integrity.os, "open", denied)
+    with pytest.raises(DataAccessError, match="part-0.jsonl.*may not be read") as err:
+        ds.read(0, [1])
+    assert isinstance(err.value, PermissionError) and is_final(err.value)
+
+
+def test_a_deeply_nested_record_is_a_data_format_error_naming_file_and_line(tmp_path):
+    deep = '{"text": "deep", "x": ' + "[" * 100_000 + "]" * 100_000 + "}"
+    ds, _ = _dataset(tmp_path, ['{"text": "a"}', '{"text": "b"}', deep])
+    assert ds.read(0, [0, 1])[1] == {"text": "b"}
+    with pytest.raises(DataFormatError, match=r"part-0.jsonl: line 3 .*nested too deeply"):
+        ds.read(0, [2])
+
+
 # -- validation at the door ------------------------------------------------------------
 
 

@@ -287,6 +287,10 @@ def _parse_object(raw: bytes, where: object) -> dict[str, Any]:
         raise DataFormatError(
             f"{where} is not valid JSON ({exc}); fix or remove that line"
         ) from None
+    except RecursionError:
+        raise DataFormatError(
+            f"{where} is nested too deeply to parse ({len(raw):,} bytes); fix or remove that line"
+        ) from None
     if not isinstance(record, dict):
         raise DataFormatError(
             f"{where} holds a JSON {type(record).__name__}, not an object; "
