@@ -517,6 +517,31 @@ def test_cli_run_exits_2_for_a_bad_checkpoint_or_ledger(tmp_path):
     assert main(["run", str(recipe), "--steps", "1", "--ledger", str(ledger_file)]) == 2
 
 
+def test_cli_run_keeps_data_errors_and_bugs_apart_from_the_end_of_the_stream(tmp_path, monkeypatch, capsys):
+    from zephon_dask.cli import main
+    from zephon_dask.commands import run
+
+    deep = '{"text": "deep", "x": ' + "[" * 100_000 + "]" * 100_000 + "}"
+    folder = _jsonl(tmp_path, [{"text": f"doc {i}"} for i in range(4)])
+    with open(Path(folder) / "part-0.jsonl", "a") as fh:
+        fh.write(deep + "\n")
+    recipe = tmp_path / "r.toml"
+    recipe.write_text(f'[[datasets]]\nname = "d"\npath = "{folder}"\n[tokenize]\ntokenizer = "bytes"\n'
+                      '[pack]\nmax_length = 16\n[batch]\nmicrobatch_size = 1\n[options]\n'
+                      'runner = "synchronous"\ncanonical_replicas = 1\n')
+    assert main(["run", str(recipe), "--steps", "1000"]) == 2  # was a raw RecursionError, exit 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "part-0.jsonl: line 5" in err and "nested too deeply" in err, err
+
+    def bug(self):
+        raise KeyError("body")
+
+    monkeypatch.setattr(run._Run, "stream", bug)
+    assert main(["run", str(recipe), "--steps", "1"]) == 3
+    err = capsys.readouterr().err
+    assert "KeyError: 'body'" in err and err.strip().endswith("stopped by the unexpected error above"), err
+
+
 def test_ledger_torn_last_line_is_repaired_before_appending(tmp_path):
     from zephon_dask.state.ledger import LedgerWriter, read_ledger
 
