@@ -10,6 +10,7 @@ import builtins
 import json
 import os
 import pickle
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -270,6 +271,49 @@ def test_an_unreadable_shard_is_a_final_typed_access_error(tmp_path, monkeypatch
     with pytest.raises(DataAccessError, match="part-0.jsonl.*may not be read") as err:
         ds.read(0, [1])
     assert isinstance(err.value, PermissionError) and is_final(err.value)
+
+
+def test_a_shard_gone_between_the_check_and_the_read_is_typed(tmp_path, monkeypatch):
+    """The file vanishes after the integrity check opened it: the range read's error (which fsspec
+    returns in place of the bytes) is raised typed, not sliced as if it were bytes."""
+    from zephon_dask.data import integrity
+
+    ds, path = _dataset(tmp_path, ['{"text": "a"}', '{"text": "b"}'])
+    assert ds.read(0, [0]) == [{"text": "a"}]  # the file's layout is now known to this process
+    monkeypatch.setattr(integrity, "verify", lambda *args, **kwargs: None)  # checked a moment ago
+    path.unlink()
+    with pytest.raises(DatasetNotFoundError, match="part-0.jsonl"):
+        ds.read(0, [1])
+
+
+CHMOD_000 = """
+import json, os, sys
+import zephon_dask as z
+from zephon_dask.errors import DataAccessError
+folder = sys.argv[1]
+with open(os.path.join(folder, "part-0.jsonl"), "w") as fh:
+    fh.write(json.dumps({"text": "a"}) + "\\n")
+ds = z.Dataset.from_jsonl("web", folder, progress=False)
+os.chmod(os.path.join(folder, "part-0.jsonl"), 0)
+try:
+    ds.read(0, [0])
+except DataAccessError as exc:
+    print("typed:", exc)
+"""
+
+
+@pytest.mark.skipif(not (hasattr(os, "geteuid") and os.geteuid() == 0 and shutil.which("setpriv")),
+                    reason="needs root and setpriv, to drop the capability that lets root read anything")
+def test_a_chmod_000_shard_is_a_typed_access_error_for_real(tmp_path):
+    import subprocess
+    import sys
+
+    folder = tmp_path / "web"
+    folder.mkdir()
+    done = subprocess.run(["setpriv", "--bounding-set=-dac_override,-dac_read_search", sys.executable, "-c",
+                           CHMOD_000, str(folder)], capture_output=True, text=True, timeout=120)
+    assert done.stdout.startswith("typed: dataset 'web': file"), done.stdout + done.stderr[-3000:]
+    assert "may not be read (Permission denied)" in done.stdout
 
 
 def test_a_deeply_nested_record_is_a_data_format_error_naming_file_and_line(tmp_path):

@@ -230,8 +230,17 @@ def _fetcher(fs: AbstractFileSystem, name: str, shard: Shard, layout: _Layout) -
     """``fetch(lo, hi) -> [bytes]``: byte ranges of the (decompressed) stream."""
     cp = layout.checkpoints
     if cp is None:
-        return lambda lo, hi: fs.cat_ranges([name] * lo.size, lo.tolist(), hi.tolist())
+        return lambda lo, hi: _raised(fs.cat_ranges([name] * lo.size, lo.tolist(), hi.tolist()))
     return lambda lo, hi: compressed.read_ranges(fs, name, str(shard.path), cp, lo, hi)
+
+
+def _raised(blobs: list) -> list[bytes]:
+    """``blobs``, unless ``cat_ranges`` returned an exception in place of one (a file made unreadable
+    or removed since it was opened): that is raised."""
+    for blob in blobs:
+        if isinstance(blob, BaseException):
+            raise blob
+    return blobs
 
 
 def read(
