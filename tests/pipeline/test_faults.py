@@ -286,6 +286,20 @@ def test_a_shard_gone_between_the_check_and_the_read_is_typed(tmp_path, monkeypa
         ds.read(0, [1])
 
 
+def test_a_range_read_raises_the_error_fsspec_returns_in_place_of_bytes(tmp_path):
+    """Every format's range reads (JSONL, Arrow, MDS, LitData) go through ``fetch_ranges``."""
+    import fsspec
+
+    from zephon_dask.data.paths import fetch_ranges
+
+    fs = fsspec.filesystem("file")
+    assert isinstance(fs.cat_ranges([str(tmp_path / "gone")], [0], [4])[0], FileNotFoundError)
+    with pytest.raises(FileNotFoundError):
+        fetch_ranges(fs, str(tmp_path / "gone"), [0], [4])
+    (tmp_path / "here").write_bytes(b"0123456789")
+    assert fetch_ranges(fs, str(tmp_path / "here"), [0, 6], [2, 9]) == [b"01", b"678"]
+
+
 CHMOD_000 = """
 import json, os, sys
 import zephon_dask as z

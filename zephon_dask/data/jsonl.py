@@ -44,7 +44,7 @@ from . import compressed, fields
 from .index import cache_dir
 from .integrity import changed
 from .memo import byte_lru
-from .paths import FileInfo, filesystem, is_local
+from .paths import FileInfo, fetch_ranges, filesystem, is_local
 from .reader import Reader
 from .shard import Shard
 
@@ -230,17 +230,8 @@ def _fetcher(fs: AbstractFileSystem, name: str, shard: Shard, layout: _Layout) -
     """``fetch(lo, hi) -> [bytes]``: byte ranges of the (decompressed) stream."""
     cp = layout.checkpoints
     if cp is None:
-        return lambda lo, hi: _raised(fs.cat_ranges([name] * lo.size, lo.tolist(), hi.tolist()))
+        return lambda lo, hi: fetch_ranges(fs, name, lo.tolist(), hi.tolist())
     return lambda lo, hi: compressed.read_ranges(fs, name, str(shard.path), cp, lo, hi)
-
-
-def _raised(blobs: list) -> list[bytes]:
-    """``blobs``, unless ``cat_ranges`` returned an exception in place of one (a file made unreadable
-    or removed since it was opened): that is raised."""
-    for blob in blobs:
-        if isinstance(blob, BaseException):
-            raise blob
-    return blobs
 
 
 def read(

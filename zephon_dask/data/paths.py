@@ -101,6 +101,17 @@ def filesystem(path: str, storage_options: dict[str, Any] | None) -> tuple[Abstr
     return fsspec.core.url_to_fs(str(path), **fs_options(path, storage_options))
 
 
+def fetch_ranges(fs: AbstractFileSystem, name: str, starts: list[int], ends: list[int]) -> list[bytes]:
+    """The bytes ``[start, end)`` of file ``name``, one per pair. ``fs.cat_ranges`` returns the
+    error of a range it could not read in place of its bytes (a file removed, or made unreadable,
+    since it was opened): that error is raised instead."""
+    blobs = fs.cat_ranges([name] * len(starts), starts, ends)
+    for blob in blobs:
+        if isinstance(blob, BaseException):
+            raise blob
+    return blobs
+
+
 @contextmanager
 def read_errors(path: str | None, dataset: str | None = None) -> Iterator[None]:
     """Turn the faults of reading one data file under this block, which reading again would meet
