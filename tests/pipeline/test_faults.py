@@ -256,7 +256,7 @@ def test_a_deleted_shard_is_a_final_dataset_not_found_error(tmp_path):
 
 def test_an_unreadable_shard_is_a_final_typed_access_error(tmp_path, monkeypatch):
     from zephon_dask.data import integrity
-    from zephon_dask.errors import DataAccessError
+    from zephon_dask.errors import DataAccessError, StorageAccessError, StorageError
     from zephon_dask.execution.task_errors import is_final
 
     ds, path = _dataset(tmp_path, ['{"text": "a"}', '{"text": "b"}'])
@@ -271,6 +271,8 @@ def test_an_unreadable_shard_is_a_final_typed_access_error(tmp_path, monkeypatch
     with pytest.raises(DataAccessError, match="part-0.jsonl.*may not be read") as err:
         ds.read(0, [1])
     assert isinstance(err.value, PermissionError) and is_final(err.value)
+    assert is_final(StorageAccessError("refused")) and not is_final(StorageError("throttled"))
+    assert not is_final(OSError("a file server that may recover"))
 
 
 def test_a_shard_gone_between_the_check_and_the_read_is_typed(tmp_path, monkeypatch):

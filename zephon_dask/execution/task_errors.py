@@ -26,13 +26,13 @@ import cloudpickle
 from dask.task_spec import Task
 
 from ..core.window import narrowed
-from ..errors import DataAccessError, DatasetNotFoundError
+from ..errors import DataAccessError, DatasetNotFoundError, StorageAccessError
 from .dask_compat import task
 
 logger = logging.getLogger(__name__)
 FROM_OUTSIDE = (OSError, TimeoutError, MemoryError)  # what running the task again may not meet
-# I/O errors that say the file itself is gone or closed to us: running the task again meets them again
-FINAL_IO = (DatasetNotFoundError, DataAccessError)
+# I/O errors that say the file is gone, or closed to these credentials: running the task again meets them again
+FINAL_IO = (DatasetNotFoundError, DataAccessError, StorageAccessError)
 
 
 def is_final(exc: BaseException) -> bool:
