@@ -579,7 +579,6 @@ def test_cli_run_exits_2_for_a_bad_checkpoint_or_ledger(tmp_path):
 
 def test_cli_run_keeps_data_errors_and_bugs_apart_from_the_end_of_the_stream(tmp_path, monkeypatch, capsys):
     from zephon_dask.cli import main
-    from zephon_dask.commands import run
 
     deep = '{"text": "deep", "x": ' + "[" * 100_000 + "]" * 100_000 + "}"
     folder = _jsonl(tmp_path, [{"text": f"doc {i}"} for i in range(4)])
@@ -593,10 +592,10 @@ def test_cli_run_keeps_data_errors_and_bugs_apart_from_the_end_of_the_stream(tmp
     err = capsys.readouterr().err
     assert "Traceback" not in err and "part-0.jsonl: line 5" in err and "nested too deeply" in err, err
 
-    def bug(self):
+    def bug(cls, path):
         raise KeyError("body")
 
-    monkeypatch.setattr(run._Run, "stream", bug)
+    monkeypatch.setattr(z.Pipeline, "from_config", classmethod(bug))
     assert main(["run", str(recipe), "--steps", "1"]) == 3
     err = capsys.readouterr().err
     assert "KeyError: 'body'" in err and err.strip().endswith("stopped by the unexpected error above"), err
