@@ -39,6 +39,10 @@ class DatasetNotFoundError(ZephonError, FileNotFoundError):
     """A dataset path, glob or tokenizer file does not exist."""
 
 
+class DataAccessError(ZephonError, PermissionError):
+    """A data file exists but may not be read (its permissions, an ACL, a mount that refuses it)."""
+
+
 class StorageError(ZephonError, OSError):
     """An object store (``s3://``, ...) could not serve a request: unreachable, or still failing
     (throttled, 5xx, connections reset, timeouts) once the retries and their deadline are spent."""

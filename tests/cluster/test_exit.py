@@ -16,7 +16,13 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.helpers.pipelines import build, child_pids, wait_for, wait_until_no_new_processes
+from tests.helpers.pipelines import (
+    build,
+    child_pids,
+    wait_for,
+    wait_until_no_new_processes,
+    write_corpus,
+)
 from zephon_dask.execution import runner as runner_mod
 
 pytestmark = pytest.mark.timeout(300)
@@ -117,6 +123,39 @@ def test_a_data_error_on_the_default_runner_fails_once_quietly_and_exits(corpus_
     assert any(line.startswith("zephon_dask.errors.MissingFieldError: dataset 'web'") and "'body'" in line
                for line in error[-4:]), out[-3000:]
     assert len(error) < 100, out  # was 183 lines with 18 "Compute Failed" blocks before the message
+    wait_until_gone(started)
+
+
+@pytest.mark.slow
+def test_a_shard_deleted_under_a_cli_run_ends_it_once_with_exit_2(tmp_path):
+    """``zephon-dask run`` on the embedded cluster, a shard deleted once batches flow: a file gone
+    stays gone, so the task returns the ``DatasetNotFoundError`` instead of failing, Dask retries
+    nothing and logs no "Compute Failed" (11 blocks, 85 lines before), and the run ends
+    with one error naming the file and exit status 2 (data errors), not 1 (the stream ended)."""
+    data = write_corpus(tmp_path / "web", n_files=8, docs=200)
+    recipe = tmp_path / "r.toml"
+    recipe.write_text(f'[[datasets]]\nname = "web"\npath = "{data}"\n[source]\nchunk_size = 12\n'
+                      'exhausted_policy = "repeat"\n[tokenize]\ntokenizer = "bytes"\n[pack]\nmax_length = 96\n'
+                      '[batch]\nmicrobatch_size = 2\n[options]\ncanonical_replicas = 4\nn_workers = 2\n')
+    ledger, victim = tmp_path / "ledger", data / "part-3.jsonl"
+    with open(tmp_path / "out", "w") as out, open(tmp_path / "err", "w") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "zephon_dask.cli", "run", str(recipe), "--steps",
+                                 "1000000", "--ledger", str(ledger)], stdout=out, stderr=err)
+    try:
+        streaming = wait_for(lambda: proc.poll() is not None or (
+            (ledger / "rank-0.jsonl").exists() and (ledger / "rank-0.jsonl").stat().st_size > 0), EXIT_DEADLINE, every=0.1)
+        assert streaming and proc.poll() is None, (tmp_path / "err").read_text()[-3000:]
+        started = psutil.Process(proc.pid).children(recursive=True)
+        victim.unlink()
+        code = proc.wait(timeout=EXIT_DEADLINE)  # the stream repeats: it reads part-3 again soon
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+    errors = (tmp_path / "err").read_text()
+    assert code == 2, errors[-3000:]
+    assert "Compute Failed" not in errors and "Traceback" not in errors, errors[-6000:]
+    assert len(errors.splitlines()) < 40, errors
+    assert "zephon-dask run: error: dataset 'web': file" in errors and "part-3.jsonl" in errors, errors
     wait_until_gone(started)
 
 

@@ -10,6 +10,7 @@ import builtins
 import json
 import os
 import pickle
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -233,6 +234,112 @@ def test_non_string_text_column_is_refused_at_construction(tmp_path, fmt, column
     assert ds.read(0, [2])[0]["body"] == "z"
 
 
+# -- final errors on read: gone, refused, unparsable ------------------------------------------
+
+
+def _dataset(tmp_path, lines: list[str]):
+    folder = tmp_path / "web"
+    folder.mkdir()
+    (folder / "part-0.jsonl").write_text("".join(line + "\n" for line in lines))
+    return z.Dataset.from_jsonl("web", str(folder), progress=False), folder / "part-0.jsonl"
+
+
+def test_a_deleted_shard_is_a_final_dataset_not_found_error(tmp_path):
+    from zephon_dask.execution.task_errors import is_final
+
+    ds, path = _dataset(tmp_path, ['{"text": "a"}', '{"text": "b"}'])
+    path.unlink()
+    with pytest.raises(DatasetNotFoundError, match="part-0.jsonl") as err:
+        ds.read(0, [1])
+    assert is_final(err.value)  # never retried by Dask: it travels back as the task's value
+
+
+def test_an_unreadable_shard_is_a_final_typed_access_error(tmp_path, monkeypatch):
+    from zephon_dask.data import integrity
+    from zephon_dask.errors import DataAccessError, StorageAccessError, StorageError
+    from zephon_dask.execution.task_errors import is_final
+
+    ds, path = _dataset(tmp_path, ['{"text": "a"}', '{"text": "b"}'])
+    real_open = os.open
+
+    def denied(name, *args, **kwargs):  # chmod 000 as a user other than root
+        if str(name) == str(path):
+            raise PermissionError(13, "Permission denied", str(name))
+        return real_open(name, *args, **kwargs)
+
+    monkeypatch.setattr(integrity.os, "open", denied)
+    with pytest.raises(DataAccessError, match="part-0.jsonl.*may not be read") as err:
+        ds.read(0, [1])
+    assert isinstance(err.value, PermissionError) and is_final(err.value)
+    assert is_final(StorageAccessError("refused")) and not is_final(StorageError("throttled"))
+    assert not is_final(OSError("a file server that may recover"))
+
+
+def test_a_shard_gone_between_the_check_and_the_read_is_typed(tmp_path, monkeypatch):
+    """The file vanishes after the integrity check opened it: the range read's error (which fsspec
+    returns in place of the bytes) is raised typed, not sliced as if it were bytes."""
+    from zephon_dask.data import integrity
+
+    ds, path = _dataset(tmp_path, ['{"text": "a"}', '{"text": "b"}'])
+    assert ds.read(0, [0]) == [{"text": "a"}]  # the file's layout is now known to this process
+    monkeypatch.setattr(integrity, "verify", lambda *args, **kwargs: None)  # checked a moment ago
+    path.unlink()
+    with pytest.raises(DatasetNotFoundError, match="part-0.jsonl"):
+        ds.read(0, [1])
+
+
+def test_a_range_read_raises_the_error_fsspec_returns_in_place_of_bytes(tmp_path):
+    """Every format's range reads (JSONL, Arrow, MDS, LitData) go through ``fetch_ranges``."""
+    import fsspec
+
+    from zephon_dask.data.paths import fetch_ranges
+
+    fs = fsspec.filesystem("file")
+    assert isinstance(fs.cat_ranges([str(tmp_path / "gone")], [0], [4])[0], FileNotFoundError)
+    with pytest.raises(FileNotFoundError):
+        fetch_ranges(fs, str(tmp_path / "gone"), [0], [4])
+    (tmp_path / "here").write_bytes(b"0123456789")
+    assert fetch_ranges(fs, str(tmp_path / "here"), [0, 6], [2, 9]) == [b"01", b"678"]
+
+
+CHMOD_000 = """
+import json, os, sys
+import zephon_dask as z
+from zephon_dask.errors import DataAccessError
+folder = sys.argv[1]
+with open(os.path.join(folder, "part-0.jsonl"), "w") as fh:
+    fh.write(json.dumps({"text": "a"}) + "\\n")
+ds = z.Dataset.from_jsonl("web", folder, progress=False)
+os.chmod(os.path.join(folder, "part-0.jsonl"), 0)
+try:
+    ds.read(0, [0])
+except DataAccessError as exc:
+    print("typed:", exc)
+"""
+
+
+@pytest.mark.skipif(not (hasattr(os, "geteuid") and os.geteuid() == 0 and shutil.which("setpriv")),
+                    reason="needs root and setpriv, to drop the capability that lets root read anything")
+def test_a_chmod_000_shard_is_a_typed_access_error_for_real(tmp_path):
+    import subprocess
+    import sys
+
+    folder = tmp_path / "web"
+    folder.mkdir()
+    done = subprocess.run(["setpriv", "--bounding-set=-dac_override,-dac_read_search", sys.executable, "-c",
+                           CHMOD_000, str(folder)], capture_output=True, text=True, timeout=120)
+    assert done.stdout.startswith("typed: dataset 'web': file"), done.stdout + done.stderr[-3000:]
+    assert "may not be read (Permission denied)" in done.stdout
+
+
+def test_a_deeply_nested_record_is_a_data_format_error_naming_file_and_line(tmp_path):
+    deep = '{"text": "deep", "x": ' + "[" * 100_000 + "]" * 100_000 + "}"
+    ds, _ = _dataset(tmp_path, ['{"text": "a"}', '{"text": "b"}', deep])
+    assert ds.read(0, [0, 1])[1] == {"text": "b"}
+    with pytest.raises(DataFormatError, match=r"part-0.jsonl: line 3 .*nested too deeply"):
+        ds.read(0, [2])
+
+
 # -- validation at the door ------------------------------------------------------------
 
 
@@ -374,6 +481,67 @@ def test_symlink_is_written_through(tmp_path, a_state):
     assert z.load_state(link) == a_state
 
 
+def _full_disk(monkeypatch, tmp_path):
+    """Make the next checkpoint's temp file a handle on ``/dev/full``: its writes fail with ENOSPC."""
+    import tempfile
+
+    from zephon_dask.state import files
+
+    real = tempfile.mkstemp
+
+    def on_full_disk(prefix, suffix, dir):
+        fd, name = real(prefix=prefix, suffix=suffix, dir=dir)
+        os.close(fd)
+        return os.open("/dev/full", os.O_WRONLY), name
+
+    monkeypatch.setattr(files.tempfile, "mkstemp", on_full_disk)
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+def test_full_disk_checkpoint_is_a_state_error_keeping_the_previous(tmp_path, a_state, monkeypatch):
+    target = tmp_path / "ckpt.json"
+    z.save_state(target, a_state)
+    before = target.read_bytes()
+    _full_disk(monkeypatch, tmp_path)
+    with pytest.raises(StateError) as err:
+        z.save_state(target, a_state)
+    message = str(err.value)
+    assert str(target) in message and "No space left on device" in message
+    assert "previous checkpoint there is intact" in message
+    assert target.read_bytes() == before and not list(tmp_path.glob(".*.tmp"))
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+def test_cli_run_full_disk_checkpoint_is_one_line_exit_2(tmp_path, monkeypatch, capsys):
+    from zephon_dask.cli import main
+
+    folder = _jsonl(tmp_path, [{"text": f"doc {i}"} for i in range(20)])
+    recipe = tmp_path / "r.toml"
+    recipe.write_text(f'[[datasets]]\nname = "d"\npath = "{folder}"\n[tokenize]\ntokenizer = "bytes"\n'
+                      '[pack]\nmax_length = 16\n[batch]\nmicrobatch_size = 1\n[options]\n'
+                      'runner = "synchronous"\n')
+    _full_disk(monkeypatch, tmp_path)
+    assert main(["run", str(recipe), "--steps", "1", "--checkpoint", str(tmp_path / "c.json")]) == 2
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if "error" in line.lower()]
+    assert "Traceback" not in err and len(errors) == 1, err
+    assert "checkpoint" in errors[0] and "No space left" in errors[0]
+
+
+def test_checkpoint_folder_is_synced_after_the_rename(tmp_path, a_state, monkeypatch):
+    import stat
+
+    from zephon_dask.state import files
+
+    synced, real_fsync = [], os.fsync
+    def fsync(fd):
+        synced.append((stat.S_ISDIR(os.fstat(fd).st_mode), (tmp_path / "ckpt.json").exists()))
+        real_fsync(fd)
+    monkeypatch.setattr(files.os, "fsync", fsync)
+    z.save_state(tmp_path / "ckpt.json", a_state)
+    assert synced[-1] == (True, True)  # the folder, once the file is renamed into it
+
+
 @pytest.mark.parametrize("kind", ["directory", "fifo"])
 def test_non_regular_checkpoint_targets_are_refused(tmp_path, a_state, kind):
     target = tmp_path / "ckpt"
@@ -396,8 +564,10 @@ def test_cli_run_exits_2_for_a_bad_checkpoint_or_ledger(tmp_path):
 
     folder = _jsonl(tmp_path, [{"text": f"doc {i}"} for i in range(20)])
     recipe = tmp_path / "r.toml"
-    recipe.write_text(f'[[datasets]]\nname = "d"\npath = "{folder}"\n[pack]\nmax_length = 16\n'
-                      '[batch]\nmicrobatch_size = 1\n[options]\nrunner = "synchronous"\n')
+    recipe.write_text(f'[[datasets]]\nname = "d"\npath = "{folder}"\n[tokenize]\ntokenizer = "bytes"\n'
+                      '[pack]\nmax_length = 16\n[batch]\nmicrobatch_size = 1\n[options]\n'
+                      'runner = "synchronous"\n')
+    assert main(["run", str(recipe), "--steps", "1"]) == 0  # the recipe runs: the refusals below are the paths'
     (tmp_path / "dir.json").mkdir()
     (tmp_path / "bin.json").write_bytes(b"\x00\xff\xfe")
     ledger_file = tmp_path / "ledger-file"
@@ -405,6 +575,30 @@ def test_cli_run_exits_2_for_a_bad_checkpoint_or_ledger(tmp_path):
     assert main(["run", str(recipe), "--steps", "1", "--resume", str(tmp_path / "dir.json")]) == 2
     assert main(["run", str(recipe), "--steps", "1", "--resume", str(tmp_path / "bin.json")]) == 2
     assert main(["run", str(recipe), "--steps", "1", "--ledger", str(ledger_file)]) == 2
+
+
+def test_cli_run_keeps_data_errors_and_bugs_apart_from_the_end_of_the_stream(tmp_path, monkeypatch, capsys):
+    from zephon_dask.cli import main
+
+    deep = '{"text": "deep", "x": ' + "[" * 100_000 + "]" * 100_000 + "}"
+    folder = _jsonl(tmp_path, [{"text": f"doc {i}"} for i in range(4)])
+    with open(Path(folder) / "part-0.jsonl", "a") as fh:
+        fh.write(deep + "\n")
+    recipe = tmp_path / "r.toml"
+    recipe.write_text(f'[[datasets]]\nname = "d"\npath = "{folder}"\n[tokenize]\ntokenizer = "bytes"\n'
+                      '[pack]\nmax_length = 16\n[batch]\nmicrobatch_size = 1\n[options]\n'
+                      'runner = "synchronous"\ncanonical_replicas = 1\n')
+    assert main(["run", str(recipe), "--steps", "1000"]) == 2  # was a raw RecursionError, exit 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "part-0.jsonl: line 5" in err and "nested too deeply" in err, err
+
+    def bug(cls, path):
+        raise KeyError("body")
+
+    monkeypatch.setattr(z.Pipeline, "from_config", classmethod(bug))
+    assert main(["run", str(recipe), "--steps", "1"]) == 3
+    err = capsys.readouterr().err
+    assert "KeyError: 'body'" in err and err.strip().endswith("stopped by the unexpected error above"), err
 
 
 def test_ledger_torn_last_line_is_repaired_before_appending(tmp_path):
@@ -449,6 +643,39 @@ def test_verify_reports_missing_steps_in_the_middle(tmp_path):
         w.close()
     same, report = verify_ledgers(tmp_path / "a", tmp_path / "b")
     assert not same and "lacks global steps 5..6" in report
+
+
+def _ledger(folder, batches) -> None:
+    from zephon_dask.state.ledger import LedgerWriter
+
+    w = LedgerWriter(folder, 0)
+    for step, lane, value in batches:
+        w.write(step, lane, step, np.full((1, 2), value))
+    w.close()
+
+
+def test_verify_compares_complete_steps_and_reports_a_trailing_partial_one(tmp_path, capsys):
+    from zephon_dask.cli import main
+
+    whole = [(s, lane, 10 * s + lane) for s in range(6) for lane in range(4)]
+    _ledger(tmp_path / "a", whole)
+    _ledger(tmp_path / "b", whole[:4 * 4 + 2])  # stopped inside step 4, after 2 of its 4 batches
+    assert main(["verify", str(tmp_path / "a"), str(tmp_path / "b")]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("OK: 4 global steps (0..3), 16 batches: identical"), out
+    assert "ledger B ends inside global step 4: it holds 2 of the 4 batches A holds there" in out
+    assert main(["verify", str(tmp_path / "b"), str(tmp_path / "a")]) == 0
+    assert "ledger A ends inside global step 4" in capsys.readouterr().out
+
+
+def test_verify_still_finds_a_difference_inside_a_trailing_partial_step(tmp_path):
+    from zephon_dask.state.ledger import verify_ledgers
+
+    whole = [(s, lane, 10 * s + lane) for s in range(3) for lane in range(4)]
+    _ledger(tmp_path / "a", whole)
+    _ledger(tmp_path / "b", [*whole[:8], (2, 0, 99)])
+    same, report = verify_ledgers(tmp_path / "a", tmp_path / "b")
+    assert not same and report.startswith("global step 2 differs"), report
 
 
 # -- use after close ---------------------------------------------------------------------

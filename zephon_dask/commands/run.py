@@ -9,11 +9,16 @@ SIGINT (Ctrl-C) and SIGTERM (a scheduler's preemption) stop the run where it
 is: the checkpoint of the last completed global step is written (with
 ``--checkpoint``), one line says so, and the exit status is 130 or 143.
 ``--checkpoint-every N`` also writes it every N global steps.
+
+Exit statuses: 0 after ``--steps`` steps, 1 when the stream ended before, 2
+on a data or configuration error (one line), 3 on any other exception (its
+traceback), 130 and 143 after SIGINT and SIGTERM.
 """
 
 from ..options import BY_NAME as OPTIONS
 from . import count, fail, positive_int, writable_dir, writable_file
 
+UNEXPECTED = 3  # the exit status of an error that is not a data or configuration error
 HELP = "stream a recipe's batches for N global steps (progress, throughput, ledger, checkpoint)"
 
 
@@ -140,6 +145,13 @@ def run(args) -> int:
             return exc.exit_code
         except (ZephonError, OSError) as exc:
             return fail("run", exc)
+        except Exception:  # a bug (in a user's function, or ours): its traceback, and a status of its own
+            import sys
+            import traceback
+
+            traceback.print_exc()
+            print("zephon-dask run: stopped by the unexpected error above", file=sys.stderr)
+            return UNEXPECTED
     return 0 if job.done == args.steps else 1
 
 

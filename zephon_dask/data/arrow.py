@@ -24,7 +24,7 @@ from .hf import is_saved
 from .integrity import changed
 from .memo import byte_lru
 from .parquet import column_types, columns_html, columns_identity
-from .paths import FileInfo, filesystem, is_local
+from .paths import FileInfo, fetch_ranges, filesystem, is_local
 from .reader import Reader
 from .shard import Shard
 
@@ -126,7 +126,7 @@ def _ranged(shard: Shard, uniq: np.ndarray, storage_options: dict[str, Any] | No
     first, last = np.concatenate(([0], cut)), np.concatenate((cut, [lo.size])) - 1
     fs, name = filesystem(str(shard.path), storage_options)
     try:
-        blobs = fs.cat_ranges([name] * first.size, lo[first].tolist(), hi[last].tolist())
+        blobs = fetch_ranges(fs, name, lo[first].tolist(), hi[last].tolist())
         span = np.repeat(np.arange(first.size), last - first + 1)
         base = lo[first][span]
         raw = [pa.py_buffer(blobs[g])[int(a) : int(b)]
@@ -135,6 +135,8 @@ def _ranged(shard: Shard, uniq: np.ndarray, storage_options: dict[str, Any] | No
         batches = [pa.ipc.read_record_batch(pa.ipc.read_message(b), schema) for b in raw[1:]]
     except FileNotFoundError:
         raise DatasetNotFoundError(f"Arrow file {shard.path!r} no longer exists") from None
+    except PermissionError:
+        raise  # a refused read, not a malformed file (Dataset.read types it)
     except (pa.ArrowException, OSError) as exc:
         raise _unreadable(str(shard.path), exc) from None
     start_in_table = np.concatenate(([0], np.cumsum(parts[needed, 2])))

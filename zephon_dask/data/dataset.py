@@ -50,6 +50,7 @@ from .paths import (
     is_local,
     list_files,
     match_data_files,
+    read_errors,
     storage_errors,
     to_url,
 )
@@ -288,8 +289,11 @@ class Dataset:
 
         Offsets may be unsorted and may repeat; each returned record is a fresh
         object. Raises :class:`~zephon_dask.errors.RecordIndexError` (an ``IndexError``) for an
-        out-of-range shard or offset, and :class:`~zephon_dask.errors.DataChangedError` when the
-        shard's file differs from what its index recorded (see :mod:`zephon_dask.data.integrity`).
+        out-of-range shard or offset, :class:`~zephon_dask.errors.DataChangedError` when the
+        shard's file differs from what its index recorded (see :mod:`zephon_dask.data.integrity`),
+        :class:`~zephon_dask.errors.DatasetNotFoundError` when it is gone,
+        :class:`~zephon_dask.errors.DataAccessError` when it may not be read, and
+        :class:`~zephon_dask.errors.DataFormatError` for a record it cannot parse.
         """
         idx = operator.index(shard)
         if not 0 <= idx < self.num_shards:
@@ -309,6 +313,10 @@ class Dataset:
                 f"dataset {self.name!r} shard {sh.shard_id!r} has {sh.num_samples} samples; "
                 f"offset {int(bad[0])} is out of range"
             )
+        with read_errors(sh.path, self.name):
+            return self._read_shard(idx, sh, off)
+
+    def _read_shard(self, idx: int, sh: Shard, off: np.ndarray) -> list[dict[str, Any]]:
         if sh.path is None or "://" not in sh.path:
             integrity.verify(sh, self.storage_options, self.name)
             return self.reader.read(self, idx, off)

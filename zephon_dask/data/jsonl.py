@@ -44,7 +44,7 @@ from . import compressed, fields
 from .index import cache_dir
 from .integrity import changed
 from .memo import byte_lru
-from .paths import FileInfo, filesystem, is_local
+from .paths import FileInfo, fetch_ranges, filesystem, is_local
 from .reader import Reader
 from .shard import Shard
 
@@ -230,7 +230,7 @@ def _fetcher(fs: AbstractFileSystem, name: str, shard: Shard, layout: _Layout) -
     """``fetch(lo, hi) -> [bytes]``: byte ranges of the (decompressed) stream."""
     cp = layout.checkpoints
     if cp is None:
-        return lambda lo, hi: fs.cat_ranges([name] * lo.size, lo.tolist(), hi.tolist())
+        return lambda lo, hi: fetch_ranges(fs, name, lo.tolist(), hi.tolist())
     return lambda lo, hi: compressed.read_ranges(fs, name, str(shard.path), cp, lo, hi)
 
 
@@ -286,6 +286,10 @@ def _parse_object(raw: bytes, where: object) -> dict[str, Any]:
     except ValueError as exc:
         raise DataFormatError(
             f"{where} is not valid JSON ({exc}); fix or remove that line"
+        ) from None
+    except RecursionError:
+        raise DataFormatError(
+            f"{where} is nested too deeply to parse ({len(raw):,} bytes); fix or remove that line"
         ) from None
     if not isinstance(record, dict):
         raise DataFormatError(

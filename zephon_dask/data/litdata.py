@@ -40,7 +40,7 @@ from . import integrity
 from .compressed import zstandard
 from .lance import fresh
 from .memo import byte_lru
-from .paths import file_mtime, filesystem, is_local, to_url
+from .paths import fetch_ranges, file_mtime, filesystem, is_local, to_url
 from .reader import Reader
 from .shard import Shard
 
@@ -461,8 +461,7 @@ def _framed(fs: Any, name: str, shard: Shard, rows: int) -> tuple[np.ndarray, np
 def _framed_items(fs: Any, name: str, shard: Shard, rows: int, uniq: np.ndarray) -> list[bytes]:
     logical, table = _framed(fs, name, shard, rows)
     which = np.unique(uniq // rows)
-    blobs = fs.cat_ranges([name] * which.size, table[which, 2].tolist(),
-                          (table[which, 2] + table[which, 3]).tolist())
+    blobs = fetch_ranges(fs, name, table[which, 2].tolist(), (table[which, 2] + table[which, 3]).tolist())
     frames = {int(f): _inflate(b, int(table[f, 4]), shard) for f, b in zip(which, blobs, strict=True)}
     out = []
     for i in uniq.tolist():
@@ -479,7 +478,7 @@ def _ranges(fs: Any, name: str, table: np.ndarray, uniq: np.ndarray, data: bytes
         return [data[a:b] for a, b in zip(lo.tolist(), hi.tolist(), strict=True)]
     cut = np.flatnonzero(lo[1:] - hi[:-1] > GAP) + 1
     first, last = np.concatenate(([0], cut)), np.concatenate((cut, [uniq.size])) - 1
-    blobs = fs.cat_ranges([name] * first.size, lo[first].tolist(), hi[last].tolist())
+    blobs = fetch_ranges(fs, name, lo[first].tolist(), hi[last].tolist())
     group = np.repeat(np.arange(first.size), last - first + 1)
     base = lo[first][group]
     return [blobs[g][a:b] for g, a, b in zip(group.tolist(), (lo - base).tolist(),

@@ -38,7 +38,7 @@ from ..errors import ConfigError, DataFormatError, DatasetNotFoundError
 from . import integrity
 from .compressed import zstandard
 from .memo import byte_lru
-from .paths import file_mtime, filesystem, is_local, to_url
+from .paths import fetch_ranges, file_mtime, filesystem, is_local, to_url
 from .reader import Reader
 from .shard import Shard
 
@@ -319,7 +319,7 @@ def read(
             lo, hi = table[uniq], table[uniq + 1]
             cut = np.flatnonzero(lo[1:] - hi[:-1] > GAP) + 1
             first, last = np.concatenate(([0], cut)), np.concatenate((cut, [uniq.size])) - 1
-            blobs = fs.cat_ranges([name] * first.size, lo[first].tolist(), hi[last].tolist())
+            blobs = fetch_ranges(fs, name, lo[first].tolist(), hi[last].tolist())
             group = np.repeat(np.arange(first.size), last - first + 1)
             base = lo[first][group]
             raw = [blobs[g][a:b] for g, a, b in zip(group.tolist(), (lo - base).tolist(),

@@ -88,6 +88,8 @@ def read(
             table = pf.read_row_groups(needed.tolist(), columns=list(columns) if columns else None)
     except FileNotFoundError:
         raise DatasetNotFoundError(f"parquet file {shard.path!r} no longer exists") from None
+    except PermissionError:
+        raise  # a refused read, not a malformed file (Dataset.read types it)
     except (pa.ArrowException, OSError) as exc:
         raise DataFormatError(f"cannot read parquet file {shard.path!r}: {exc}") from None
     start_in_table = np.concatenate(([0], np.cumsum(counts[needed])))

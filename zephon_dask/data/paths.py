@@ -31,6 +31,8 @@ from fsspec.utils import glob_translate
 
 from ..errors import (
     ConfigError,
+    DataAccessError,
+    DataFormatError,
     DatasetNotFoundError,
     StorageAccessError,
     StorageError,
@@ -97,6 +99,40 @@ def fs_options(path: str, storage_options: dict[str, Any] | None) -> dict[str, A
 def filesystem(path: str, storage_options: dict[str, Any] | None) -> tuple[AbstractFileSystem, str]:
     """``(filesystem, internal path)`` for a local path or fsspec URL (:func:`fs_options` applied)."""
     return fsspec.core.url_to_fs(str(path), **fs_options(path, storage_options))
+
+
+def fetch_ranges(fs: AbstractFileSystem, name: str, starts: list[int], ends: list[int]) -> list[bytes]:
+    """The bytes ``[start, end)`` of file ``name``, one per pair. ``fs.cat_ranges`` returns the
+    error of a range it could not read in place of its bytes (a file removed, or made unreadable,
+    since it was opened): that error is raised instead."""
+    blobs = fs.cat_ranges([name] * len(starts), starts, ends)
+    for blob in blobs:
+        if isinstance(blob, BaseException):
+            raise blob
+    return blobs
+
+
+@contextmanager
+def read_errors(path: str | None, dataset: str | None = None) -> Iterator[None]:
+    """Turn the faults of reading one data file under this block, which reading again would meet
+    again, into typed errors naming it: a file gone is a
+    :class:`~zephon_dask.errors.DatasetNotFoundError`, a read refused a
+    :class:`~zephon_dask.errors.DataAccessError`, a record nested too deeply to parse
+    (``RecursionError``) a :class:`~zephon_dask.errors.DataFormatError`. Our own errors pass through."""
+    who = f"dataset {dataset!r}: " if dataset else ""
+    try:
+        yield
+    except ZephonError:
+        raise
+    except FileNotFoundError as exc:
+        raise DatasetNotFoundError(f"{who}file {path!r} no longer exists ({exc.strerror or exc}); "
+                                   "restore it, or rebuild the Dataset without it") from None
+    except PermissionError as exc:
+        raise DataAccessError(f"{who}file {path!r} may not be read ({exc.strerror or exc}); give this "
+                              "process read permission on it (chmod, the mount's options)") from None
+    except RecursionError:
+        raise DataFormatError(f"{who}a record of {path!r} is nested too deeply to parse; fix or remove "
+                              "that record") from None
 
 
 def _check_hint(url: str) -> str:

@@ -3,7 +3,8 @@
 Every window is a pure function of the configuration (a ``map``'s function must be pure too), so
 an exception raised while computing one comes back every time the task runs, unless it comes from
 outside: I/O errors and timeouts (``OSError``, ``TimeoutError``: a file server or a cluster may
-recover) and ``MemoryError`` (another worker may have room). Dask would retry every other one
+recover) and ``MemoryError`` (another worker may have room), but a data file that is gone or
+may not be read (:data:`FINAL_IO`: the data layer types them) stays so. Dask would retry every other one
 (``retries=``) and log each failure on the worker ("Compute Failed", a traceback each), so the
 distributed runner's tasks run through :func:`settle`, which returns such an error (:func:`is_final`)
 as a :class:`TaskError` instead of raising it: the task succeeds, nothing is retried or logged at
@@ -25,16 +26,22 @@ import cloudpickle
 from dask.task_spec import Task
 
 from ..core.window import narrowed
+from ..errors import DataAccessError, DatasetNotFoundError, StorageAccessError
 from .dask_compat import task
 
 logger = logging.getLogger(__name__)
 FROM_OUTSIDE = (OSError, TimeoutError, MemoryError)  # what running the task again may not meet
+# I/O errors that say the file is gone, or closed to these credentials: running the task again meets them again
+FINAL_IO = (DatasetNotFoundError, DataAccessError, StorageAccessError)
 
 
 def is_final(exc: BaseException) -> bool:
     """Whether ``exc`` would be raised again by the same task (a pure function): any exception
-    but one from outside it (:data:`FROM_OUTSIDE`), the library's own errors and the user's."""
-    return isinstance(exc, Exception) and not isinstance(exc, FROM_OUTSIDE)
+    but one from outside it (:data:`FROM_OUTSIDE`), the library's own errors and the user's; of
+    the I/O errors, a data file gone or refused (:data:`FINAL_IO`)."""
+    if not isinstance(exc, Exception):
+        return False
+    return isinstance(exc, FINAL_IO) or not isinstance(exc, FROM_OUTSIDE)
 
 
 @dataclass

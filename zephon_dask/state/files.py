@@ -2,7 +2,9 @@
 
 :func:`save_state` writes canonical JSON with a SHA-256 of the state to a
 temporary file in the same folder, fsyncs it and renames it over the target,
-so a crash leaves either the old file or the new one. A temporary file that a
+and fsyncs the folder, so a crash leaves either the old file or the new one, and
+a failed write (a full disk, a refused one) raises a :class:`StateError` naming
+the path and leaves the previous checkpoint intact. A temporary file that a
 killed save left behind is removed by the next save to that path once it is
 :data:`STALE_TMP_SECONDS` old. A symlink target is written through (its
 final file is replaced, the link is kept); a directory, device, FIFO or
@@ -12,6 +14,7 @@ corrupted, binary or foreign file with a :class:`StateError`.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -75,7 +78,9 @@ def save_state(path, state: dict) -> Path:
 
     Raises:
         StateError: ``state`` is malformed, or ``path`` is a directory or special
-            file, or a parent of it is a file.
+            file, or a parent of it is a file, or the system refused the write (a full
+            disk, no permission): the message names the path and says that the previous
+            checkpoint is intact. No other error is raised.
 
     Example:
         >>> zephon_dask.save_state("ckpt/data.json", pipeline.state_dict())  # doctest: +SKIP
@@ -86,20 +91,56 @@ def save_state(path, state: dict) -> Path:
         given.parent.mkdir(parents=True, exist_ok=True)
     except (FileExistsError, NotADirectoryError):
         raise StateError(f"cannot write a checkpoint at {str(given)!r}: a parent of it is a file") from None
+    except OSError as exc:
+        raise StateError(f"cannot write a checkpoint at {str(given)!r}: its folder cannot be made "
+                         f"({exc.strerror or exc})") from None
     path = _target(given)
     _sweep(path)
     payload = {"sha256": _digest(state), "state": state}
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    previous = path.exists()
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as exc:
+        raise _write_failed(given, exc, previous) from None
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             json.dump(payload, f, sort_keys=True, indent=1, allow_nan=False)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+    except OSError as exc:
+        Path(tmp).unlink(missing_ok=True)
+        raise _write_failed(given, exc, previous) from None
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    _sync_folder(path.parent, given)
     return given
+
+
+def _write_failed(path: Path, exc: OSError, previous: bool) -> StateError:
+    """The error for a checkpoint write the system refused (``exc``: a full disk, no permission)."""
+    kept = ("the previous checkpoint there is intact" if previous
+            else "there was no checkpoint there before")
+    return StateError(f"writing the checkpoint {str(path)!r} failed ({exc.strerror or exc}); nothing was "
+                      f"replaced: {kept}; free space or choose another path, then save again")
+
+
+def _sync_folder(folder: Path, given: Path) -> None:
+    """fsync ``folder``, so the rename into it survives a power loss (a filesystem that cannot sync
+    a folder is left as it is)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError as exc:
+        if exc.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EBADF):
+            raise StateError(f"the checkpoint {str(given)!r} was written but its folder could not be "
+                             f"synced ({exc.strerror or exc}); a power loss now may lose it") from None
+    finally:
+        os.close(fd)
 
 
 def load_state(path) -> dict:

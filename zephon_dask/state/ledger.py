@@ -120,9 +120,20 @@ def gaps(steps) -> list[tuple[int, int]]:
     return [(lo + 1, hi - 1) for lo, hi in zip(have, have[1:], strict=False) if hi - lo > 1]
 
 
+def _partial_tail(steps: dict[int, dict], other: dict[int, dict]) -> int | None:
+    """The last global step of ``steps`` when it holds only some of the batches ``other`` holds at
+    that step (its run ended, or was stopped, inside the step), else ``None``. Pure."""
+    last = max(steps)
+    return last if last in other and set(steps[last]) < set(other[last]) else None
+
+
 def verify_ledgers(dir_a, dir_b) -> tuple[bool, str]:
-    """Whether two runs' ledgers agree: every global step both cover holds the same batches, and
-    neither misses a step inside its own range.
+    """Whether two runs' ledgers agree: every complete global step both cover holds the same
+    batches, and neither misses a step inside its own range.
+
+    A ledger whose last step holds only some of the batches the other holds at that step (its run
+    ended, or was stopped, inside the step) has a trailing partial step: the batches it holds are
+    compared with the other's, the report says how far it got, and it is not a difference by itself.
 
     Args:
         dir_a: the ledger directory of one run (``options(ledger=...)``).
@@ -130,7 +141,7 @@ def verify_ledgers(dir_a, dir_b) -> tuple[bool, str]:
 
     Returns:
         ``(same, report)``: whether they agree, and a readable report naming the
-        first difference or gap.
+        first difference or gap, and a trailing partial step.
 
     Example:
         >>> same, report = zephon_dask.verify_ledgers("run-a/ledger", "run-b/ledger")  # doctest: +SKIP
@@ -143,17 +154,29 @@ def verify_ledgers(dir_a, dir_b) -> tuple[bool, str]:
             more = f" and {len(missing) - 4} more runs" if len(missing) > 4 else ""
             return False, (f"ledger {label} lacks global steps {runs}{more} between its first and last "
                            f"({min(steps)}..{max(steps)}): batches were lost or the ledger was cut")
-    common = sorted(set(a) & set(b))
-    if not common:
-        return False, f"the ledgers share no global step ({len(a)} and {len(b)} steps)"
-    for step in common:
-        if a[step] != b[step]:
-            only_a = sorted(set(a[step].items()) - set(b[step].items()))
-            only_b = sorted(set(b[step].items()) - set(a[step].items()))
+    partial = {"A": _partial_tail(a, b), "B": _partial_tail(b, a)}
+    for step in sorted(set(a) & set(b)):
+        if step in partial.values():  # the batches both hold
+            shared = set(a[step]) & set(b[step])
+            left, right = {k: a[step][k] for k in shared}, {k: b[step][k] for k in shared}
+        else:
+            left, right = a[step], b[step]
+        if left != right:
+            only_a = sorted(set(left.items()) - set(right.items()))
+            only_b = sorted(set(right.items()) - set(left.items()))
             detail = "; ".join(
                 [f"A has lane {lane} batch {i} ({d[:12]})" for (lane, i), d in only_a[:4]]
                 + [f"B has lane {lane} batch {i} ({d[:12]})" for (lane, i), d in only_b[:4]]
             )
             return False, f"global step {step} differs: {detail}"
+    common = sorted(s for s in set(a) & set(b) if s not in partial.values())
+    tails = "".join(
+        f"; ledger {label} ends inside global step {cut}: it holds {len(steps[cut])} of the "
+        f"{len(other[cut])} batches {them} holds there, identical (the step is not counted)"
+        for label, them, steps, other in (("A", "B", a, b), ("B", "A", b, a))
+        if (cut := partial[label]) is not None
+    )
+    if not common:
+        return False, f"the ledgers share no complete global step ({len(a)} and {len(b)} steps){tails}"
     batches = sum(len(a[s]) for s in common)
-    return True, f"{len(common)} global steps ({common[0]}..{common[-1]}), {batches} batches: identical"
+    return True, f"{len(common)} global steps ({common[0]}..{common[-1]}), {batches} batches: identical{tails}"
