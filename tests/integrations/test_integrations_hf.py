@@ -22,7 +22,7 @@ from tests.helpers.frameworks import (  # noqa: E402
     tiny_gpt2,
 )
 from zephon_dask.errors import ConfigError, ShardingError, UnsizedPipelineError, ZephonError  # noqa: E402
-from zephon_dask.integrations.hf import STATE_FILE, ZephonTrainer  # noqa: E402
+from zephon_dask.integrations.hf import STATE_FILE, ZephonTrainer, ZephonTrainerMixin  # noqa: E402
 
 STEPS, SAVE_AT = 4, 2  # optimizer steps
 PER_STEP = 4  # batches per optimizer step: the pipeline's global step, 4 lanes at dp=1
@@ -135,6 +135,28 @@ def test_stock_trainer_on_the_dataset_is_refused(corpus_dir, tmp_path):
         with pytest.raises(ShardingError, match="ZephonTrainer") as info:
             trainer.train()
     assert isinstance(info.value, ZephonError) and isinstance(info.value, RuntimeError)
+
+
+def test_the_mixin_listed_after_a_trainer_says_to_list_it_first():
+    class SubTrainer(Trainer):
+        pass
+
+    for bases in ((Trainer, ZephonTrainerMixin), (SubTrainer, ZephonTrainerMixin)):
+        with pytest.raises(ConfigError, match=rf"lists {bases[0].__name__} before ZephonTrainerMixin.*"
+                                              rf"List the mixin first: class Mine\(ZephonTrainerMixin, "
+                                              rf"{bases[0].__name__}\)"):
+            type("Mine", bases, {})
+
+    class Mine(ZephonTrainerMixin, SubTrainer):  # the order the mixin asks for, and subclasses of it
+        pass
+
+    class Yours(Mine):
+        pass
+
+    class Theirs(ZephonTrainer):
+        pass
+
+    assert Yours.get_train_dataloader is ZephonTrainerMixin.get_train_dataloader is Theirs.get_train_dataloader
 
 
 @pytest.mark.parametrize("accelerator_config", [None, {"dispatch_batches": False}])

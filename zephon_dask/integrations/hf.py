@@ -206,6 +206,21 @@ class ZephonTrainerMixin(_TrainerBase):
     eval_dataset: Any  # set by the Trainer, replaced here
     control: Any
 
+    def __init_subclass__(cls, **kwargs):
+        """Refuse, where the class is defined, a ``Trainer`` class listed before the mixin: its methods
+        would replace the mixin's (``__init__``, ``train``, ``get_train_dataloader``)."""
+        super().__init_subclass__(**kwargs)
+        mro = cls.__mro__
+        before = [k for k in mro[1:mro.index(ZephonTrainerMixin)]
+                  if issubclass(k, Trainer) and not issubclass(k, ZephonTrainerMixin)]
+        if before:
+            bases = ", ".join(["ZephonTrainerMixin"] + [b.__name__ for b in cls.__bases__
+                                                         if b is not ZephonTrainerMixin])
+            raise ConfigError(
+                f"{cls.__name__} lists {before[0].__name__} before ZephonTrainerMixin, so {before[0].__name__}'s "
+                f"methods (__init__, train, get_train_dataloader) replace the mixin's and the pipeline is not "
+                f"used. List the mixin first: class {cls.__name__}({bases})")
+
     def __init__(self, model=None, args=None, *, train_dataset=None, eval_dataset=None,
                  model_fields=None, **kwargs):
         if train_dataset is None:
