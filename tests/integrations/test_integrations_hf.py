@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 
@@ -21,8 +22,20 @@ from tests.helpers.frameworks import (  # noqa: E402
     record_inputs,
     tiny_gpt2,
 )
-from zephon_dask.errors import ConfigError, ShardingError, UnsizedPipelineError, ZephonError  # noqa: E402
-from zephon_dask.integrations.hf import STATE_FILE, ZephonTrainer, ZephonTrainerMixin  # noqa: E402
+from zephon_dask.errors import (  # noqa: E402
+    ConfigError,
+    ShardingError,
+    StateError,
+    UnsizedPipelineError,
+    ZephonError,
+)
+from zephon_dask.integrations.hf import (  # noqa: E402
+    STATE_FILE,
+    ZephonTrainer,
+    ZephonTrainerMixin,
+    checkpoint_state,
+)
+from zephon_dask.state import save_state  # noqa: E402
 
 STEPS, SAVE_AT = 4, 2  # optimizer steps
 PER_STEP = 4  # batches per optimizer step: the pipeline's global step, 4 lanes at dp=1
@@ -157,6 +170,27 @@ def test_the_mixin_listed_after_a_trainer_says_to_list_it_first():
         pass
 
     assert Yours.get_train_dataloader is ZephonTrainerMixin.get_train_dataloader is Theirs.get_train_dataloader
+
+
+def test_a_checkpoint_without_its_data_state_names_the_file_and_the_earlier_one(corpus_dir, tmp_path):
+    """The weights are saved before the data state, so a run stopped in between leaves the newest
+    checkpoint-N without it: the error names the missing file and the latest earlier checkpoint with one."""
+    with hf_pipeline(corpus_dir) as pipe:
+        state = pipe.state_dict()
+        for step in (0, 1, 2, 3, 10):
+            (tmp_path / f"checkpoint-{step}").mkdir()
+        for step in (1, 2):
+            save_state(tmp_path / f"checkpoint-{step}" / STATE_FILE, state)
+        trainer = ZephonTrainer(model=tiny_gpt2(), args=args(tmp_path), train_dataset=pipe)
+        with pytest.raises(StateError, match=re.escape(f"{tmp_path / 'checkpoint-10' / STATE_FILE} is missing")
+                           + ".*stopped in between.*" + re.escape(f"{tmp_path / 'checkpoint-2'} has one")):
+            trainer.train(resume_from_checkpoint=True)
+    with pytest.raises(StateError, match=re.escape(f"{tmp_path / 'checkpoint-3' / STATE_FILE} is missing")
+                       + ".*" + re.escape(f"{tmp_path / 'checkpoint-2'} has one")):
+        checkpoint_state(tmp_path / "checkpoint-3")
+    with pytest.raises(StateError, match="no earlier checkpoint-N beside it has one"):
+        checkpoint_state(tmp_path / "checkpoint-0")
+    assert checkpoint_state(tmp_path / "checkpoint-2") == state
 
 
 @pytest.mark.parametrize("accelerator_config", [None, {"dispatch_batches": False}])

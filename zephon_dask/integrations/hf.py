@@ -93,12 +93,35 @@ def check_hf_labels(pipeline, where: str) -> None:
 
 
 def checkpoint_state(checkpoint_dir) -> dict:
-    """The pipeline state saved in a ``checkpoint-N`` folder by :class:`ZephonTrainerMixin`."""
+    """The pipeline state saved in a ``checkpoint-N`` folder by :class:`ZephonTrainerMixin`; a folder
+    without one is refused, naming the latest earlier ``checkpoint-M`` beside it that has one."""
     path = Path(checkpoint_dir) / STATE_FILE
     if not path.is_file():
-        raise StateError(f"{checkpoint_dir} holds no {STATE_FILE}: it was not written by ZephonTrainer, "
-                         "so the data position is unknown. Resume from a checkpoint ZephonTrainer saved")
+        earlier = earlier_with_state(Path(checkpoint_dir))
+        fix = (f"{earlier} has one: resume from it (train(resume_from_checkpoint={str(earlier)!r}))"
+               if earlier is not None else
+               f"no earlier {PREFIX_CHECKPOINT_DIR}-N beside it has one: resume from a checkpoint a "
+               "ZephonTrainer saved")
+        raise StateError(
+            f"{path} is missing, so the data position of {checkpoint_dir} is unknown. The trainer writes it "
+            f"after the weights, so a run stopped in between leaves a {PREFIX_CHECKPOINT_DIR}-N without it "
+            f"(as does a trainer other than ZephonTrainer); {fix}")
     return load_state(path)
+
+
+def earlier_with_state(checkpoint_dir: Path) -> Path | None:
+    """The ``checkpoint-M`` folder beside ``checkpoint_dir`` (a ``checkpoint-N``) with the largest
+    M < N that holds a pipeline state; ``None`` if none does (or ``checkpoint_dir`` is not so named)."""
+    def step(folder: Path) -> int | None:
+        number = folder.name.removeprefix(f"{PREFIX_CHECKPOINT_DIR}-")
+        return int(number) if number != folder.name and number.isascii() and number.isdigit() else None
+
+    last = step(checkpoint_dir)
+    if last is None or not checkpoint_dir.parent.is_dir():
+        return None
+    found = [(n, folder) for folder in checkpoint_dir.parent.iterdir()
+             if (n := step(folder)) is not None and n < last and (folder / STATE_FILE).is_file()]
+    return max(found)[1] if found else None
 
 
 class ModelBatches:
