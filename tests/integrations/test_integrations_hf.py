@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import re
 
@@ -113,6 +114,29 @@ def test_a_resume_with_another_microbatch_keeps_the_global_steps(full, corpus_di
     want = [sorted(sum(full["rows"][i:i + PER_STEP], [])) for i in range(SAVE_AT * PER_STEP, len(full["rows"]),
                                                                        PER_STEP)]
     assert per_step == want  # each later global step trains the same samples
+
+
+def test_a_resume_logs_the_epoch_and_speeds_of_the_whole_run(corpus_dir, tmp_path):
+    """The epoch goes on from the checkpoint's as in the uninterrupted run (the Trainer, skipping no
+    batch, restarted it at 0), and the speeds count what this run trained: speed x runtime is this
+    run's tokens and samples."""
+    logging = {"logging_strategy": "steps", "logging_steps": 1, "include_num_input_tokens_seen": "all"}
+    whole, _, _, _ = train(corpus_dir, tmp_path / "whole", **logging)
+    trainer, metrics, _, _ = train(corpus_dir, tmp_path / "resumed", **logging,
+                                   resume=str(tmp_path / "whole" / f"checkpoint-{SAVE_AT}"))
+    expected = [(log["step"], log["epoch"]) for log in whole.state.log_history if "loss" in log]
+    assert expected == [(s, s / STEPS) for s in range(1, STEPS + 1)]
+    logs = [log for log in trainer.state.log_history if "loss" in log and log["step"] > SAVE_AT]
+    assert [(log["step"], log["epoch"]) for log in logs] == expected[SAVE_AT:]
+    assert metrics["epoch"] == 1.0
+    saved = json.loads((tmp_path / "resumed" / f"checkpoint-{STEPS}" / "trainer_state.json").read_text())
+    assert saved["epoch"] == 1.0
+    per_step = logs[1]["num_input_tokens_seen"] - logs[0]["num_input_tokens_seen"]
+    for log in logs:
+        session = log["num_input_tokens_seen"] - SAVE_AT * per_step
+        assert math.isclose(log["train_tokens_per_second"] * log["train_runtime"], session, rel_tol=0.02)
+    samples = (STEPS - SAVE_AT) * PER_STEP * MICROBATCH
+    assert math.isclose(metrics["train_samples_per_second"] * metrics["train_runtime"], samples, rel_tol=0.01)
 
 
 def test_a_gradient_accumulation_that_is_not_the_global_step_is_refused(corpus_dir, tmp_path):

@@ -17,7 +17,7 @@ What the stock ``Trainer`` would do with a pipeline and what the mixin does inst
 - **resume**: the pipeline's state is saved in every ``checkpoint-N``
   (``zephon_state.json``, gathered over the ranks) and
   ``train(resume_from_checkpoint=...)`` restores it; nothing is skipped
-  (``ignore_data_skip`` is set);
+  (``ignore_data_skip`` is set), and the logged ``epoch`` goes on from the checkpoint's;
 - **evaluation**: an evaluation pipeline (``eval_dataset=``, or a dict of them) is
   read from its beginning at every evaluation, each rank reading its own lanes,
   with no effect on the training pipeline or the random number generators;
@@ -151,6 +151,17 @@ class _SavePipelineState(TrainerCallback):
         return control
 
 
+class _StreamEpoch(TrainerCallback):
+    """Keeps ``state.epoch`` (logged and saved) the share of ``max_steps`` trained, as the Trainer
+    counts it over a stream from the start. On a resume the Trainer skips no batch
+    (``ignore_data_skip``), so it would count the epoch again from 0."""
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.max_steps > 0:
+            state.epoch = state.global_step / state.max_steps
+        return control
+
+
 class StopOnPreemption(TrainerCallback):
     """Save ``checkpoint-N`` and stop at the end of the optimizer step during which ``stop`` (a
     :class:`~zephon_dask.Preemption`) received SIGINT or SIGTERM; every rank stops at the same step.
@@ -275,6 +286,7 @@ class ZephonTrainerMixin(_TrainerBase):
         self.args.ignore_data_skip = True  # the pipeline's own state replaces the skip
         self._match_step(given=args.gradient_accumulation_steps)
         self.add_callback(_SavePipelineState(pipeline))
+        self.callback_handler.callbacks.insert(0, _StreamEpoch())  # first: the callbacks after it read the epoch
 
     # -- the datasets -----------------------------------------------------------------------
 
