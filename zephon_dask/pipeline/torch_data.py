@@ -267,6 +267,7 @@ def worker_count_error(taken, workers: int) -> str:
             "state (the pipeline's) resumes under any worker count")
 
 
+@functools.cache  # once a process: the wrap stays
 def check_stateful_loads() -> None:
     """Make torchdata's ``StatefulDataLoader.load_state_dict`` (if torchdata is installed) check a
     state loaded into a loader over a :class:`PipelineDataset` with
@@ -277,7 +278,7 @@ def check_stateful_loads() -> None:
     except ImportError:
         return
     load = StatefulDataLoader.load_state_dict
-    if getattr(load, "checks_pipeline_states", False):
+    if getattr(load, "checks_pipeline_states", False):  # already wrapped (the module was reloaded)
         return
 
     @functools.wraps(load)
