@@ -183,6 +183,8 @@ def test_the_mixin_listed_after_a_trainer_says_to_list_it_first():
                                               rf"List the mixin first: class Mine\(ZephonTrainerMixin, "
                                               rf"{bases[0].__name__}\)"):
             type("Mine", bases, {})
+    with pytest.raises(ConfigError, match=r"lists SubTrainer before.*class Mine\(ZephonTrainer, SubTrainer\)"):
+        type("Mine", (SubTrainer, ZephonTrainer), {})
 
     class Mine(ZephonTrainerMixin, SubTrainer):  # the order the mixin asks for, and subclasses of it
         pass

@@ -248,8 +248,8 @@ class ZephonTrainerMixin(_TrainerBase):
         before = [k for k in mro[1:mro.index(ZephonTrainerMixin)]
                   if issubclass(k, Trainer) and not issubclass(k, ZephonTrainerMixin)]
         if before:
-            bases = ", ".join(["ZephonTrainerMixin"] + [b.__name__ for b in cls.__bases__
-                                                         if b is not ZephonTrainerMixin])
+            mixins = [b for b in cls.__bases__ if issubclass(b, ZephonTrainerMixin)]
+            bases = ", ".join(b.__name__ for b in mixins + [b for b in cls.__bases__ if b not in mixins])
             raise ConfigError(
                 f"{cls.__name__} lists {before[0].__name__} before ZephonTrainerMixin, so {before[0].__name__}'s "
                 f"methods (__init__, train, get_train_dataloader) replace the mixin's and the pipeline is not "
