@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import json
 import math
+import re
 
 import pytest
 
@@ -21,8 +23,20 @@ from tests.helpers.frameworks import (  # noqa: E402
     record_inputs,
     tiny_gpt2,
 )
-from zephon_dask.errors import ConfigError, ShardingError, UnsizedPipelineError, ZephonError  # noqa: E402
-from zephon_dask.integrations.hf import STATE_FILE, ZephonTrainer  # noqa: E402
+from zephon_dask.errors import (  # noqa: E402
+    ConfigError,
+    ShardingError,
+    StateError,
+    UnsizedPipelineError,
+    ZephonError,
+)
+from zephon_dask.integrations.hf import (  # noqa: E402
+    STATE_FILE,
+    ZephonTrainer,
+    ZephonTrainerMixin,
+    checkpoint_state,
+)
+from zephon_dask.state import save_state  # noqa: E402
 
 STEPS, SAVE_AT = 4, 2  # optimizer steps
 PER_STEP = 4  # batches per optimizer step: the pipeline's global step, 4 lanes at dp=1
@@ -102,6 +116,29 @@ def test_a_resume_with_another_microbatch_keeps_the_global_steps(full, corpus_di
     assert per_step == want  # each later global step trains the same samples
 
 
+def test_a_resume_logs_the_epoch_and_speeds_of_the_whole_run(corpus_dir, tmp_path):
+    """The epoch goes on from the checkpoint's as in the uninterrupted run (the Trainer, skipping no
+    batch, restarted it at 0), and the speeds count what this run trained: speed x runtime is this
+    run's tokens and samples."""
+    logging = {"logging_strategy": "steps", "logging_steps": 1, "include_num_input_tokens_seen": "all"}
+    whole, _, _, _ = train(corpus_dir, tmp_path / "whole", **logging)
+    trainer, metrics, _, _ = train(corpus_dir, tmp_path / "resumed", **logging,
+                                   resume=str(tmp_path / "whole" / f"checkpoint-{SAVE_AT}"))
+    expected = [(log["step"], log["epoch"]) for log in whole.state.log_history if "loss" in log]
+    assert expected == [(s, s / STEPS) for s in range(1, STEPS + 1)]
+    logs = [log for log in trainer.state.log_history if "loss" in log and log["step"] > SAVE_AT]
+    assert [(log["step"], log["epoch"]) for log in logs] == expected[SAVE_AT:]
+    assert metrics["epoch"] == 1.0
+    saved = json.loads((tmp_path / "resumed" / f"checkpoint-{STEPS}" / "trainer_state.json").read_text())
+    assert saved["epoch"] == 1.0
+    per_step = logs[1]["num_input_tokens_seen"] - logs[0]["num_input_tokens_seen"]
+    for log in logs:
+        session = log["num_input_tokens_seen"] - SAVE_AT * per_step
+        assert math.isclose(log["train_tokens_per_second"] * log["train_runtime"], session, rel_tol=0.02)
+    samples = (STEPS - SAVE_AT) * PER_STEP * MICROBATCH
+    assert math.isclose(metrics["train_samples_per_second"] * metrics["train_runtime"], samples, rel_tol=0.01)
+
+
 def test_a_gradient_accumulation_that_is_not_the_global_step_is_refused(corpus_dir, tmp_path):
     with hf_pipeline(corpus_dir) as pipe:
         with pytest.raises(ConfigError, match=f"{PER_STEP} batches per rank"):
@@ -135,6 +172,51 @@ def test_stock_trainer_on_the_dataset_is_refused(corpus_dir, tmp_path):
         with pytest.raises(ShardingError, match="ZephonTrainer") as info:
             trainer.train()
     assert isinstance(info.value, ZephonError) and isinstance(info.value, RuntimeError)
+
+
+def test_the_mixin_listed_after_a_trainer_says_to_list_it_first():
+    class SubTrainer(Trainer):
+        pass
+
+    for bases in ((Trainer, ZephonTrainerMixin), (SubTrainer, ZephonTrainerMixin)):
+        with pytest.raises(ConfigError, match=rf"lists {bases[0].__name__} before ZephonTrainerMixin.*"
+                                              rf"List the mixin first: class Mine\(ZephonTrainerMixin, "
+                                              rf"{bases[0].__name__}\)"):
+            type("Mine", bases, {})
+    with pytest.raises(ConfigError, match=r"lists SubTrainer before.*class Mine\(ZephonTrainer, SubTrainer\)"):
+        type("Mine", (SubTrainer, ZephonTrainer), {})
+
+    class Mine(ZephonTrainerMixin, SubTrainer):  # the order the mixin asks for, and subclasses of it
+        pass
+
+    class Yours(Mine):
+        pass
+
+    class Theirs(ZephonTrainer):
+        pass
+
+    assert Yours.get_train_dataloader is ZephonTrainerMixin.get_train_dataloader is Theirs.get_train_dataloader
+
+
+def test_a_checkpoint_without_its_data_state_names_the_file_and_the_earlier_one(corpus_dir, tmp_path):
+    """The weights are saved before the data state, so a run stopped in between leaves the newest
+    checkpoint-N without it: the error names the missing file and the latest earlier checkpoint with one."""
+    with hf_pipeline(corpus_dir) as pipe:
+        state = pipe.state_dict()
+        for step in (0, 1, 2, 3, 10):
+            (tmp_path / f"checkpoint-{step}").mkdir()
+        for step in (1, 2):
+            save_state(tmp_path / f"checkpoint-{step}" / STATE_FILE, state)
+        trainer = ZephonTrainer(model=tiny_gpt2(), args=args(tmp_path), train_dataset=pipe)
+        with pytest.raises(StateError, match=re.escape(f"{tmp_path / 'checkpoint-10' / STATE_FILE} is missing")
+                           + ".*stopped in between.*" + re.escape(f"{tmp_path / 'checkpoint-2'} has one")):
+            trainer.train(resume_from_checkpoint=True)
+    with pytest.raises(StateError, match=re.escape(f"{tmp_path / 'checkpoint-3' / STATE_FILE} is missing")
+                       + ".*" + re.escape(f"{tmp_path / 'checkpoint-2'} has one")):
+        checkpoint_state(tmp_path / "checkpoint-3")
+    with pytest.raises(StateError, match="no earlier checkpoint-N beside it has one"):
+        checkpoint_state(tmp_path / "checkpoint-0")
+    assert checkpoint_state(tmp_path / "checkpoint-2") == state
 
 
 @pytest.mark.parametrize("accelerator_config", [None, {"dispatch_batches": False}])

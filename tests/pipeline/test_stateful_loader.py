@@ -150,6 +150,30 @@ def test_stateful_dataloader_refuses_another_worker_count(corpus_dir):
             ds.load_state_dict(dict(inner, version=4))
 
 
+@pytest.mark.parametrize("taken,resumed", [(0, 2), (2, 0), pytest.param(2, 3, marks=pytest.mark.slow)])
+def test_a_loader_state_of_another_num_workers_is_refused_at_load(corpus_dir, taken, resumed):
+    """torchdata fails at the next iter() with a bare AssertionError; the loader's own
+    load_state_dict names both worker counts and the fix, and the loader still takes its own state."""
+    with build(corpus_dir, runner="synchronous") as pipe:
+        first = loader(pipe, taken)
+        it = iter(first)
+        for _ in range(5):
+            next(it)
+        state = first.state_dict()
+        rest = [rows(next(it)) for _ in range(3)]
+        del it, first
+    with build(corpus_dir, runner="synchronous") as pipe:
+        other = loader(pipe, resumed)
+        with pytest.raises(StateError, match=rf"num_workers={taken}, but it is loaded with "
+                                             rf"num_workers={resumed}.*resume with num_workers={taken}"
+                                             r".*to_torch_loader"):
+            other.load_state_dict(state)
+        assert other.next_iter_state is None  # nothing was loaded
+        same = loader(pipe, taken)
+        same.load_state_dict(state)
+        assert [rows(item) for _, item in zip(range(3), same)] == rest
+
+
 # -- to_torch_loader(): a real DataLoader whose state is the pipeline's ------------------------
 
 

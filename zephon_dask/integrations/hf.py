@@ -17,7 +17,7 @@ What the stock ``Trainer`` would do with a pipeline and what the mixin does inst
 - **resume**: the pipeline's state is saved in every ``checkpoint-N``
   (``zephon_state.json``, gathered over the ranks) and
   ``train(resume_from_checkpoint=...)`` restores it; nothing is skipped
-  (``ignore_data_skip`` is set);
+  (``ignore_data_skip`` is set), and the logged ``epoch`` goes on from the checkpoint's;
 - **evaluation**: an evaluation pipeline (``eval_dataset=``, or a dict of them) is
   read from its beginning at every evaluation, each rank reading its own lanes,
   with no effect on the training pipeline or the random number generators;
@@ -93,12 +93,35 @@ def check_hf_labels(pipeline, where: str) -> None:
 
 
 def checkpoint_state(checkpoint_dir) -> dict:
-    """The pipeline state saved in a ``checkpoint-N`` folder by :class:`ZephonTrainerMixin`."""
+    """The pipeline state saved in a ``checkpoint-N`` folder by :class:`ZephonTrainerMixin`; a folder
+    without one is refused, naming the latest earlier ``checkpoint-M`` beside it that has one."""
     path = Path(checkpoint_dir) / STATE_FILE
     if not path.is_file():
-        raise StateError(f"{checkpoint_dir} holds no {STATE_FILE}: it was not written by ZephonTrainer, "
-                         "so the data position is unknown. Resume from a checkpoint ZephonTrainer saved")
+        earlier = earlier_with_state(Path(checkpoint_dir))
+        fix = (f"{earlier} has one: resume from it (train(resume_from_checkpoint={str(earlier)!r}))"
+               if earlier is not None else
+               f"no earlier {PREFIX_CHECKPOINT_DIR}-N beside it has one: resume from a checkpoint a "
+               "ZephonTrainer saved")
+        raise StateError(
+            f"{path} is missing, so the data position of {checkpoint_dir} is unknown. The trainer writes it "
+            f"after the weights, so a run stopped in between leaves a {PREFIX_CHECKPOINT_DIR}-N without it "
+            f"(as does a trainer other than ZephonTrainer); {fix}")
     return load_state(path)
+
+
+def earlier_with_state(checkpoint_dir: Path) -> Path | None:
+    """The ``checkpoint-M`` folder beside ``checkpoint_dir`` (a ``checkpoint-N``) with the largest
+    M < N that holds a pipeline state; ``None`` if none does (or ``checkpoint_dir`` is not so named)."""
+    def step(folder: Path) -> int | None:
+        number = folder.name.removeprefix(f"{PREFIX_CHECKPOINT_DIR}-")
+        return int(number) if number != folder.name and number.isascii() and number.isdigit() else None
+
+    last = step(checkpoint_dir)
+    if last is None or not checkpoint_dir.parent.is_dir():
+        return None
+    found = [(n, folder) for folder in checkpoint_dir.parent.iterdir()
+             if (n := step(folder)) is not None and n < last and (folder / STATE_FILE).is_file()]
+    return max(found)[1] if found else None
 
 
 class ModelBatches:
@@ -125,6 +148,17 @@ class _SavePipelineState(TrainerCallback):
             folder = Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
             folder.mkdir(parents=True, exist_ok=True)
             save_state(folder / STATE_FILE, pipeline_state)
+        return control
+
+
+class _StreamEpoch(TrainerCallback):
+    """Keeps ``state.epoch`` (logged and saved) the share of ``max_steps`` trained, as the Trainer
+    counts it over a stream from the start. On a resume the Trainer skips no batch
+    (``ignore_data_skip``), so it would count the epoch again from 0."""
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.max_steps > 0:
+            state.epoch = state.global_step / state.max_steps
         return control
 
 
@@ -206,6 +240,21 @@ class ZephonTrainerMixin(_TrainerBase):
     eval_dataset: Any  # set by the Trainer, replaced here
     control: Any
 
+    def __init_subclass__(cls, **kwargs):
+        """Refuse, where the class is defined, a ``Trainer`` class listed before the mixin: its methods
+        would replace the mixin's (``__init__``, ``train``, ``get_train_dataloader``)."""
+        super().__init_subclass__(**kwargs)
+        mro = cls.__mro__
+        before = [k for k in mro[1:mro.index(ZephonTrainerMixin)]
+                  if issubclass(k, Trainer) and not issubclass(k, ZephonTrainerMixin)]
+        if before:
+            mixins = [b for b in cls.__bases__ if issubclass(b, ZephonTrainerMixin)]
+            bases = ", ".join(b.__name__ for b in mixins + [b for b in cls.__bases__ if b not in mixins])
+            raise ConfigError(
+                f"{cls.__name__} lists {before[0].__name__} before ZephonTrainerMixin, so {before[0].__name__}'s "
+                f"methods (__init__, train, get_train_dataloader) replace the mixin's and the pipeline is not "
+                f"used. List the mixin first: class {cls.__name__}({bases})")
+
     def __init__(self, model=None, args=None, *, train_dataset=None, eval_dataset=None,
                  model_fields=None, **kwargs):
         if train_dataset is None:
@@ -237,6 +286,7 @@ class ZephonTrainerMixin(_TrainerBase):
         self.args.ignore_data_skip = True  # the pipeline's own state replaces the skip
         self._match_step(given=args.gradient_accumulation_steps)
         self.add_callback(_SavePipelineState(pipeline))
+        self.callback_handler.callbacks.insert(0, _StreamEpoch())  # first: the callbacks after it read the epoch
 
     # -- the datasets -----------------------------------------------------------------------
 

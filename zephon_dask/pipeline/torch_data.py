@@ -11,6 +11,7 @@ iterator takes its workers' base seed from the loader's own generator
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 
 import numpy as np
@@ -90,6 +91,7 @@ class PipelineDataset(IterableDataset):
     follows_training_step = False  # True: inside a loader whose state is the trained batches' (see guard)
 
     def __init__(self, pipeline, start: State | None = None):
+        check_stateful_loads()
         pipeline.session.step_shape()  # its state records the step: bad step settings are refused here, not in a worker
         self.pipeline = pipeline
         runner = pipeline.session.runner()
@@ -181,8 +183,8 @@ class PipelineDataset(IterableDataset):
 
         torchdata resumes only with the worker count a state was taken with,
         and between 0 and more workers it fails with a bare ``AssertionError``
-        before this dataset sees the state. Call this before
-        ``loader.load_state_dict(state)``.
+        before this dataset sees the state. ``StatefulDataLoader.load_state_dict``
+        calls this for a loader over a pipeline dataset (:func:`check_stateful_loads`).
 
         Args:
             state: a ``StatefulDataLoader.state_dict()`` over a pipeline dataset.
@@ -194,7 +196,6 @@ class PipelineDataset(IterableDataset):
 
         Example:
             >>> loader.dataset.check_loader_state(state, loader.num_workers)  # doctest: +SKIP
-            >>> loader.load_state_dict(state)  # doctest: +SKIP
         """
         taken = sorted({ds.get("num_workers") for ds in dataset_state.dataset_states(state)}, key=repr)
         if not taken:
@@ -264,6 +265,30 @@ def worker_count_error(taken, workers: int) -> str:
             f"a StatefulDataLoader resumes only with the worker count its state was taken with, so resume "
             f"with num_workers={taken}. A run that must change it iterates pipeline.to_torch_loader(), whose "
             "state (the pipeline's) resumes under any worker count")
+
+
+@functools.cache  # once a process: the wrap stays
+def check_stateful_loads() -> None:
+    """Make torchdata's ``StatefulDataLoader.load_state_dict`` (if torchdata is installed) check a
+    state loaded into a loader over a :class:`PipelineDataset` with
+    :meth:`PipelineDataset.check_loader_state`, so another ``num_workers`` is refused by name there,
+    not by a bare ``AssertionError`` at the next ``iter()``. Other loaders load as before."""
+    try:
+        from torchdata.stateful_dataloader import StatefulDataLoader
+    except ImportError:
+        return
+    load = StatefulDataLoader.load_state_dict
+    if getattr(load, "checks_pipeline_states", False):  # already wrapped (the module was reloaded)
+        return
+
+    @functools.wraps(load)
+    def checked(self, state_dict):
+        if state_dict and isinstance(self.dataset, PipelineDataset):
+            self.dataset.check_loader_state(state_dict, self.num_workers)
+        load(self, state_dict)
+
+    checked.checks_pipeline_states = True  # type: ignore[attr-defined]
+    StatefulDataLoader.load_state_dict = checked
 
 
 def _recorded(progress: Progress, batches: Iterator[dict]) -> Iterator[dict]:
