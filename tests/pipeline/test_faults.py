@@ -566,7 +566,7 @@ def test_cli_run_exits_2_for_a_bad_checkpoint_or_ledger(tmp_path):
     recipe = tmp_path / "r.toml"
     recipe.write_text(f'[[datasets]]\nname = "d"\npath = "{folder}"\n[tokenize]\ntokenizer = "bytes"\n'
                       '[pack]\nmax_length = 16\n[batch]\nmicrobatch_size = 1\n[options]\n'
-                      'runner = "synchronous"\n')
+                      'runner = "synchronous"\ncanonical_replicas = 1\n')  # a step of one batch
     assert main(["run", str(recipe), "--steps", "1"]) == 0  # the recipe runs: the refusals below are the paths'
     (tmp_path / "dir.json").mkdir()
     (tmp_path / "bin.json").write_bytes(b"\x00\xff\xfe")
