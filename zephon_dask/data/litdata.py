@@ -40,7 +40,7 @@ from . import integrity
 from .compressed import zstandard
 from .lance import fresh
 from .memo import byte_lru
-from .paths import fetch_ranges, file_mtime, filesystem, is_local, to_url
+from .paths import fetch_ranges, file_mtime, filesystem, folder_json, is_local, to_url
 from .reader import Reader
 from .shard import Shard
 
@@ -61,13 +61,7 @@ _LEAVES = ("str", "text", "bytes", "int", "float", "bool", "numpy", "no_header_n
 
 def is_folder(fs: Any, directory: str) -> bool:
     """Whether ``directory`` holds a litData ``index.json`` (``chunks`` and a ``config``)."""
-    target = f"{directory.rstrip('/')}/{INDEX}"
-    if not fs.isfile(target):
-        return False
-    try:
-        doc = json.loads(fs.cat_file(target))
-    except (ValueError, OSError):
-        return False
+    doc = folder_json(fs, directory, INDEX)
     return (isinstance(doc, dict) and isinstance(doc.get("chunks"), list)
             and isinstance(doc.get("config"), dict) and "data_format" in doc["config"])
 

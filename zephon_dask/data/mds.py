@@ -38,7 +38,7 @@ from ..errors import ConfigError, DataFormatError, DatasetNotFoundError
 from . import integrity
 from .compressed import zstandard
 from .memo import byte_lru
-from .paths import fetch_ranges, file_mtime, filesystem, is_local, to_url
+from .paths import fetch_ranges, file_mtime, filesystem, folder_json, is_local, to_url
 from .reader import Reader
 from .shard import Shard
 
@@ -59,13 +59,7 @@ _SCHEMA_KEYS = ("column_names", "column_encodings", "column_sizes")
 
 def is_folder(fs: Any, directory: str) -> bool:
     """Whether ``directory`` holds an MDS ``index.json`` (a foreign one is not ours to judge)."""
-    target = f"{directory.rstrip('/')}/{INDEX}"
-    if not fs.isfile(target):
-        return False
-    try:
-        doc = json.loads(fs.cat_file(target))
-    except (ValueError, OSError):
-        return False
+    doc = folder_json(fs, directory, INDEX)
     shards = doc.get("shards") if isinstance(doc, dict) else None
     return bool(shards) and isinstance(shards, list) and all(
         isinstance(s, dict) and s.get("format") == "mds" for s in shards

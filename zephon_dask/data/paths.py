@@ -16,6 +16,7 @@ the URL and what to check (never the options: they may hold credentials).
 from __future__ import annotations
 
 import copy
+import json
 import os
 import posixpath
 import re
@@ -370,3 +371,15 @@ def match_data_files(files: Sequence[FileInfo], patterns: Sequence[str]) -> list
 def extension(name: str) -> str:
     """The lower-cased last extension of ``name`` (``".jsonl"``), or ``""``."""
     return posixpath.splitext(name)[1].lower()
+
+
+def folder_json(fs: Any, directory: str, name: str) -> Any:
+    """The parsed JSON file ``name`` in ``directory`` (a folder layout's index), or ``None`` when it
+    is missing, unreadable or not JSON: a folder detector asks, it does not judge."""
+    target = f"{directory.rstrip('/')}/{name}"
+    if not fs.isfile(target):
+        return None
+    try:
+        return json.loads(fs.cat_file(target))
+    except (ValueError, OSError):
+        return None
