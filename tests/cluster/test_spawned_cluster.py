@@ -109,6 +109,55 @@ def test_the_schedulers_log_reaches_this_process_and_never_blocks_it(capfd):
     assert capfd.readouterr().err.count("zephon-test") == 3000
 
 
+LATE_SIGTERM_SCRIPT = """
+import asyncio, os, signal, sys
+sys.path.insert(0, {root!r})
+from distributed import Scheduler
+from zephon_dask.execution.spawned import run_scheduler
+
+close, finished = Scheduler.close, Scheduler.finished
+
+
+async def reported_close(self, *args, **kwargs):
+    print("close started", file=sys.stderr, flush=True)
+    return await close(self, *args, **kwargs)
+
+
+async def finished_then_sigterm(self):
+    await finished(self)
+    os.kill(os.getpid(), signal.SIGTERM)  # what SchedulerProcess.close sends after the client's close
+    await asyncio.sleep(0.2)
+
+
+Scheduler.close, Scheduler.finished = reported_close, finished_then_sigterm
+run_scheduler({{"host": "127.0.0.1", "port": 0, "dashboard": False, "scheduler_file": {file!r}}})
+"""
+
+
+def test_a_sigterm_after_the_clients_close_starts_no_second_close(tmp_path):
+    """The client's close closes the scheduler; SIGTERM (from :class:`SchedulerProcess`'s close)
+    then reaches its process: it starts no second close, which the loop, winding down, might
+    never run ("Task was destroyed but it is pending", "coroutine 'Scheduler.close' was never
+    awaited" at exit, once in about eight closes of the embedded cluster)."""
+    from distributed import Client
+
+    file = tmp_path / "scheduler.json"
+    script = tmp_path / "scheduler.py"
+    script.write_text(LATE_SIGTERM_SCRIPT.format(root=str(Path(__file__).resolve().parents[2]), file=str(file)))
+    proc = subprocess.Popen([sys.executable, str(script)], stderr=subprocess.PIPE, text=True)
+    try:
+        assert wait_for(lambda: file.exists() and file.stat().st_size > 0 or proc.poll() is not None, 60)
+        with Client(scheduler_file=str(file), set_as_default=False, timeout=30) as client:
+            client.shutdown()
+        _, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+    assert err.count("close started") == 1, err
+    assert not any(noise in err for noise in ("Task was destroyed", "never awaited", "wakeup fd")), err
+    assert not file.exists()
+
+
 def test_a_module_only_this_process_can_import_reaches_the_scheduler(corpus_dir, tmp_path, monkeypatch):
     # the scheduler unpickles the graph: a function from a module beside the training script
     # (on sys.path here, not in the scheduler's working directory) must import there too

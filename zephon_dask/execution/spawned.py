@@ -46,6 +46,7 @@ from pathlib import Path
 
 import dask
 from distributed import Nanny, Scheduler, SpecCluster, Worker
+from distributed.core import Status
 from distributed.deploy.spec import ProcessInterface
 
 from ..errors import ClusterError
@@ -117,14 +118,21 @@ def run_scheduler(options: dict) -> None:
         def stop(reason: str) -> None:
             if gone is not None:
                 loop.remove_reader(gone)
-            if not closing:
-                closing.append(asyncio.ensure_future(scheduler.close(reason=reason)))
+            if not closing:  # a scheduler closing already (its client asked) is only given a deadline
+                if scheduler.status not in (Status.closing, Status.closed):
+                    closing.append(asyncio.ensure_future(scheduler.close(reason=reason)))
                 loop.call_later(CLOSE_WAIT_S, end)
 
         loop.add_signal_handler(signal.SIGTERM, stop, "asked to stop")
         if gone is not None:
             loop.add_reader(gone, stop, "the process that started the scheduler is gone")
         await scheduler.finished()
+        # the loop still runs while asyncio.run winds down: a SIGTERM now (the client's close, which
+        # closed the scheduler, sends one next) must not start a close the ending loop never runs
+        loop.remove_signal_handler(signal.SIGTERM)
+        if gone is not None:
+            loop.remove_reader(gone)
+        signal.signal(signal.SIGTERM, lambda *_: end())
 
     try:
         asyncio.run(serve())
