@@ -46,7 +46,6 @@ from pathlib import Path
 
 import dask
 from distributed import Nanny, Scheduler, SpecCluster, Worker
-from distributed.core import Status
 from distributed.deploy.spec import ProcessInterface
 
 from ..errors import ClusterError
@@ -119,7 +118,7 @@ def run_scheduler(options: dict) -> None:
             if gone is not None:
                 loop.remove_reader(gone)
             if not closing:  # a scheduler closing already (its client asked) is only given a deadline
-                if scheduler.status not in (Status.closing, Status.closed):
+                if scheduler.status.name not in ("closing", "closed"):
                     closing.append(asyncio.ensure_future(scheduler.close(reason=reason)))
                 loop.call_later(CLOSE_WAIT_S, end)
 
