@@ -118,7 +118,8 @@ def train(a: argparse.Namespace, stop: z.Preemption, stack: contextlib.ExitStack
     return True
 
 
-def main(argv=None) -> int:
+def parser() -> argparse.ArgumentParser:
+    """The command line: where the cluster is, the checkpoint folder, the recipe and the steps."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     where = ap.add_mutually_exclusive_group(required=True)
     where.add_argument("--scheduler-file", help="written by `dask scheduler --scheduler-file`")
@@ -128,7 +129,11 @@ def main(argv=None) -> int:
     ap.add_argument("--recipe", default=str(RECIPE), help="its canonical_replicas: the most ranks it can take")
     ap.add_argument("--steps", type=int, default=40, help="global steps to train in all")
     ap.add_argument("--save-every", type=int, default=100, help="also checkpoint every N global steps")
-    a = ap.parse_args(argv)
+    return ap
+
+
+def main(argv=None) -> int:
+    a = parser().parse_args(argv)
 
     with contextlib.ExitStack() as stack:
         stop = stack.enter_context(z.Preemption())  # from here SIGTERM/SIGINT stop at the end of a step
