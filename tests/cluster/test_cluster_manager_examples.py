@@ -47,8 +47,10 @@ def test_the_sbatch_script_checkpoints_requeues_on_its_signal_and_a_resume_finis
            "PYTHONPATH": str(ROOT), "SHARED": str(shared), "STEPS": "40", "SLURM_JOB_ID": "77",
            "SLURM_NNODES": "1", "SLURM_JOB_NODELIST": "node1", "DASK_WORKERS_PER_NODE": "1",
            "DASHBOARD_PORT": "0"}
-    job = subprocess.Popen(["bash", str(ROOT / "examples" / "slurm" / "train.sbatch")], cwd=ROOT, env=env,
-                           stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True)
+    log = tmp_path / "stderr.txt"
+    with log.open("w") as err:
+        job = subprocess.Popen(["bash", str(ROOT / "examples" / "slurm" / "train.sbatch")], cwd=ROOT, env=env,
+                               stdout=subprocess.PIPE, stderr=err, text=True, start_new_session=True)
     lines: list[str] = []
     started = threading.Event()
 
@@ -70,10 +72,11 @@ def test_the_sbatch_script_checkpoints_requeues_on_its_signal_and_a_resume_finis
         job.wait(timeout=60)
     reader.join(timeout=60)
 
-    out = "".join(lines)
+    out = "".join(lines) + "".join(line for line in log.read_text().splitlines(keepends=True)[-40:]
+                                   if not line.startswith("20"))  # stderr's last lines, Dask's log left out
     ckpt = shared / "ckpt"
-    step = (ckpt / "latest").read_text()
     assert status == 143, out
+    step = (ckpt / "latest").read_text()
     assert step == "step-1" and f"stopped at {step}: requeued" in out, out
     assert (shared / "scontrol.log").read_text() == "requeue 77\n"
     assert not (ckpt / "done").exists() and not (shared / "scheduler-77.json").exists()

@@ -125,7 +125,7 @@ def test_the_training_job_reaches_the_dask_cluster_its_rank_zero_and_the_shared_
     assert int(opts["master-port"]) == service["spec"]["ports"][0]["port"]
     assert pod["restartPolicy"] == "Never"  # podFailurePolicy needs it
     assert {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]} in job["spec"]["podFailurePolicy"]["rules"]
-    assert pod["terminationGracePeriodSeconds"] >= 60
+    assert 60 <= int(opts["shutdown-timeout"]) < pod["terminationGracePeriodSeconds"]  # torchrun SIGKILLs first
     claim = objects["PersistentVolumeClaim/zephon-shared"]
     assert claim["spec"]["accessModes"] == ["ReadWriteMany"]
     for spec, c in ((pod, train), (cluster["spec"]["worker"]["spec"], container(cluster["spec"]["worker"]["spec"], "worker"))):
@@ -159,6 +159,12 @@ def test_the_sbatch_script_parses_signals_early_requeues_and_starts_the_three_st
     scheduler, worker = torchrun_args(commands["dask scheduler"]), torchrun_args(commands["dask worker"])
     assert scheduler["scheduler-file"] == worker["scheduler-file"] == '"$SCHEDULER_FILE"'
     assert worker["nthreads"] == "1"
+    shown = next(b for b in re.findall(r"```bash\n(.*?)```", (ROOT / "docs" / "clusters.md").read_text(), re.S)
+                 if b.startswith("srun "))
+    for command in shown.split("&\n")[:-1]:  # docs/clusters.md shows the script's commands as they are
+        assert f"{command}&\n" in SBATCH.read_text(), command
+    early = int(directives["signal"].rsplit("@", 1)[1])
+    assert 60 <= int(torchrun_args(commands["torchrun"])["shutdown-timeout"]) < early
     args = script_args(commands["torchrun"])
     assert_train_takes(args)
     assert "--scheduler-file=$SCHEDULER_FILE" in args and "--ckpt=$SHARED/ckpt" in args
