@@ -53,7 +53,7 @@ def container(pod_spec: dict, name: str) -> dict:
     return next(c for c in pod_spec["containers"] if c["name"] == name)
 
 
-def torchrun_args(command: str) -> dict[str, str]:
+def long_options(command: str) -> dict[str, str]:
     """``--name=value`` options of a command line (``$VAR`` kept as written)."""
     return dict(re.findall(r"--([\w-]+)=(\S+)", command))
 
@@ -113,7 +113,7 @@ def test_the_training_job_reaches_the_dask_cluster_its_rank_zero_and_the_shared_
     pod = job["spec"]["template"]["spec"]
     train = container(pod, "train")
     command = " ".join(train["args"])
-    opts = torchrun_args(command)
+    opts = long_options(command)
     comm = next(p for p in cluster["spec"]["scheduler"]["service"]["ports"] if p["name"] == "tcp-comm")
     assert opts["address"] == f"tcp://{cluster['metadata']['name']}-scheduler:{comm['port']}"  # the operator's Service
     assert int(opts["nnodes"]) == job["spec"]["completions"] == job["spec"]["parallelism"]
@@ -156,7 +156,7 @@ def test_the_sbatch_script_parses_signals_early_requeues_and_starts_the_three_st
     for program, line in commands.items():  # srun's options are --name=value: the test's srun drops them
         srun_opts = line.split(f" {program} ")[0].split()[1:]
         assert all(o.startswith("--") and ("=" in o or o == "--overlap") for o in srun_opts), line
-    scheduler, worker = torchrun_args(commands["dask scheduler"]), torchrun_args(commands["dask worker"])
+    scheduler, worker = long_options(commands["dask scheduler"]), long_options(commands["dask worker"])
     assert scheduler["scheduler-file"] == worker["scheduler-file"] == '"$SCHEDULER_FILE"'
     assert worker["nthreads"] == "1"
     shown = next(b for b in re.findall(r"```bash\n(.*?)```", (ROOT / "docs" / "clusters.md").read_text(), re.S)
@@ -164,7 +164,7 @@ def test_the_sbatch_script_parses_signals_early_requeues_and_starts_the_three_st
     for command in shown.split("&\n")[:-1]:  # docs/clusters.md shows the script's commands as they are
         assert f"{command}&\n" in SBATCH.read_text(), command
     early = int(directives["signal"].rsplit("@", 1)[1])
-    assert 60 <= int(torchrun_args(commands["torchrun"])["shutdown-timeout"]) < early
+    assert 60 <= int(long_options(commands["torchrun"])["shutdown-timeout"]) < early
     args = script_args(commands["torchrun"])
     assert_train_takes(args)
     assert "--scheduler-file=$SCHEDULER_FILE" in args and "--ckpt=$SHARED/ckpt" in args
