@@ -1,6 +1,7 @@
-"""TorchTitan: the ``ZephonDataLoader`` saved by TorchTitan's ``CheckpointManager`` (DCP) at dp=2
-resumes at dp=1 and dp=4 with the same global steps as the uninterrupted run (``torchrun``, gloo,
-CPU); its configuration errors, its state's one key and its RNG neutrality in process."""
+"""TorchTitan: launched with ``torchtitan.train``'s arguments and configured through its
+``ConfigManager``, the ``ZephonDataLoader`` saved by TorchTitan's ``CheckpointManager`` (DCP) at dp=2
+resumes at dp=4 (``torchrun``, gloo, CPU) and dp=1 with the same global steps as the uninterrupted
+run; its configuration errors, its state's one key and its RNG neutrality in process."""
 
 from __future__ import annotations
 
@@ -22,8 +23,8 @@ from tests.integrations.test_torchrun import torchrun  # noqa: E402
 from tests.jobs import torchtitan_job  # noqa: E402
 from tests.jobs.torchtitan_job import CORPUS_ENV, SEQ_LEN, titan_pipeline, write_tokenizer  # noqa: E402
 from zephon_dask.errors import ConfigError, StateError  # noqa: E402
-from zephon_dask.pipeline import Pipeline  # noqa: E402
 from zephon_dask.integrations.torchtitan import STATE_KEY, ZephonDataLoader, configure  # noqa: E402
+from zephon_dask.pipeline import Pipeline  # noqa: E402
 
 STEPS, SAVE_AT, G = 6, 3, 4  # G: the pipeline's global step (canonical_replicas=4 batches)
 RECIPE = Path(__file__).resolve().parents[2] / "examples" / "recipe.toml"
