@@ -1,11 +1,13 @@
-"""TorchTitan: the ``ZephonDataLoader`` saved by TorchTitan's ``CheckpointManager`` (DCP) at dp=2
-resumes at dp=1 and dp=4 with the same global steps as the uninterrupted run (``torchrun``, gloo,
-CPU); its configuration errors, its state's one key and its RNG neutrality in process."""
+"""TorchTitan: launched with ``torchtitan.train``'s arguments and configured through its
+``ConfigManager``, the ``ZephonDataLoader`` saved by TorchTitan's ``CheckpointManager`` (DCP) at dp=2
+resumes at dp=4 (``torchrun``, gloo, CPU) and dp=1 with the same global steps as the uninterrupted
+run; its configuration errors, its state's one key and its RNG neutrality in process."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import shutil
 import warnings
 from pathlib import Path
 from types import SimpleNamespace
@@ -18,13 +20,16 @@ import torch  # noqa: E402
 
 from tests.helpers.frameworks import digest  # noqa: E402
 from tests.integrations.test_torchrun import torchrun  # noqa: E402
-from tests.jobs.torchtitan_job import SEQ_LEN, titan_pipeline  # noqa: E402
+from tests.jobs import torchtitan_job  # noqa: E402
+from tests.jobs.torchtitan_job import CORPUS_ENV, SEQ_LEN, titan_pipeline, write_tokenizer  # noqa: E402
 from zephon_dask.errors import ConfigError, StateError  # noqa: E402
 from zephon_dask.integrations.torchtitan import STATE_KEY, ZephonDataLoader, configure  # noqa: E402
+from zephon_dask.pipeline import Pipeline  # noqa: E402
 
 STEPS, SAVE_AT, G = 6, 3, 4  # G: the pipeline's global step (canonical_replicas=4 batches)
 RECIPE = Path(__file__).resolve().parents[2] / "examples" / "recipe.toml"
 EXAMPLE = RECIPE.parent / "frameworks" / "torchtitan_loop.py"
+JOB = Path(torchtitan_job.__file__).name
 
 
 def build_loader(pipeline, world=1, rank=0, seq_len=SEQ_LEN, local_batch_size=2) -> ZephonDataLoader:
@@ -61,19 +66,44 @@ def uninterrupted(corpus_dir) -> dict[int, list[str]]:
     return steps
 
 
+def titan_args(dump_folder: Path, tokenizer: Path, *overrides: str) -> list[str]:
+    """``torchtitan.train``'s command line for the job's config function."""
+    return ["--module", "tests.jobs.torchtitan_job", "--config", "titan_config", "--hf_assets_path",
+            str(tokenizer), "--dump_folder", str(dump_folder), *overrides]
+
+
 @pytest.mark.slow
-def test_checkpoint_at_dp2_resumes_at_dp1_and_dp4_with_the_same_global_steps(corpus_dir, tmp_path, uninterrupted):
-    job = ["--corpus", str(corpus_dir), "--steps", str(STEPS), "--interval", str(SAVE_AT)]
-    torchrun(2, *job, "--out", str(tmp_path / "dp2"), job="torchtitan_job.py", timeout=300)
+def test_checkpoint_at_dp2_resumes_at_dp1_and_dp4_with_the_same_global_steps(corpus_dir, tmp_path, monkeypatch,
+                                                                             uninterrupted):
+    monkeypatch.setenv(CORPUS_ENV, str(corpus_dir))  # torchrun's ranks inherit it
+    tokenizer = write_tokenizer(tmp_path / "tokenizer")
+    overrides = ["--training.steps", str(STEPS), "--checkpoint.interval", str(SAVE_AT)]
+    torchrun(2, *titan_args(tmp_path / "dp2", tokenizer, *overrides), job=JOB, timeout=300)
     assert steps_of(tmp_path / "dp2", 2) == uninterrupted
-    checkpoint = tmp_path / "dp2" / "checkpoint" / f"step-{SAVE_AT}"
-    assert (checkpoint / ".metadata").is_file()  # written by DCP
+    saved = tmp_path / "dp2" / "checkpoint" / f"step-{SAVE_AT}"
+    assert (saved / ".metadata").is_file()  # written by DCP
     for world in (1, 4):
         out = tmp_path / f"dp{world}"
-        torchrun(world, *job, "--out", str(out), "--resume", str(checkpoint), job="torchtitan_job.py", timeout=300)
+        shutil.copytree(saved, out / "checkpoint" / saved.name)  # the run's latest checkpoint: the trainer loads it
+        if world == 1:
+            torchtitan_job.main(titan_args(out, tokenizer, *overrides))  # one process: DP degree 1
+        else:
+            torchrun(world, *titan_args(out, tokenizer, *overrides), job=JOB, timeout=300)
         resumed = steps_of(out, world)
         assert sorted(resumed) == list(range(SAVE_AT + 1, STEPS + 1))  # the train state resumed too
         assert resumed == {step: uninterrupted[step] for step in resumed}
+
+
+def test_titans_config_manager_reads_a_config_function_that_sets_the_pipeline(corpus_dir, monkeypatch):
+    from torchtitan.config.manager import ConfigManager
+
+    monkeypatch.setenv(CORPUS_ENV, str(corpus_dir))
+    config = ConfigManager().parse_args(["--module", "tests.jobs.torchtitan_job", "--config", "titan_config",
+                                         "--training.steps", "9", "--dataloader.num_workers", "1"])
+    assert isinstance(config.dataloader, ZephonDataLoader.Config) and isinstance(config.dataloader.pipeline, Pipeline)
+    assert (config.training.steps, config.dataloader.num_workers) == (9, 1)
+    assert (config.training.local_batch_size, config.training.global_batch_size) == (2, 2 * G)
+    assert config.dataloader.pipeline.fingerprint() == titan_pipeline(corpus_dir).fingerprint()
 
 
 def test_batches_are_titans_shape_padded_to_seq_len(corpus_dir):

@@ -80,8 +80,9 @@ class ZephonDataLoader(BaseDataLoader):
         recipe: str = ""
         """A zephon_dask recipe (TOML) to build the pipeline from, if ``pipeline`` is not set."""
 
-        pipeline: Annotated[Any, tyro.conf.Suppress] = None
-        """A zephon_dask ``Pipeline`` (set in Python; not a command-line option)."""
+        pipeline: Annotated[Pipeline | None, tyro.conf.Suppress] = None
+        """A zephon_dask ``Pipeline`` (set in Python; not a command-line option). Typed as
+        optional: tyro would otherwise read a default's constructor as command-line options."""
 
         num_workers: int = 0
         """DataLoader worker processes; a resume may use another count."""
