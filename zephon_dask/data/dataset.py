@@ -393,7 +393,7 @@ class Dataset:
                 raise record_fields.missing(name, f"the first record of {first.url!r}", text_field, known)
         shards = tuple(
             Shard(f.rel, f.url, e["num_samples"], e["size"], f.mtime, e["mtime_ns"], e["etag"],
-                  e["fingerprint"], tuple(e["parts"]) if e.get("parts") else None)
+                  e["fingerprint"], tuple(e["parts"]) if e.get("parts") else None, e["digest"])
             for f, e in zip(files, index.entries, strict=True)
         )
         return cls(
