@@ -12,6 +12,7 @@ import gzip
 import hashlib
 import json
 import os
+import tempfile
 import uuid
 import warnings
 from pathlib import Path
@@ -27,6 +28,7 @@ import zephon_dask as z
 from tests.formats.test_formats_mds import own_write, samples
 from zephon_dask.data import Dataset, formats, integrity
 from zephon_dask.data import index as index_mod
+from zephon_dask.data.shard import Shard
 from zephon_dask.errors import (
     DataChangedError,
     DataFormatError,
@@ -199,6 +201,30 @@ def test_a_same_size_change_the_samples_miss_is_refused_when_the_mtime_moved(tmp
     new_mtime(path)  # refused again at the next mtime: a verdict is kept for its own mtime only
     with pytest.raises(DataChangedError, match="digest of the whole file"):
         ds.read(0, [0])
+
+
+@settings(max_examples=30, deadline=None)
+@given(data=st.binary(min_size=0, max_size=30_000), at=st.floats(0, 1), flip=st.integers(0, 255),
+       touch=st.booleans())
+def test_a_file_with_its_mtime_moved_is_refused_exactly_when_its_bytes_differ(data, at, flip, touch):
+    # the oracle: the bytes compared whole; the shard as an index records it
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "a.bin"
+        path.write_bytes(data)
+        sig = integrity.local(str(path))
+        shard = Shard("a.bin", str(path), 1, sig.size, None, sig.mtime_ns, None, sig.fingerprint,
+                      digest=integrity.local_digest(str(path), sig))
+        now = bytearray(data)
+        if now:
+            now[min(int(at * len(now)), len(now) - 1)] ^= flip
+        path.write_bytes(bytes(now))
+        moved = touch or bytes(now) != data  # a write moves the mtime; the same bytes may keep it
+        os.utime(path, ns=(0, sig.mtime_ns + moved * 10**9))
+        if bytes(now) == data:
+            integrity.verify(shard, None)
+        else:
+            with pytest.raises(DataChangedError):
+                integrity.verify(shard, None)
 
 
 @settings(max_examples=40, deadline=None)
