@@ -34,6 +34,7 @@ except the set of locations already warned about.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -45,6 +46,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from typing import Any
 
+import fsspec
 import platformdirs
 from fsspec import AbstractFileSystem
 
@@ -53,6 +55,7 @@ from ..progress_bar import progress_bar
 from . import integrity
 from .integrity import Signature
 from .paths import FileInfo, is_local
+from .shard import Shard
 
 INDEX_VERSION = 5
 CACHE_ENV = "ZEPHON_DASK_CACHE_DIR"
@@ -134,6 +137,28 @@ def build_index(
     done = [e for e in entries if e is not None]
     assert len(done) == len(entries), "every file was indexed or an error was raised"
     return IndexResult(tuple(done), len(todo))
+
+
+def with_digests(
+    shards: Sequence[Shard], fmt: str, *, progress: bool = True, cache: str | os.PathLike | None = None
+) -> tuple[Shard, ...]:
+    """``shards`` with each local file's whole-file ``digest`` (for formats whose own index
+    gives the counts: MDS, litData), hashed when the file is first seen and then kept in the
+    index cache beside its signature; shards of other filesystems as given."""
+    mine = [i for i, s in enumerate(shards)
+            if s.path is not None and "://" not in s.path and s.size_bytes is not None]
+    if not mine:
+        return tuple(shards)
+    fs = fsspec.filesystem("file")
+    files = [FileInfo(str(shards[i].path), str(shards[i].path), posixpath.basename(str(shards[i].path)),
+                      int(shards[i].size_bytes or 0), shards[i].mtime) for i in mine]
+    found = build_index(fs, files, fmt, lambda fs, f: {"num_samples": 0}, progress=progress, cache=cache)
+    out = list(shards)
+    for i, e in zip(mine, found.entries, strict=True):
+        s = shards[i]
+        if (e["size"], e["mtime_ns"], e["fingerprint"]) == (s.size_bytes, s.mtime_ns, s.fingerprint):
+            out[i] = dataclasses.replace(s, digest=e["digest"])  # the file the shard records
+    return tuple(out)
 
 
 def _dir_url(fs: AbstractFileSystem, name: str) -> str:
