@@ -7,6 +7,7 @@ import os
 import shutil
 from pathlib import Path
 
+import zephon_dask as z
 from zephon_dask.cli import main as cli
 from zephon_dask.data import integrity
 from zephon_dask.state import ledger
@@ -49,3 +50,12 @@ def test_shards_copied_under_a_run_change_nothing_and_its_ledger_verifies(tmp_pa
     capsys.readouterr()
     assert cli(["verify", str(whole), str(split)]) == 0
     assert "6 global steps" in capsys.readouterr().out
+
+
+def test_explain_says_how_each_dataset_tells_a_changed_file(corpus_dir):
+    web = z.Dataset.from_jsonl("web", str(corpus_dir / "web"), progress=False)
+    mem = z.Dataset.from_records("mem", [{"text": "x"}])
+    text = str(z.Pipeline(z.MixtureWorkSource([web, mem], chunk_size=4)).explain().section("datasets"))
+    assert "changed files  checked on every read: 3 files by content (a new mtime alone reads on)" in text
+    mem_only = z.Pipeline(z.MixtureWorkSource([mem], chunk_size=1)).explain().section("datasets")
+    assert "changed files" not in str(mem_only)  # records cannot change
