@@ -66,9 +66,10 @@ class DataFormatError(ZephonError, ValueError):
 
 
 class DataChangedError(DataFormatError):
-    """A data file differs from what its index recorded when the Dataset was built (size,
-    modification time, ETag or content fingerprint): it was rewritten, appended to or truncated
-    under a run. Rebuild the Dataset to read the new content."""
+    """A data file holds other bytes than its index recorded when the Dataset was built (its
+    size, content fingerprint or whole-file digest differ; a new modification time or ETag
+    alone is no change when the digest still matches): it was rewritten, appended to or
+    truncated under a run. Rebuild the Dataset to read the new content."""
 
 
 class MissingFieldError(DataFormatError):

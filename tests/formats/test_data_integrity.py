@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import dataclasses
 import gzip
+import hashlib
 import json
 import os
+import tempfile
 import uuid
 import warnings
 from pathlib import Path
@@ -26,6 +28,7 @@ import zephon_dask as z
 from tests.formats.test_formats_mds import own_write, samples
 from zephon_dask.data import Dataset, formats, integrity
 from zephon_dask.data import index as index_mod
+from zephon_dask.data.shard import Shard
 from zephon_dask.errors import (
     DataChangedError,
     DataFormatError,
@@ -140,6 +143,99 @@ def test_same_size_change_with_its_mtime_restored_is_refused_in_every_format(tmp
     with pytest.raises(DataChangedError) as ei:
         ds.read(0, [0])
     assert_changed(ei, target.name, "indexed (content differs in the sampled byte ranges);")
+
+
+# ------------------------------------------------------------ identity by content
+def new_mtime(path: Path) -> None:
+    """Move the file's modification time a second on, its bytes untouched (``touch``)."""
+    st_ = os.stat(path)
+    os.utime(path, ns=(st_.st_atime_ns, st_.st_mtime_ns + 10**9))
+
+
+def same_bytes_new_file(path: Path) -> None:
+    """Put a byte-identical copy in the file's place (a new file, a new mtime), as ``cp`` to a
+    temporary name and a rename, or a download again, does."""
+    copy = path.with_name(path.name + ".copy")
+    copy.write_bytes(path.read_bytes())
+    os.utime(copy, ns=(0, os.stat(path).st_mtime_ns + 2 * 10**9))
+    os.replace(copy, path)
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "jsonl.gz", "parquet", "arrow", "mds"])
+@pytest.mark.parametrize("change", [new_mtime, same_bytes_new_file], ids=["touch", "copy"])
+def test_a_file_touched_or_copied_byte_for_byte_reads_on_in_every_format(tmp_path, fmt, change):
+    path = write_format(fmt, tmp_path)
+    ds = Dataset.from_path("d", path, progress=False)
+    before = repr(ds.read(0, [0, 7, 29]))  # MDS records hold arrays: compared by their repr
+    change(data_file(path))
+    assert repr(ds.read(0, [0, 7, 29])) == before
+    assert ds.shards[0].digest == "sha256:" + hashlib.sha256(data_file(path).read_bytes()).hexdigest()
+
+
+def test_the_whole_file_is_hashed_once_per_process_for_a_new_mtime(tmp_path, monkeypatch):
+    path = write_jsonl(tmp_path / "a.jsonl", docs(100))
+    ds = Dataset.from_jsonl("a", path, progress=False)
+    hashed = []
+    real = integrity.digest
+    monkeypatch.setattr(integrity, "digest", lambda fh, *a: hashed.append(1) or real(fh, *a))
+    for change in (new_mtime, same_bytes_new_file):
+        change(path)
+        for i in range(5):
+            assert ds.read(0, [i]) == [docs(100)[i]]
+    assert len(hashed) == 2  # once per new mtime, not per read
+
+
+def test_a_same_size_change_the_samples_miss_is_refused_when_the_mtime_moved(tmp_path):
+    # one byte between the five sampled ranges: only the whole-file digest tells
+    path = write_jsonl(tmp_path / "a.jsonl", docs(2000))
+    ds = Dataset.from_jsonl("a", path, progress=False)
+    data = bytearray(path.read_bytes())
+    (lo, hi), (lo2, _) = integrity.ranges(len(data))[:2]
+    at = data.index(b'"r', (hi + lo2) // 2) + 1  # a record's first letter, far from the samples
+    data[at:at + 1] = b"s"
+    path.write_bytes(bytes(data))  # same size, a new mtime, the sampled ranges unchanged
+    assert integrity.local(str(path)).fingerprint == ds.shards[0].fingerprint
+    with pytest.raises(DataChangedError) as ei:
+        ds.read(0, [0])
+    assert_changed(ei, path, "modified ", "content differs (the digest of the whole file)")
+    new_mtime(path)  # refused again at the next mtime: a verdict is kept for its own mtime only
+    with pytest.raises(DataChangedError, match="digest of the whole file"):
+        ds.read(0, [0])
+
+
+@settings(max_examples=30, deadline=None)
+@given(data=st.binary(min_size=0, max_size=30_000), at=st.floats(0, 1), flip=st.integers(0, 255),
+       touch=st.booleans())
+def test_a_file_with_its_mtime_moved_is_refused_exactly_when_its_bytes_differ(data, at, flip, touch):
+    # the oracle: the bytes compared whole; the shard as an index records it
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "a.bin"
+        path.write_bytes(data)
+        sig = integrity.local(str(path))
+        shard = Shard("a.bin", str(path), 1, sig.size, None, sig.mtime_ns, None, sig.fingerprint,
+                      digest=integrity.local_digest(str(path), sig))
+        now = bytearray(data)
+        if now:
+            now[min(int(at * len(now)), len(now) - 1)] ^= flip
+        path.write_bytes(bytes(now))
+        moved = touch or bytes(now) != data  # a write moves the mtime; the same bytes may keep it
+        os.utime(path, ns=(0, sig.mtime_ns + moved * 10**9))
+        if bytes(now) == data:
+            integrity.verify(shard, None)
+        else:
+            with pytest.raises(DataChangedError):
+                integrity.verify(shard, None)
+
+
+@settings(max_examples=40, deadline=None)
+@given(size=st.integers(0, 10**6), mtime=st.integers(0, 2**62), moved=st.booleans(),
+       tag=st.sampled_from([None, "a", "b"]), tag_now=st.sampled_from([None, "a", "b"]))
+def test_an_unmoved_etag_vouches_for_the_content_whatever_the_mtime(size, mtime, moved, tag, tag_now):
+    was = integrity.Signature(size, mtime, tag)
+    now = integrity.Signature(size, mtime + moved, tag_now)
+    assert integrity.unchanged_tag(was, now) == (tag is not None and tag == tag_now)
+    assert not integrity.unchanged_tag(was, integrity.Signature(size + 1, mtime, tag))
+    assert integrity.only_stamps_moved(was, now)
 
 
 def test_a_file_on_an_fsspec_filesystem_is_checked_by_what_the_filesystem_reports():

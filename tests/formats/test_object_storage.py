@@ -129,6 +129,34 @@ def test_a_rewritten_object_is_refused_by_its_etag(s3, tmp_path):
     assert again.read(0, [1]) == [{"text": "dos"}]
 
 
+def upload_in_parts(fs, key: str, body: bytes) -> None:
+    """Upload ``body`` to ``key`` as a one-part multipart upload: the same bytes as a plain
+    upload, but an ETag that is no MD5 of them (``<md5 of the parts' md5s>-1``)."""
+    bucket, name = key.split("/", 1)
+    up = fs.call_s3("create_multipart_upload", Bucket=bucket, Key=name)
+    part = fs.call_s3("upload_part", Bucket=bucket, Key=name, UploadId=up["UploadId"], PartNumber=1, Body=body)
+    fs.call_s3("complete_multipart_upload", Bucket=bucket, Key=name, UploadId=up["UploadId"],
+               MultipartUpload={"Parts": [{"PartNumber": 1, "ETag": part["ETag"]}]})
+    fs.invalidate_cache()
+
+
+def test_an_object_uploaded_again_with_the_same_bytes_reads_on(s3):
+    fs = s3.filesystem()
+    fs.mkdir("again")
+    body = b"".join(b'{"text": "doc %d"}\n' % i for i in range(50))
+    fs.pipe("again/a.jsonl", body)
+    ds = Dataset.from_jsonl("a", "s3://again/a.jsonl", storage_options=s3.options(), progress=False)
+    assert ds.read(0, [3]) == [{"text": "doc 3"}]
+    upload_in_parts(fs, "again/a.jsonl", body)  # a new ETag and LastModified, the same bytes
+    assert fs.info("again/a.jsonl")["ETag"].strip('"') != ds.shards[0].etag
+    assert ds.read(0, [4]) == [{"text": "doc 4"}]  # the MD5 of the bytes is the ETag indexed
+    fs.pipe("again/a.jsonl", body)  # a plain upload again: its ETag is the one indexed
+    assert ds.read(0, [5]) == [{"text": "doc 5"}]
+    upload_in_parts(fs, "again/a.jsonl", body.replace(b"doc 7", b"doc 8"))  # same size, other bytes
+    with pytest.raises(z.DataChangedError, match="content differs"):
+        ds.read(0, [6])
+
+
 def _pipeline(web, code, **options):
     ws = z.MixtureWorkSource([web, code], {"web": 3, "code": 1}, chunk_size=12, seed=7)
     return (z.Pipeline(ws).tokenize().shuffle(16).pack(96).batch(3)

@@ -40,7 +40,7 @@ from ..errors import (
 from ..validate import check_keywords, did_you_mean
 from . import fields as record_fields
 from . import formats, hf, integrity, lance, litdata, mds, node_cache, records, tokens
-from .index import build_index
+from .index import build_index, with_digests
 from .parquet import is_text_type
 from .paths import (
     FileInfo,
@@ -393,7 +393,7 @@ class Dataset:
                 raise record_fields.missing(name, f"the first record of {first.url!r}", text_field, known)
         shards = tuple(
             Shard(f.rel, f.url, e["num_samples"], e["size"], f.mtime, e["mtime_ns"], e["etag"],
-                  e["fingerprint"], tuple(e["parts"]) if e.get("parts") else None)
+                  e["fingerprint"], tuple(e["parts"]) if e.get("parts") else None, e["digest"])
             for f, e in zip(files, index.entries, strict=True)
         )
         return cls(
@@ -626,10 +626,10 @@ class Dataset:
     ) -> Dataset:
         """A Mosaic MDS folder (``index.json`` + ``shard.*.mds[.zstd]``), read in place.
 
-        Its ``index.json`` is the index: nothing is cached or written (``progress``
-        and ``cache_dir`` are accepted so that ``from_path`` takes the same
-        arguments for every format). Every shard must have the same columns, among
-        them ``text_field``.
+        Its ``index.json`` is the index; the index cache (``cache_dir``) keeps only each
+        local shard's whole-file digest (hashed when first seen, with a ``progress``
+        bar), so that a shard whose mtime alone moved reads on. Every shard must have
+        the same columns, among them ``text_field``.
 
         Example:
             >>> zephon_dask.Dataset.from_mds("books", "data/books-mds/")  # doctest: +SKIP
@@ -637,6 +637,7 @@ class Dataset:
         _check_name(name)
         _check_text_field(text_field)
         shards, meta = mds.open_folder(str(path), storage_options)
+        shards = with_digests(shards, "mds", progress=progress, cache=cache_dir)
         names = meta["schema"]["column_names"]
         if text_field not in names:
             raise record_fields.missing(name, f"MDS folder {str(path)!r}", text_field, names)
@@ -662,9 +663,10 @@ class Dataset:
         """A litData folder (what ``litdata.optimize`` writes: ``index.json`` + ``chunk-*.bin``),
         read in place; its chunks are the shards, in ``index.json`` order.
 
-        Its ``index.json`` is the index (``progress`` and ``cache_dir`` are accepted so that
-        ``from_path`` takes the same arguments for every format); ``text_field`` must be a
-        ``str`` field of its rows.
+        Its ``index.json`` is the index; the index cache (``cache_dir``) keeps only each local
+        chunk's whole-file digest (hashed when first seen, with a ``progress`` bar), so that a
+        chunk whose mtime alone moved reads on. ``text_field`` must be a ``str`` field of its
+        rows.
 
         Example:
             >>> zephon_dask.Dataset.from_litdata("web", "s3://bucket/web-optimized/")  # doctest: +SKIP
@@ -673,6 +675,7 @@ class Dataset:
         _check_text_field(text_field)
         with storage_errors(str(path)):
             shards, meta = litdata.open_folder(str(path), storage_options)
+        shards = with_digests(shards, "litdata", progress=progress, cache=cache_dir)
         kinds = meta["kinds"]
         return cls._from_folder(name, "litdata", "litData folder", path, text_field, shards, meta,
                                 kinds, kinds.get(text_field) in ("str", "text"), storage_options)

@@ -4,17 +4,20 @@ Nothing is ever written beside the data: the index of the files of one data
 directory is one JSON file under :func:`cache_dir` (``index/<hh>/<sha256 of the
 directory's URL>.json``), keyed by file name::
 
-    {"version": 4, "url": "s3://bucket/web", "sha256": "<of the rest>",
+    {"version": 5, "url": "/data/web", "sha256": "<of the rest>",
      "files": {"a.jsonl": {"format": "jsonl", "size": 123, "mtime": 1.7e9,
                            "mtime_ns": 1700000000123456789, "etag": null,
-                           "fingerprint": "9f2c...", "num_samples": 10}}}
+                           "fingerprint": "crc32:9f2c...", "digest": "sha256:4be1...",
+                           "num_samples": 10}}}
 
 Format-specific extras ride along (parquet and Arrow store their ``columns`` and
 their ``types``; an Arrow file in an object store its message layout ``parts``). Each entry records the file's signature
 (:mod:`zephon_dask.data.integrity`: size, mtime, etag, and a content fingerprint
 for local files, taken afresh on every build) and is reused only when format and
 signature still match; otherwise the file is re-inspected (in a thread pool,
-with a tqdm bar). The document carries the sha256 of its own content: a cache
+with a tqdm bar), and a local file hashed whole (``digest``, SHA-256), so that a
+read can tell a file whose mtime alone moved (``touch``, a copy) from a changed
+one. The document carries the sha256 of its own content: a cache
 that fails it (edited by hand, damaged) is not trusted but rebuilt, with one
 warning. Older versions are rebuilt too. Writes merge with the entries already
 cached and go through a temp file + rename. The cache is best effort: an
@@ -31,6 +34,7 @@ except the set of locations already warned about.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -42,6 +46,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from typing import Any
 
+import fsspec
 import platformdirs
 from fsspec import AbstractFileSystem
 
@@ -50,8 +55,9 @@ from ..progress_bar import progress_bar
 from . import integrity
 from .integrity import Signature
 from .paths import FileInfo, is_local
+from .shard import Shard
 
-INDEX_VERSION = 4
+INDEX_VERSION = 5
 CACHE_ENV = "ZEPHON_DASK_CACHE_DIR"
 _MIN_FILES_FOR_BAR = 4
 _warned: set[str] = set()
@@ -133,6 +139,28 @@ def build_index(
     return IndexResult(tuple(done), len(todo))
 
 
+def with_digests(
+    shards: Sequence[Shard], fmt: str, *, progress: bool = True, cache: str | os.PathLike | None = None
+) -> tuple[Shard, ...]:
+    """``shards`` with each local file's whole-file ``digest`` (for formats whose own index
+    gives the counts: MDS, litData), hashed when the file is first seen and then kept in the
+    index cache beside its signature; shards of other filesystems as given."""
+    mine = [i for i, s in enumerate(shards)
+            if s.path is not None and "://" not in s.path and s.size_bytes is not None]
+    if not mine:
+        return tuple(shards)
+    fs = fsspec.filesystem("file")
+    files = [FileInfo(str(shards[i].path), str(shards[i].path), posixpath.basename(str(shards[i].path)),
+                      int(shards[i].size_bytes or 0), shards[i].mtime) for i in mine]
+    found = build_index(fs, files, fmt, lambda fs, f: {"num_samples": 0}, progress=progress, cache=cache)
+    out = list(shards)
+    for i, e in zip(mine, found.entries, strict=True):
+        s = shards[i]
+        if (e["size"], e["mtime_ns"], e["fingerprint"]) == (s.size_bytes, s.mtime_ns, s.fingerprint):
+            out[i] = dataclasses.replace(s, digest=e["digest"])  # the file the shard records
+    return tuple(out)
+
+
 def _dir_url(fs: AbstractFileSystem, name: str) -> str:
     """The URL of the directory holding ``name`` (local paths made absolute)."""
     directory = posixpath.dirname(name)
@@ -159,7 +187,7 @@ def _run(fs, files, sigs, fmt, inspect, todo, entries, progress, max_workers) ->
         disable=None if progress and len(todo) >= _MIN_FILES_FOR_BAR else True,
     )
     with bar, ThreadPoolExecutor(max_workers=max_workers) as pool:
-        futures = {pool.submit(inspect, fs, files[i]): i for i in todo}
+        futures = {pool.submit(_inspect, inspect, fs, files[i], sigs[i]): i for i in todo}
         for fut in as_completed(futures):
             i = futures[fut]
             try:
@@ -175,6 +203,13 @@ def _run(fs, files, sigs, fmt, inspect, todo, entries, progress, max_workers) ->
     return errors
 
 
+def _inspect(inspect: Inspect, fs: AbstractFileSystem, f: FileInfo, sig: Signature) -> dict[str, Any]:
+    """``inspect``'s extras and, for a local file, its whole-file ``digest`` (``None`` when the
+    file changed since ``sig`` was taken, or is not local)."""
+    extra = inspect(fs, f)
+    return {**extra, "digest": integrity.local_digest(f.name, sig) if is_local(fs) else None}
+
+
 def _valid(entry: Any, f: FileInfo, sig: Signature, fmt: str) -> bool:
     return (
         isinstance(entry, dict)
@@ -183,6 +218,7 @@ def _valid(entry: Any, f: FileInfo, sig: Signature, fmt: str) -> bool:
         and entry.get("mtime") == f.mtime
         and all(entry.get(k, "absent") == v for k, v in sig.entry().items())
         and isinstance(entry.get("num_samples"), int)
+        and "digest" in entry
     )
 
 

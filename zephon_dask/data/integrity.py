@@ -20,8 +20,12 @@ Pure apart from reading file metadata and those byte ranges.
 
 from __future__ import annotations
 
+import hashlib
 import os
+import re
+import threading
 import zlib
+from collections import OrderedDict
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -34,6 +38,12 @@ from .shard import Shard
 
 SPAN = 4096  # bytes hashed at each of the five places
 _PLACES = 5
+DIGEST = "sha256"  # the whole-file digest an index records for a local file: "sha256:<hex>"
+_BLOCK = 1 << 22  # bytes hashed per read of a whole-file digest
+_PLAIN_MD5 = re.compile(r"[0-9a-f]{32}")  # an ETag that is the MD5 of the object's bytes
+_KEPT = 4096  # re-checked files whose verdict a process keeps
+_same: OrderedDict[tuple[str, int, int | None, str | None], bool] = OrderedDict()
+_same_lock = threading.Lock()
 
 
 def ranges(size: int) -> list[tuple[int, int]]:
@@ -74,6 +84,29 @@ def local(name: str) -> Signature:
     finally:
         os.close(fd)
     return Signature(st.st_size, st.st_mtime_ns, None, f"crc32:{crc:08x}")
+
+
+def digest(fh: Any, algorithm: str = DIGEST) -> str:
+    """``"<algorithm>:<hex>"`` of everything ``fh`` (a binary file object) reads from its
+    position to its end."""
+    h = hashlib.new(algorithm)
+    while block := fh.read(_BLOCK):
+        h.update(block)
+    return f"{algorithm}:{h.hexdigest()}"
+
+
+def local_digest(name: str, sig: Signature) -> str | None:
+    """The :data:`DIGEST` of the local file ``name`` if it still has ``sig``'s size and mtime
+    before and after hashing (``None``: it changed meanwhile, or is gone)."""
+    try:
+        with open(name, "rb", buffering=0) as fh:
+            before = os.fstat(fh.fileno())
+            out = digest(fh)
+            after = os.fstat(fh.fileno())
+    except FileNotFoundError:
+        return None
+    stamps = {(st.st_size, st.st_mtime_ns) for st in (before, after)}
+    return out if stamps == {(sig.size, sig.mtime_ns)} else None
 
 
 def from_info(info: dict[str, Any]) -> Signature:
@@ -141,9 +174,73 @@ def changed(dataset: str | None, url: str, what: str) -> DataChangedError:
     )
 
 
+def only_stamps_moved(was: Signature, now: Signature) -> bool:
+    """Whether ``now`` differs from ``was`` at most in its mtime and ETag (same size, no sampled
+    byte range known to differ): the case a whole-file digest settles. Pure."""
+    return was.size == now.size and (
+        was.fingerprint is None or now.fingerprint is None or was.fingerprint == now.fingerprint)
+
+
+def unchanged_tag(was: Signature, now: Signature) -> bool:
+    """An object whose ETag and size did not move has the content indexed, whatever its mtime
+    says (an ETag changes with every write of other bytes). Pure."""
+    return was.etag is not None and was.etag == now.etag and was.size == now.size
+
+
+def _reference(shard: Shard) -> tuple[str, str] | None:
+    """The digest the index recorded for ``shard`` as (algorithm, ``"<algorithm>:<hex>"``): its
+    whole-file digest, else its ETag when that is the MD5 of the bytes. Pure."""
+    if shard.digest is not None:
+        return shard.digest.partition(":")[0], shard.digest
+    if shard.etag is not None and _PLAIN_MD5.fullmatch(shard.etag):
+        return "md5", f"md5:{shard.etag}"
+    return None
+
+
+def _hash_now(shard: Shard, now: Signature, algorithm: str,
+              storage_options: dict[str, Any] | None) -> str | None:
+    """The ``algorithm`` digest of ``shard``'s whole file if it still has signature ``now``
+    while hashed (``None``: it changed meanwhile)."""
+    path = str(shard.path)
+    if "://" not in path:
+        return local_digest(path, now) if algorithm == DIGEST else None
+    if algorithm == "md5" and now.etag is not None and _PLAIN_MD5.fullmatch(now.etag):
+        return f"md5:{now.etag}"  # the store already gives the MD5 of these bytes
+    fs, name = filesystem(path, storage_options)
+    with fs.open(name, "rb") as fh:
+        got = digest(fh, algorithm)
+    fs.invalidate_cache(name)
+    return got if from_info(fs.info(name)) == now else None
+
+
+def same_content(shard: Shard, now: Signature, storage_options: dict[str, Any] | None) -> bool | None:
+    """Whether ``shard``'s file, now with signature ``now``, holds the bytes indexed, by a
+    whole-file digest compared with the recorded one; hashed once per process for each
+    (path, size, mtime, ETag), the verdict kept. ``None`` when it cannot tell (no digest
+    recorded, or the file changed while it was hashed)."""
+    ref = _reference(shard)
+    if ref is None or shard.path is None:
+        return None
+    key = (shard.path, now.size, now.mtime_ns, now.etag)
+    with _same_lock:
+        if key in _same:
+            _same.move_to_end(key)
+            return _same[key]
+    got = _hash_now(shard, now, ref[0], storage_options)
+    if got is None:  # nothing kept: the next read decides
+        return None
+    with _same_lock:
+        _same[key] = got == ref[1]
+        while len(_same) > _KEPT:
+            _same.popitem(last=False)
+    return got == ref[1]
+
+
 def verify(shard: Shard, storage_options: dict[str, Any] | None, dataset: str | None = None) -> None:
-    """Raise :class:`DataChangedError` when ``shard``'s file differs from what its index recorded
-    (:class:`DatasetNotFoundError` when it is gone). A shard that records nothing passes."""
+    """Raise :class:`DataChangedError` when ``shard``'s file holds other bytes than its index
+    recorded (:class:`DatasetNotFoundError` when it is gone). A shard that records nothing
+    passes; so does a file whose mtime or ETag alone moved when its whole-file digest still
+    matches the recorded one (see the module docstring)."""
     was = recorded(shard)
     if was is None:
         return
@@ -154,12 +251,19 @@ def verify(shard: Shard, storage_options: dict[str, Any] | None, dataset: str | 
             now = current(fs, name)
         else:  # a local file, as the index names it: no filesystem object needed
             now = local(path)
+        found = differences(was, now)
+        if not found or unchanged_tag(was, now):
+            return
+        if only_stamps_moved(was, now):
+            same = same_content(shard, now, storage_options)
+            if same:
+                return
+            if same is False:
+                found.append("content differs (the digest of the whole file)")
     except FileNotFoundError:
         who = f"dataset {dataset!r}: " if dataset else ""
         raise DatasetNotFoundError(
             f"{who}file {shard.path!r} no longer exists (it was indexed when the Dataset was "
             "built); restore it, or rebuild the Dataset without it"
         ) from None
-    found = differences(was, now)
-    if found:
-        raise changed(dataset, str(shard.path), "; ".join(found))
+    raise changed(dataset, str(shard.path), "; ".join(found))

@@ -14,7 +14,9 @@ class Shard:
     full fsspec URL or local path (``None`` for records). ``size_bytes`` and
     ``mtime`` (seconds, as listed) are the file's size and modification time when
     it was indexed; ``mtime_ns``, ``etag`` and ``fingerprint`` complete its
-    signature (see :mod:`zephon_dask.data.integrity`), checked on every read. ``parts`` is a
+    signature (see :mod:`zephon_dask.data.integrity`), checked on every read; ``digest``
+    (``"sha256:<hex>"`` of the whole file, local files a file index covers) tells a file whose
+    mtime alone moved from a changed one. ``parts`` is a
     format's byte layout recorded at indexing, so that a process reads byte ranges without
     scanning the file first (Arrow IPC in an object store: the schema message's range, then
     start, end and rows of each record batch); ``None``: none recorded.
@@ -29,3 +31,4 @@ class Shard:
     etag: str | None = None
     fingerprint: str | None = None
     parts: tuple[int, ...] | None = None
+    digest: str | None = None

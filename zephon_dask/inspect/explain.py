@@ -146,9 +146,32 @@ def _datasets(source) -> Section:
             notes.append((f"{ds.name} files", chosen))
         reader = getattr(ds, "reader", None)  # what defines a format's data: a Lance version, fields
         notes += [(f"{ds.name} {label}", value) for label, value in (reader.html(ds) if reader else ())]
+    identity = _changed_files(source.datasets)
+    if identity:
+        notes.append(("changed files", identity))
     headers: tuple[str, ...] = ("name", "format", "shards", "samples", "text field")
     headers += ("token weight", "tokens/sample", "sample weight") if by_tokens else ("weight",)
     return Section("datasets", headers=headers, rows=tuple(rows), notes=tuple(notes))
+
+
+def _changed_files(datasets) -> str:
+    """How a read tells a changed file from a touched one, over every dataset's files (empty:
+    none read from files)."""
+    files = [s for ds in datasets for s in getattr(ds, "shards", ())
+             if getattr(s, "path", None) and s.size_bytes is not None]
+    if not files:
+        return ""
+    digests = sum(s.digest is not None for s in files)
+    tags = sum(s.digest is None and s.etag is not None for s in files)
+    rest = len(files) - digests - tags
+    how = [f"{_files(digests)} by content (a new mtime alone reads on)"] if digests else []
+    how += [f"{_files(tags)} by ETag (a new mtime alone reads on)"] if tags else []
+    how += [f"{_files(rest)} by size and mtime (a new mtime is refused)"] if rest else []
+    return "checked on every read: " + "; ".join(how)
+
+
+def _files(n: int) -> str:
+    return f"{n:,} file" + ("" if n == 1 else "s")
 
 
 def _stream_end(source) -> str:
