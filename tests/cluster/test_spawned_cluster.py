@@ -172,7 +172,7 @@ def test_a_module_only_this_process_can_import_reaches_the_scheduler(corpus_dir,
         assert len(next(iter(p))["tokens"]) == 3
 
 
-HOLD_S = 1.0  # seconds a gather waits on the scheduler at most, unless its keys are forgotten sooner
+HOLD_S = 0.5  # seconds a gather waits on the scheduler at most, unless its keys are forgotten sooner
 
 
 def test_pipelines_closed_while_a_window_is_fetched_close_quietly(corpus_dir, capfd, caplog):
@@ -206,7 +206,7 @@ def test_pipelines_closed_while_a_window_is_fetched_close_quietly(corpus_dir, ca
     def gathers(dask_scheduler):
         return dict(dask_scheduler.zephon_test_gathers)
 
-    with local_cluster(2, dashboard_address=None) as cluster, Client(cluster, set_as_default=False) as client:
+    with local_cluster(1, dashboard_address=None) as cluster, Client(cluster, set_as_default=False) as client:
         client.run_on_scheduler(hold_gathers)
 
         def under_way() -> bool:
