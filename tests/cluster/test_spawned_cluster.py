@@ -159,6 +159,44 @@ def test_a_sigterm_after_the_clients_close_starts_no_second_close(tmp_path):
     assert not file.exists()
 
 
+CLOSING_LOOP_SIGTERM_SCRIPT = """
+import asyncio, os, signal, sys, time
+sys.path.insert(0, {root!r})
+from asyncio import selector_events
+from distributed import Scheduler
+from zephon_dask.execution.spawned import run_scheduler
+
+close_pipe, finished = selector_events.BaseSelectorEventLoop._close_self_pipe, Scheduler.finished
+
+
+def close_pipe_then_sigterm(self):  # a SIGTERM just as asyncio.run closes the scheduler's loop
+    close_pipe(self)
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(0.2)
+
+
+async def closed_at_once(self):
+    await self.close()
+    await finished(self)
+
+
+selector_events.BaseSelectorEventLoop._close_self_pipe = close_pipe_then_sigterm
+Scheduler.finished = closed_at_once
+run_scheduler({{"host": "127.0.0.1", "port": 0, "dashboard": False, "scheduler_file": {file!r}}})
+"""
+
+
+def test_a_sigterm_while_the_schedulers_loop_closes_is_quiet(tmp_path):
+    """A SIGTERM that reaches the scheduler's process once its event loop has closed its self-pipe,
+    before the loop's close resets the signal wakeup fd: "Exception ignored when trying to write
+    to the signal wakeup fd: OSError: [Errno 9]" while the loop's handler stayed installed."""
+    file, script = tmp_path / "scheduler.json", tmp_path / "scheduler.py"
+    script.write_text(CLOSING_LOOP_SIGTERM_SCRIPT.format(root=str(Path(__file__).resolve().parents[2]), file=str(file)))
+    proc = subprocess.run([sys.executable, str(script)], stderr=subprocess.PIPE, text=True, timeout=60)
+    assert not any(noise in proc.stderr for noise in ("Exception ignored", "wakeup fd", "Traceback")), proc.stderr
+    assert not file.exists()
+
+
 def test_a_module_only_this_process_can_import_reaches_the_scheduler(corpus_dir, tmp_path, monkeypatch):
     # the scheduler unpickles the graph: a function from a module beside the training script
     # (on sys.path here, not in the scheduler's working directory) must import there too
