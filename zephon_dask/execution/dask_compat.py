@@ -306,7 +306,6 @@ def first_value(client, key: str, value, timeout: float):
     return client.run_on_scheduler(_setdefault_metadata, key, value, callback_timeout=timeout)
 
 
-
 def held_by_a_client(keys) -> bool:
     """Whether a client of this process still holds a future of any of ``keys``.
 
