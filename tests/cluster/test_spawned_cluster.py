@@ -6,6 +6,7 @@ listens on 127.0.0.1 only: test_faults_cluster.py); the nannies here skip their 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -158,6 +159,44 @@ def test_a_sigterm_after_the_clients_close_starts_no_second_close(tmp_path):
     assert not file.exists()
 
 
+CLOSING_LOOP_SIGTERM_SCRIPT = """
+import asyncio, os, signal, sys, time
+sys.path.insert(0, {root!r})
+from asyncio import selector_events
+from distributed import Scheduler
+from zephon_dask.execution.spawned import run_scheduler
+
+close_pipe, finished = selector_events.BaseSelectorEventLoop._close_self_pipe, Scheduler.finished
+
+
+def close_pipe_then_sigterm(self):  # a SIGTERM just as asyncio.run closes the scheduler's loop
+    close_pipe(self)
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(0.2)
+
+
+async def closed_at_once(self):
+    await self.close()
+    await finished(self)
+
+
+selector_events.BaseSelectorEventLoop._close_self_pipe = close_pipe_then_sigterm
+Scheduler.finished = closed_at_once
+run_scheduler({{"host": "127.0.0.1", "port": 0, "dashboard": False, "scheduler_file": {file!r}}})
+"""
+
+
+def test_a_sigterm_while_the_schedulers_loop_closes_is_quiet(tmp_path):
+    """A SIGTERM that reaches the scheduler's process once its event loop has closed its self-pipe,
+    before the loop's close resets the signal wakeup fd: "Exception ignored when trying to write
+    to the signal wakeup fd: OSError: [Errno 9]" while the loop's handler stayed installed."""
+    file, script = tmp_path / "scheduler.json", tmp_path / "scheduler.py"
+    script.write_text(CLOSING_LOOP_SIGTERM_SCRIPT.format(root=str(Path(__file__).resolve().parents[2]), file=str(file)))
+    proc = subprocess.run([sys.executable, str(script)], stderr=subprocess.PIPE, text=True, timeout=60)
+    assert not any(noise in proc.stderr for noise in ("Exception ignored", "wakeup fd", "Traceback")), proc.stderr
+    assert not file.exists()
+
+
 def test_a_module_only_this_process_can_import_reaches_the_scheduler(corpus_dir, tmp_path, monkeypatch):
     # the scheduler unpickles the graph: a function from a module beside the training script
     # (on sys.path here, not in the scheduler's working directory) must import there too
@@ -169,3 +208,57 @@ def test_a_module_only_this_process_can_import_reaches_the_scheduler(corpus_dir,
          .options(canonical_replicas=2, flush_every_k_chunks=2, n_workers=1, head_start=False))
     with p:
         assert len(next(iter(p))["tokens"]) == 3
+
+
+HOLD_S = 0.5  # seconds a gather waits on the scheduler at most, unless its keys are forgotten sooner
+
+
+def test_pipelines_closed_while_a_window_is_fetched_close_quietly(corpus_dir, capfd, caplog):
+    """Pipelines sharing one embedded cluster, each closed after its first batch while the
+    scheduler gathers a window fetched ahead: the window is released during the transfer, which
+    the scheduler then fails to finish ("Couldn't gather keys: {...: 'forgotten'}" at ERROR
+    there, "Couldn't gather 1 keys, rescheduling" at WARNING here, before). Each gather is held on the scheduler until its keys are forgotten (at most
+    :data:`HOLD_S` seconds), so the release lands during it; nothing is logged."""
+    from distributed import Client
+
+    from zephon_dask.execution.cluster import local_cluster
+
+    def hold_gathers(dask_scheduler, hold=HOLD_S):  # nested: it travels by value
+        import asyncio
+        import time
+
+        gather, counts = dask_scheduler.handlers["gather"], {"started": 0, "ended": 0}
+
+        async def held(keys, **kwargs):
+            counts["started"] += 1
+            try:
+                until = time.monotonic() + hold
+                while any(k in dask_scheduler.tasks for k in keys) and time.monotonic() < until:
+                    await asyncio.sleep(0.01)
+                return await gather(keys=keys, **kwargs)
+            finally:
+                counts["ended"] += 1
+
+        dask_scheduler.handlers["gather"], dask_scheduler.zephon_test_gathers = held, counts
+
+    def gathers(dask_scheduler):
+        return dict(dask_scheduler.zephon_test_gathers)
+
+    with local_cluster(1, dashboard_address=None) as cluster, Client(cluster, set_as_default=False) as client:
+        client.run_on_scheduler(hold_gathers)
+
+        def under_way() -> bool:
+            counts = client.run_on_scheduler(gathers)
+            return counts["started"] > counts["ended"]
+
+        for seed in (41, 42, 43):  # fingerprints of their own: no key is shared
+            p = build(corpus_dir, seed=seed, client=client, prefetch_windows=4)
+            next(iter(p))
+            assert wait_for(under_way, 60, every=0.02), "no window was being fetched"
+            p.close()
+            assert wait_for(lambda: not under_way(), 60, every=0.05)  # its report (if any) is written
+    err = capfd.readouterr().err  # the scheduler's and the workers' stderr too
+    assert not [line for line in err.splitlines()
+                if any(noise in line for noise in ("ERROR", "WARNING", "Warning", "Exception ignored", "Traceback"))], err
+    # this process's Dask logs (its handler is at ERROR while the embedded cluster runs)
+    assert not [r for r in caplog.records if r.name.startswith("distributed") and r.levelno >= logging.WARNING]

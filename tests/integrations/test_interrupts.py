@@ -143,7 +143,8 @@ def test_an_interrupted_run_resumes_exactly_on_another_degree(long_recipe, tmp_p
         name = signal.Signals(sig).name
         assert lines[-1] == (f"zephon-dask run: stopped by {name} after {done} of 1000 steps: "
                              f"checkpoint at global step {done} -> {ckpt}")
-        assert "Traceback" not in err.read_text() and "Error" not in err.read_text()
+        errors = err.read_text()  # the embedded cluster's processes write here too: a quiet close
+        assert not [n for n in ("Traceback", "Error", "ERROR", "WARNING", "Exception ignored") if n in errors], errors
     assert done * 4 <= ledger_lines(ledger)
     after = 6
     for group_id in (0, 1):  # resumed on dp=2, one process per group

@@ -90,6 +90,16 @@ def embedded_config() -> dict[str, Any]:
             if dask.config.get(key, None) == dask.config.get(key, None, config=dask_defaults)}
 
 
+def _not_a_dropped_gather(record: logging.LogRecord) -> bool:
+    """False for a client's report that it could not gather keys no client here holds any more: the
+    training process released the window while it fetched it (a pipeline closed, or an
+    interrupt, during the transfer), so no one waits for it and nothing is to be rescheduled."""
+    if record.msg != "Couldn't gather %s keys, rescheduling %s" or not isinstance(record.args, tuple):
+        return True
+    keys = record.args[-1] if record.args else None
+    return not isinstance(keys, (list, tuple, set)) or dask_compat.held_by_a_client(keys)
+
+
 _DISTRIBUTED_LOCK = threading.Lock()
 _distributed_ready = False  # use_distributed() ran
 
@@ -97,7 +107,8 @@ _distributed_ready = False  # use_distributed() ran
 def use_distributed() -> None:
     """Import ``distributed`` (~0.4 s of CPU, more under load), give it a generator of its own
     (:func:`~.dask_compat.isolate_jitter`) and run :func:`close_open_runners` at exit before the
-    exit handlers ``distributed`` registers on import; once per process. Every path to a client or
+    exit handlers ``distributed`` registers on import, and drop its clients' reports of a gather
+    of windows released meanwhile; once per process. Every path to a client or
     a cluster calls it first; the embedded cluster's head start does not, so the first batch never
     waits for it (the cluster's start does, on its own thread)."""
     global _distributed_ready
@@ -107,6 +118,7 @@ def use_distributed() -> None:
         import distributed  # noqa: F401
 
         dask_compat.isolate_jitter()
+        logging.getLogger("distributed.client").addFilter(_not_a_dropped_gather)
         atexit.unregister(close_open_runners)  # registered again: after Dask's, so it runs before them
         atexit.register(close_open_runners)
         _distributed_ready = True

@@ -87,6 +87,16 @@ def _not_a_dropped_fetch(record: logging.LogRecord) -> bool:
     return not str(record.msg).startswith("failed during get data")
 
 
+def _not_a_dropped_gather(record: logging.LogRecord) -> bool:
+    """False for the scheduler's report of a gather whose keys no client holds any more (every one
+    ``'forgotten'``): the training process released a window while it fetched it (a pipeline
+    closed, or an interrupt, during the transfer), so no one waits for that result."""
+    if record.msg != "Couldn't gather keys: %s":
+        return True
+    states = record.args if isinstance(record.args, dict) else None  # logging unwraps a lone dict argument
+    return not states or any(state != "forgotten" for state in states.values())
+
+
 class QuietWorker(Worker):
     """A worker that ignores SIGINT (a terminal's Ctrl-C is the training process's to handle) and
     does not report a result transfer the training process broke off."""
@@ -101,8 +111,10 @@ class QuietWorker(Worker):
 def run_scheduler(options: dict) -> None:
     """The scheduler's process (forked from the host): a ``distributed.Scheduler(**options)``
     until it is closed, asked to stop (SIGTERM) or the training process is gone; a close that
-    takes over :data:`CLOSE_WAIT_S` seconds ends the process."""
+    takes over :data:`CLOSE_WAIT_S` seconds ends the process. It does not report a gather of
+    windows the training process released meanwhile."""
     scheduler_file = Path(options["scheduler_file"])
+    logging.getLogger("distributed.scheduler").addFilter(_not_a_dropped_gather)
 
     def end() -> None:
         scheduler_file.unlink(missing_ok=True)  # a process forked runs no exit handlers (Dask's removes it)
@@ -223,7 +235,9 @@ def spawned_cluster(n_workers: int, threads_per_worker: int, host: str, dashboar
     env = {**os.environ, **worker_environ(worker_env), INHERIT_CONFIG_ENV: dask.config.serialize(config),
            "PYTHONPATH": path}
     options = {"host": host, "port": 0, "dashboard": dashboard_address is not None,
-               "dashboard_address": dashboard_address,
+               # no dashboard still serves Dask's health routes: on a free port, not on 8787 (taken
+               # by another cluster, that would print a warning)
+               "dashboard_address": dashboard_address if dashboard_address is not None else f"{host}:0",
                "scheduler_file": os.path.join(tempfile.gettempdir(), f"zephon-dask-scheduler-{uuid.uuid4().hex}.json")}
     the_host = Host(env)
     scheduler = {"cls": SchedulerProcess, "options": {"options": options, "host": the_host, "timeout": timeout}}
