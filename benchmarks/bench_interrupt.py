@@ -158,9 +158,10 @@ def trainers(rounds: int, tmp: Path) -> int:
             print(f"round {r + 1}: {name:28s} checkpoint after {res['saved_s']:6.2f} s, exit after "
                   f"{res['exit_s']:6.2f} s, status {res['status']}, checkpoint of step {res['step']}", flush=True)
     print(f"\n{'case (forward of a minute)':30s} {'saved (median)':>15s} {'exit (median)':>14s} {'step':>6s}")
-    for name, *_ in TRAINER_CASES:
+    for name, framework, _ in TRAINER_CASES:
         runs = results[name]
-        print(f"{name:30s} {statistics.median(r['saved_s'] for r in runs):13.2f} s "
+        saved = f"{statistics.median(r['saved_s'] for r in runs):13.2f} s" if framework else f"{'-':>15s}"
+        print(f"{name:30s} {saved} "
               f"{statistics.median(r['exit_s'] for r in runs):12.2f} s "
               f"{str(sorted({r['step'] for r in runs}, key=str)):>6s}")
     return 0 if all(r["step"] is not None for name, framework, _ in TRAINER_CASES if framework
