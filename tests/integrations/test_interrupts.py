@@ -273,8 +273,9 @@ def test_a_preempted_trainer_saves_its_step_and_resumes_exactly(corpus_dir, tmp_
     steps, at = 12, int(np.random.default_rng(seed).integers(2, 9))
     out = tmp_path / "run"
     job = [sys.executable, str(Path(__file__).resolve().parents[1] / "jobs" / "preempted_trainer_job.py"), "--framework", framework,
-           "--corpus", str(corpus_dir), "--out", str(out), "--steps", str(steps), "--step-s", "0.1"]
-    job += ["--at-once", "--sleep-at", str(4 * at + 1)] if at_once else []  # step `at`'s second micro-batch
+           "--corpus", str(corpus_dir), "--out", str(out), "--steps", str(steps)]
+    job += (["--at-once", "--sleep-at", str(4 * at + 1)] if at_once  # step `at`'s second micro-batch
+            else ["--step-s", "0.1"])
     proc = subprocess.Popen(job, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         if at_once:
