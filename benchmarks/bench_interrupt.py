@@ -2,6 +2,7 @@
 prints besides its progress bar, the processes left behind, and whether its checkpoint resumes exactly.
 
     python benchmarks/bench_interrupt.py [--quick] [--rounds N]
+    python benchmarks/bench_interrupt.py --trainers [--rounds N]
 
 Each round runs the example recipe (its stream lengthened) three ways, alternated: on the
 embedded cluster interrupted by SIGINT sent to its whole process group (Ctrl-C in a
@@ -10,6 +11,13 @@ terminal), on the embedded cluster sent SIGTERM (a job scheduler's preemption), 
 of delivered batches (read from the ledger). The ratios compare each cluster case with the
 floor measured in the same round. Every checkpoint is resumed for a few steps and verified
 against an uninterrupted run through the ledger.
+
+``--trainers``: a training step longer than a job scheduler's grace period. A tiny model
+trains under the Hugging Face ``Trainer`` or Lightning until one micro-batch's forward takes a
+minute; SIGTERM arrives during it. Stopped at once (``Preemption(at_once=True)`` and the
+framework's ``StopOnPreemption``) against the end-of-step stop: seconds from the signal to the
+exit, the exit status, and the global step of the checkpoint written (the tests check that it
+resumes exactly).
 """
 
 from __future__ import annotations
@@ -87,13 +95,93 @@ def one(path: Path, work: Path, runner: str | None, sig: int, group: bool, after
     return {"exit_s": exited, "status": proc.returncode, "lines": len(lines) - 2, "left": len(left), "exact": ok}
 
 
+TRAINER_CASES = (("Trainer, at once", "hf", True), ("Lightning, at once", "lightning", True),
+                 ("Trainer, at the step's end", "hf", False), ("floor: the imports' exit", None, True))
+FLOOR = ("import signal, sys, time, torch, transformers, pytorch_lightning\n"
+         "from transformers import Trainer\n"
+         "signal.signal(signal.SIGTERM, lambda *a: sys.exit(143))\n"
+         "open(sys.argv[1], 'w').close()\n"
+         "time.sleep(600)\n")
+AT_STEP = 3  # the step whose second micro-batch's forward takes a minute
+
+
+def trainer_case(work: Path, corpus: Path, framework: str, at_once: bool) -> dict:
+    """SIGTERM while a forward of step ``AT_STEP`` sleeps a minute; seconds to the exit and the
+    checkpoint's global step (``None``: none written)."""
+    shutil.rmtree(work, ignore_errors=True)
+    out = work / "run"
+    cmd = [sys.executable, str(ROOT / "tests" / "jobs" / "preempted_trainer_job.py"), "--framework", framework,
+           "--corpus", str(corpus), "--out", str(out), "--steps", "12", "--sleep-at", str(4 * AT_STEP + 1),
+           *(["--at-once"] if at_once else [])]
+    if framework is None:  # the same imports, then a plain exit on SIGTERM: the interpreter's own teardown
+        out.mkdir(parents=True)
+        cmd = [sys.executable, "-c", FLOOR, str(out / "sleeping")]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 300
+        while not (out / "sleeping").exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        sent = time.perf_counter()
+        os.kill(proc.pid, signal.SIGTERM)
+        saved = None
+        while proc.poll() is None and time.perf_counter() - sent < 180:
+            if saved is None and (list(out.glob("checkpoint-*/zephon_state.json"))
+                                  or (out / "on_exception.ckpt").exists()):
+                saved = time.perf_counter() - sent
+            time.sleep(0.01)
+        exited = time.perf_counter() - sent
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    import torch
+
+    done = [int(p.name.split("-")[1]) for p in out.glob("checkpoint-*")]
+    if (out / "on_exception.ckpt").exists():
+        done.append(torch.load(out / "on_exception.ckpt", weights_only=True)["global_step"])
+    return {"exit_s": exited, "saved_s": exited if saved is None else saved, "status": proc.returncode,
+            "step": max(done) if done else None}
+
+
+def trainers(rounds: int, tmp: Path) -> int:
+    sys.path.insert(0, str(ROOT))
+    from tests.helpers.pipelines import write_corpus
+
+    corpus = tmp / "corpus"
+    write_corpus(corpus / "web", 3, 60, 1, "web")
+    write_corpus(corpus / "code", 2, 50, 2, "code")
+    results: dict[str, list[dict]] = {name: [] for name, *_ in TRAINER_CASES}
+    for r in range(rounds):
+        for name, framework, at_once in TRAINER_CASES:
+            res = trainer_case(tmp / "trainer", corpus, framework, at_once)
+            results[name].append(res)
+            print(f"round {r + 1}: {name:28s} checkpoint after {res['saved_s']:6.2f} s, exit after "
+                  f"{res['exit_s']:6.2f} s, status {res['status']}, checkpoint of step {res['step']}", flush=True)
+    print(f"\n{'case (forward of a minute)':30s} {'saved (median)':>15s} {'exit (median)':>14s} {'step':>6s}")
+    for name, framework, _ in TRAINER_CASES:
+        runs = results[name]
+        saved = f"{statistics.median(r['saved_s'] for r in runs):13.2f} s" if framework else f"{'-':>15s}"
+        print(f"{name:30s} {saved} "
+              f"{statistics.median(r['exit_s'] for r in runs):12.2f} s "
+              f"{str(sorted({r['step'] for r in runs}, key=str)):>6s}")
+    return 0 if all(r["step"] is not None for name, framework, _ in TRAINER_CASES if framework
+                    for r in results[name]) else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="one round")
     ap.add_argument("--rounds", type=int, default=None, help="rounds of the three cases (default 3; --quick 1)")
     ap.add_argument("--after", type=int, default=200, help="batches delivered before the signal")
+    ap.add_argument("--trainers", action="store_true", help="SIGTERM during a minute-long training step")
     args = ap.parse_args(argv)
     rounds = args.rounds or (1 if args.quick else 3)
+    if args.trainers:
+        tmp = Path(tempfile.mkdtemp(prefix="zephon-bench-interrupt-"))
+        try:
+            return trainers(rounds, tmp)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     tmp = Path(tempfile.mkdtemp(prefix="zephon-bench-interrupt-"))
     try:
         path = recipe(tmp)

@@ -12,9 +12,11 @@ process is (a loop that can rewind to its last completed step:
 ``pipeline.state_dict(at_step=...)``). A second signal raises at once, unless it
 comes within :data:`ECHO_S` of the first: a launcher passing on the signal its
 whole process group received (``torchrun`` does) is the same request. Inside
-:meth:`Preemption.deferred` (writing a checkpoint) a signal waits until the block
-ends. The embedded Dask cluster's processes never act on a terminal's signals:
-the training process decides.
+:meth:`Preemption.deferred` (writing a checkpoint, an optimizer step) a signal waits until the
+block ends. Functions given to :meth:`Preemption.before_raise` run just before
+:class:`Preempted` is raised (an integration writing the checkpoint of the last completed step
+there). The embedded Dask cluster's processes never act on a terminal's signals: the training
+process decides.
 """
 
 from __future__ import annotations
@@ -75,6 +77,7 @@ class Preemption:
         self._previous: dict[int, Any] = {}  # signal -> the handler it had
         self._deferring = 0
         self._pending: int | None = None  # a signal held by deferred()
+        self._before_raise: list = []  # called with the signal number before Preempted is raised
 
     def __enter__(self) -> Preemption:
         if threading.current_thread() is not threading.main_thread():
@@ -108,6 +111,32 @@ class Preemption:
         """A block in which a signal waits until the block ends (then handled as usual)."""
         return _Deferred(self)
 
+    def hold(self) -> None:
+        """Hold signals until :meth:`release`, as inside :meth:`deferred` (holds nest)."""
+        self._deferring += 1
+
+    def release(self, handle: bool = True) -> None:
+        """End a :meth:`hold`; once no hold is left, a held signal is handled as usual, or with
+        ``handle=False`` only recorded (:attr:`requested`; nothing raised: an exception is already
+        on its way, or the loop has ended)."""
+        self._deferring = max(0, self._deferring - 1)
+        if self._deferring or self._pending is None:
+            return
+        signum, self._pending = self._pending, None
+        if handle:
+            self._handle(signum, None)
+        elif self.signum is None:
+            self.signum, self._first_at = signum, time.monotonic()
+
+    def before_raise(self, fn, add: bool = True) -> None:
+        """Call ``fn(signum)`` just before :class:`Preempted` is raised (``add=False``: no longer).
+        It runs in the signal handler, where the main thread was interrupted, never inside a
+        :meth:`deferred` block."""
+        if add:
+            self._before_raise.append(fn)
+        elif fn in self._before_raise:
+            self._before_raise.remove(fn)
+
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         if self._deferring:
             self._pending = signum
@@ -115,11 +144,21 @@ class Preemption:
         if self.signum is None:
             self.signum, self._first_at = signum, time.monotonic()
             if self.at_once:
-                raise Preempted(signum)
+                self._raise(signum)
             _say(f"zephon_dask: {signal.Signals(signum).name} received: stopping at the end of this "
                  "step (send it again to stop at once)")
         elif time.monotonic() - self._first_at >= ECHO_S:
-            raise Preempted(signum)
+            self._raise(signum)
+
+    def _raise(self, signum: int) -> None:
+        self._deferring += 1  # a signal during the functions waits: they write the checkpoint
+        try:
+            for fn in list(self._before_raise):
+                fn(signum)
+        finally:
+            self._deferring -= 1
+            self._pending = None  # the same request, passed on while the checkpoint was written
+        raise Preempted(signum)
 
 
 class _Deferred:
@@ -129,14 +168,10 @@ class _Deferred:
         self.owner = owner
 
     def __enter__(self) -> None:
-        self.owner._deferring += 1
+        self.owner.hold()
 
     def __exit__(self, *exc) -> None:
-        owner = self.owner
-        owner._deferring -= 1
-        if not owner._deferring and owner._pending is not None:
-            signum, owner._pending = owner._pending, None
-            owner._handle(signum, None)
+        self.owner.release()
 
 
 def _say(message: str) -> None:

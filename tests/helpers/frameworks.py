@@ -18,13 +18,14 @@ def hf_pipeline(corpus_dir, batch=None, **options):
         **{"microbatch_size": 2, "labels": "hf", **(batch or {})})
 
 
-def tiny_gpt2(seed: int = 0):
+def tiny_gpt2(seed: int = 0, dropout: float = 0.0):
+    """The tiny GPT-2; with ``dropout`` > 0 a resume is exact only if the random generators are."""
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(seed)
     config = GPT2Config(vocab_size=VOCAB, n_positions=128, n_embd=16, n_layer=1, n_head=2, bos_token_id=256,
-                        eos_token_id=257, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                        eos_token_id=257, resid_pdrop=dropout, embd_pdrop=dropout, attn_pdrop=dropout,
                         tie_word_embeddings=False)
     return GPT2LMHeadModel(config)
 
@@ -51,17 +52,18 @@ def record_inputs(model) -> list[str]:
 MODEL_FIELDS = ("input_ids", "labels", "attention_mask", "position_ids")
 
 
-def lightning_module():
-    """A LightningModule around the tiny GPT-2. It records its training inputs (``.seen``: digests),
-    each training batch as ``(global step, lane, index_in_lane, batch_idx)`` (``.trained``) and
-    each evaluation's batches as ``(lane, index_in_lane)`` lists (``.evaluations``)."""
+def lightning_module(dropout: float = 0.0):
+    """A LightningModule around the tiny GPT-2 (no random generator code of its own). It records its
+    training inputs (``.seen``: digests), each training batch as ``(global step, lane,
+    index_in_lane, batch_idx)`` (``.trained``) and each evaluation's batches as ``(lane,
+    index_in_lane)`` lists (``.evaluations``)."""
     import pytorch_lightning as pl
     import torch
 
     class TinyLM(pl.LightningModule):
         def __init__(self):
             super().__init__()
-            self.model = tiny_gpt2()
+            self.model = tiny_gpt2(dropout=dropout)
             self.seen = record_inputs(self.model)
             self.trained: list[tuple[int, int, int, int]] = []
             self.evaluations: list[list[tuple[int, int]]] = []
@@ -83,7 +85,8 @@ def lightning_module():
     return TinyLM()
 
 
-def lightning_fit(pipeline, root, resume=None, steps=STEPS, every=SAVE_AT, val_pipeline=None, **trainer_kw):
+def lightning_fit(pipeline, root, resume=None, steps=STEPS, every=SAVE_AT, val_pipeline=None, dropout=0.0,
+                  **trainer_kw):
     """Fit ``steps`` optimizer steps (global steps of the pipeline), checkpointing every ``every``
     into ``root``; returns the module (``module.trainer`` is its trainer)."""
     import pytorch_lightning as pl
@@ -91,7 +94,7 @@ def lightning_fit(pipeline, root, resume=None, steps=STEPS, every=SAVE_AT, val_p
 
     from zephon_dask.integrations.lightning import ZephonDataModule
 
-    module = lightning_module()
+    module = lightning_module(dropout)
     checkpoints = ModelCheckpoint(dirpath=str(root), every_n_train_steps=every, save_top_k=-1,
                                   filename="{step}")
     trainer_kw.setdefault("limit_val_batches", 0 if val_pipeline is None else 3)

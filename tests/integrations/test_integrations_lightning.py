@@ -38,9 +38,11 @@ def trained(ref, first, last):
 def test_every_checkpoint_resumes_exactly_and_evaluation_repeats(corpus_dir, tmp_path):
     """Resumed from ``step=4.ckpt`` into the same folder, Lightning saves step 4 again after one
     micro-batch (weights of step 4, one batch fetched and one trained since); that checkpoint
-    resumes to the same batches, global steps and weights as the uninterrupted run."""
+    resumes to the same batches, global steps and weights as the uninterrupted run. With dropout
+    and no random generator code in the module: the data module saves the generators of step 4."""
     root = tmp_path / "ckpt"
-    fit = {"steps": 8, "every": 4, "val_check_interval": 2 * PER_RANK, "check_val_every_n_epoch": None}
+    fit = {"steps": 8, "every": 4, "val_check_interval": 2 * PER_RANK, "check_val_every_n_epoch": None,
+           "dropout": 0.1}
     with hf_pipeline(corpus_dir) as pipe, hf_pipeline(corpus_dir, seed=9) as val:
         full = lightning_fit(pipe, root, val_pipeline=val, **fit)
         val_stream = [(b.lane, b.index_in_lane) for b, _ in zip(val, range(3))]
@@ -52,13 +54,16 @@ def test_every_checkpoint_resumes_exactly_and_evaluation_repeats(corpus_dir, tmp
     with hf_pipeline(corpus_dir) as pipe, hf_pipeline(corpus_dir, seed=9) as val:
         resumed = lightning_fit(pipe, root, resume=str(root / "step=4.ckpt"), val_pipeline=val, **fit)
     assert resumed.trained == trained(ref, 4, 8)
-    mid_step = torch.load(root / "step=4.ckpt", weights_only=False)  # saved again, in place, mid-step
+    assert resumed.seen == full.seen[4 * PER_RANK:]
+    assert all(torch.equal(a, b) for a, b in zip(full.parameters(), resumed.parameters(), strict=True))
+    mid_step = torch.load(root / "step=4.ckpt", weights_only=True)  # saved again, in place, mid-step
     assert mid_step["loops"]["fit_loop"]["epoch_loop.batch_progress"]["current"]["ready"] % PER_RANK
     data = mid_step["loops"]["fit_loop"]["state_dict"]["combined_loader"][0]
     assert data == boundary["loops"]["fit_loop"]["state_dict"]["combined_loader"][0]  # the weights' data state
     with hf_pipeline(corpus_dir) as pipe, hf_pipeline(corpus_dir, seed=9) as val:
         again = lightning_fit(pipe, tmp_path / "again", resume=str(root / "step=4.ckpt"), val_pipeline=val, **fit)
     assert again.trained == trained(ref, 4, 8)
+    assert again.seen == full.seen[4 * PER_RANK:]
     assert again.evaluations == [val_stream] * 2
     for a, b in zip(full.parameters(), again.parameters(), strict=True):
         assert torch.equal(a, b)
@@ -94,6 +99,17 @@ def test_accumulation_and_dataloader_iter_are_checked(corpus_dir, tmp_path):
                              enable_model_summary=False, enable_checkpointing=False)
         with pytest.raises(ConfigError, match="dataloader_iter"):
             trainer.fit(Fetching(), datamodule=ZephonDataModule(pipe))
+
+        import zephon_dask as z
+        from zephon_dask.integrations.lightning import StopOnPreemption
+
+        with pytest.raises(ConfigError, match="at_once=True"):
+            StopOnPreemption(z.Preemption())
+        trainer = pl.Trainer(max_steps=2, accelerator="cpu", logger=False, enable_progress_bar=False,
+                             enable_model_summary=False, enable_checkpointing=False,
+                             callbacks=[StopOnPreemption(z.Preemption(at_once=True))])
+        with pytest.raises(ConfigError, match="OnExceptionCheckpoint"):  # an interruption would save nothing
+            trainer.fit(lightning_module(), datamodule=ZephonDataModule(pipe))
 
 
 def launch(corpus_dir, out, *args, timeout=300) -> subprocess.CompletedProcess:

@@ -89,6 +89,28 @@ def test_at_once_raises_where_the_process_is_and_deferred_blocks_wait():
         assert held is None and info.value.signum == signal.SIGTERM
 
 
+def test_before_raise_writes_the_checkpoint_outside_held_blocks_and_release_can_only_record():
+    """An at-once stop runs its ``before_raise`` functions, then raises, never inside a hold (an
+    optimizer step); a signal while they run is the same request. ``release(handle=False)`` (the
+    loop has ended, or an exception is on its way) records a held signal without raising."""
+    saved = []
+    with z.Preemption(at_once=True) as stop:
+        stop.before_raise(lambda signum: (saved.append(signum), signal.raise_signal(signal.SIGINT)))
+        stop.hold()
+        signal.raise_signal(signal.SIGTERM)
+        assert saved == [] and not stop.requested  # held: the weights are changing
+        with pytest.raises(z.Preempted) as info:
+            stop.release()
+        assert saved == [signal.SIGTERM] and info.value.signum == signal.SIGTERM
+    with z.Preemption(at_once=True) as stop:
+        stop.before_raise(saved.append)
+        stop.before_raise(saved.append, add=False)
+        stop.hold()
+        signal.raise_signal(signal.SIGTERM)
+        stop.release(handle=False)
+        assert stop.exit_code == 143 and saved == [signal.SIGTERM]
+
+
 def test_preemption_needs_the_main_thread():
     errors = []
     thread = threading.Thread(target=lambda: errors.append(_enter_off_main()))
@@ -227,13 +249,21 @@ def one_torch_thread():
     torch.set_num_threads(threads)
 
 
-@pytest.mark.parametrize("framework, seed", [("hf", 6), ("lightning", 7)])
-def test_a_preempted_trainer_saves_its_step_and_resumes_exactly(corpus_dir, tmp_path, framework, seed, one_torch_thread):
-    """SIGTERM at a seeded step of a real training run. The Trainer (``StopOnPreemption``) saves
-    ``checkpoint-N`` at the end of that step and exits 143; Lightning stops after the current
-    micro-batch and ``OnExceptionCheckpoint`` saves the weights of step N with the data state of the
-    batches they trained. Resumed from it, the run trains what the uninterrupted one trains after
-    step N, to the same weights."""
+FULL_RUNS: dict = {}  # framework -> the uninterrupted run (inputs, model), shared by the cases
+
+
+@pytest.mark.parametrize("framework, seed, at_once", [("hf", 6, False), ("lightning", 7, False),
+                                                       ("hf", 8, True), ("lightning", 9, True)])
+def test_a_preempted_trainer_saves_its_step_and_resumes_exactly(corpus_dir, tmp_path_factory, tmp_path, framework,
+                                                                seed, at_once, one_torch_thread):
+    """SIGTERM at a seeded step of a real training run with dropout, no random generator code of the
+    user's. The Trainer (``StopOnPreemption``) saves ``checkpoint-N`` at the end of that step and
+    exits 143; Lightning stops after the current micro-batch and ``OnExceptionCheckpoint`` saves the
+    weights of step N with the data state of the batches they trained and the generators of step N.
+    At once (``Preemption(at_once=True)``): SIGTERM while the second micro-batch's forward sleeps a
+    minute; the checkpoint of the last completed step is written and the process ends before that
+    forward wakes. Resumed from it, the run trains what the uninterrupted one trains after step N,
+    to the same weights."""
     pytest.importorskip("transformers")
     if framework == "lightning":
         pytest.importorskip("pytorch_lightning")
@@ -244,11 +274,16 @@ def test_a_preempted_trainer_saves_its_step_and_resumes_exactly(corpus_dir, tmp_
     steps, at = 12, int(np.random.default_rng(seed).integers(2, 9))
     out = tmp_path / "run"
     job = [sys.executable, str(Path(__file__).resolve().parents[1] / "jobs" / "preempted_trainer_job.py"), "--framework", framework,
-           "--corpus", str(corpus_dir), "--out", str(out), "--steps", str(steps), "--step-s", "0.1"]
+           "--corpus", str(corpus_dir), "--out", str(out), "--steps", str(steps)]
+    job += (["--at-once", "--sleep-at", str(4 * at + 1)] if at_once  # step `at`'s second micro-batch
+            else ["--step-s", "0.1"])
     proc = subprocess.Popen(job, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
-        wait_for(lambda: proc.poll() is not None or ((out / "steps").exists()
-                                                     and int((out / "steps").read_text() or 0) >= at), f"step {at}")
+        if at_once:
+            wait_for(lambda: proc.poll() is not None or (out / "sleeping").exists(), "the long forward")
+        else:
+            wait_for(lambda: proc.poll() is not None or ((out / "steps").exists()
+                                                         and int((out / "steps").read_text() or 0) >= at), f"step {at}")
         os.kill(proc.pid, signal.SIGTERM)
         output, _ = proc.communicate(timeout=DEADLINE)
     finally:
@@ -263,10 +298,15 @@ def test_a_preempted_trainer_saves_its_step_and_resumes_exactly(corpus_dir, tmp_
     else:  # Lightning ends a SIGTERM with its own SystemExit
         checkpoint = tmp_path / "on_exception.ckpt"
         (out / "on_exception.ckpt").rename(checkpoint)
-        done = torch.load(checkpoint, weights_only=False)["global_step"]
+        done = torch.load(checkpoint, weights_only=True)["global_step"]
         train = train_lightning
+    if at_once:
+        assert proc.returncode == 143 and not (out / "woke").exists(), output[-3000:]  # stopped mid-forward
+        assert done == at, output[-3000:]
     assert at <= done < steps, output[-3000:]
-    full, model = train(corpus_dir, tmp_path / "full", steps)
+    if framework not in FULL_RUNS:
+        FULL_RUNS[framework] = train(corpus_dir, tmp_path_factory.mktemp("full"), steps)
+    full, model = FULL_RUNS[framework]
     resumed, model2 = train(corpus_dir, tmp_path / "resumed", steps, resume=str(checkpoint))
     assert len(full) % steps == 0 and resumed == full[done * len(full) // steps:]
     assert all(torch.equal(a, b) for a, b in zip(model.parameters(), model2.parameters(), strict=True))

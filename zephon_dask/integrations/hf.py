@@ -23,8 +23,10 @@ What the stock ``Trainer`` would do with a pipeline and what the mixin does inst
   with no effect on the training pipeline or the random number generators;
   ``eval_loss`` is the mean loss per label token over every rank's batches;
 - **preemption**: :class:`StopOnPreemption` saves a checkpoint and stops at the end of
-  the optimizer step during which SIGINT or SIGTERM arrived (the stock ``Trainer``
-  has no handler: SIGTERM ends the process with nothing saved);
+  the optimizer step during which SIGINT or SIGTERM arrived, or with
+  ``Preemption(at_once=True)`` at once, mid-step, as ``checkpoint-N`` of the last
+  completed step N with that step boundary's data and random generators (the
+  stock ``Trainer`` has no handler: SIGTERM ends the process with nothing saved);
 - **TRL**: trainers that accept only a ``datasets`` object and prepare it
   themselves (tokenizing, packing) get a one-row stand-in in ``__init__``; the
   pipelines replace it before anything reads data, so TRL never prepares them.
@@ -50,6 +52,7 @@ from ..log import logger
 from ..pipeline import Pipeline
 from ..pipeline.torch_data import PipelineDataset
 from ..state import load_state, save_state
+from . import rng
 from .forward import extra_fields, forward_fields
 from .ranks import collective_state
 
@@ -166,6 +169,13 @@ class StopOnPreemption(TrainerCallback):
     """Save ``checkpoint-N`` and stop at the end of the optimizer step during which ``stop`` (a
     :class:`~zephon_dask.Preemption`) received SIGINT or SIGTERM; every rank stops at the same step.
 
+    With ``Preemption(at_once=True)`` (one process) the signal stops training at once, mid-step:
+    ``checkpoint-N`` of the last completed step N is written from the signal handler (the weights,
+    optimizer and scheduler of step N, since the optimizer has not stepped; the data state and the
+    random generators as step N ended) and :class:`~zephon_dask.Preempted` is raised, so a step
+    longer than the grace period still leaves its checkpoint. A signal during the optimizer step,
+    or the evaluation and save after it, waits until the next step begins.
+
     Example:
         >>> with zephon_dask.Preemption() as stop:  # doctest: +SKIP
         ...     ZephonTrainer(..., callbacks=[StopOnPreemption(stop)]).train(resume_from_checkpoint=...)
@@ -174,13 +184,72 @@ class StopOnPreemption(TrainerCallback):
 
     def __init__(self, stop):
         self.stop = stop
+        self.trainer: ZephonTrainerMixin | None = None  # set by the trainer it is given to
+        self.boundary: dict | None = None  # the random generators as the current step began
+        self.mid_step = False  # part of the current step has run
+        self.holding = False
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        """At once: check the set-up, then hold signals until the first step begins (a resumed
+        checkpoint's generators are restored by then)."""
+        if not self.stop.at_once:
+            return control
+        if self.trainer is None:
+            raise ConfigError("StopOnPreemption(Preemption(at_once=True)) writes the checkpoint itself and needs "
+                              "a ZephonTrainer (or a ZephonTrainerMixin subclass)")
+        if torch_dist.initialized(several=True) is not None:
+            raise ConfigError("StopOnPreemption(Preemption(at_once=True)) saves from one process's signal handler; "
+                              "under torch.distributed the ranks must stop at the same step: use Preemption()")
+        self.mid_step = False
+        self._hold()
+        self.stop.before_raise(self._save)
+        return control
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        """At once: a held signal stops training here (at the step boundary); else keep the
+        generators as this step begins."""
+        if self.stop.at_once:
+            self._release(handle=True)
+            self.boundary, self.mid_step = rng.capture(), True
+        return control
+
+    def on_pre_optimizer_step(self, args, state, control, **kwargs):
+        """At once: hold a signal from here (the weights change) to the next step's beginning."""
+        if self.stop.at_once:
+            self.mid_step = False
+            self._hold()
+        return control
 
     def on_step_end(self, args, state, control, **kwargs):
         """The Trainer's hook after each optimizer step: ask it to save and stop once any rank has
         been signalled."""
-        if self.stop.should_stop():  # a collective under torch.distributed: every rank, every step
+        if not self.stop.at_once and self.stop.should_stop():  # a collective under torch.distributed
             control.should_save = control.should_training_stop = True
         return control
+
+    def on_train_end(self, args, state, control, **kwargs):
+        """Training has ended: see :meth:`detach`."""
+        self.detach()
+        return control
+
+    def detach(self) -> None:
+        """Training has ended: a held signal is only recorded, and no checkpoint is written for it."""
+        self._release(handle=False)
+        self.stop.before_raise(self._save, add=False)
+
+    def _hold(self) -> None:
+        if not self.holding:
+            self.stop.hold()
+            self.holding = True
+
+    def _release(self, handle: bool) -> None:
+        if self.holding:
+            self.holding = False
+            self.stop.release(handle=handle)
+
+    def _save(self, signum: int) -> None:
+        if self.trainer is not None:
+            self.trainer.save_step_boundary(self.boundary if self.mid_step else None)
 
 
 def stand_in(fields: tuple[str, ...]):
@@ -371,7 +440,33 @@ class ZephonTrainerMixin(_TrainerBase):
         if checkpoint is not None and Path(checkpoint).is_dir():
             self.pipeline.load_state_dict(checkpoint_state(checkpoint))
         self._match_step()
-        return super().train(resume_from_checkpoint, *args, **kwargs)
+        stops = [c for c in self.callback_handler.callbacks if isinstance(c, StopOnPreemption)]
+        for stop in stops:
+            stop.trainer = self
+        try:
+            return super().train(resume_from_checkpoint, *args, **kwargs)
+        finally:
+            for stop in stops:
+                stop.detach()
+
+    def save_step_boundary(self, generators: dict | None = None) -> None:
+        """Write ``checkpoint-N`` of the last completed optimizer step N in the middle of step N + 1
+        (from a signal handler, never during the optimizer step): the weights, optimizer and
+        scheduler are still step N's; the random generators saved are ``generators`` (as step
+        N + 1 began; ``None``: now) and the pipeline state is the one at the end of step N.
+
+        Args:
+            generators: a state from :func:`zephon_dask.integrations.rng.capture`.
+        """
+        now = rng.capture()
+        if generators is not None:
+            rng.restore(generators)  # the Trainer writes the generators' current state
+        try:
+            self._save_checkpoint(self.model, trial=None)
+        finally:
+            rng.restore(now)
+        folder = Path(self.args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+        save_state(folder / STATE_FILE, self.pipeline.state_dict(at_step=self.state.global_step))
 
     # -- evaluation -------------------------------------------------------------------------
 

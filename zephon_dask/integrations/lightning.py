@@ -24,8 +24,16 @@ resumes exactly with no state code:
 - under DDP each rank owns its lanes (Lightning does not split an
   ``IterableDataset``); the loader's ``state_dict`` gathers every rank's
   lanes (a collective: Lightning takes it on every rank and writes rank 0's);
+- the random generators in a checkpoint are those of the step boundary too
+  (:mod:`zephon_dask.integrations.rng`; Lightning saves none): the data module
+  keeps them as each step's first micro-batch arrives, saves them (every rank's)
+  and restores them before the first micro-batch of a resumed fit, so dropout
+  resumes bit for bit from any checkpoint, mid-step ones included;
 - ``val_pipeline`` is the validation loader: every evaluation iterates it
-  from its start, its state is never saved, and it is not split again.
+  from its start, its state is never saved, and it is not split again;
+- :class:`StopOnPreemption` with ``Preemption(at_once=True)`` stops a fit at
+  once on SIGTERM, mid-step, with ``OnExceptionCheckpoint`` writing the last
+  completed step.
 """
 
 from __future__ import annotations
@@ -39,6 +47,7 @@ from ..errors import ConfigError
 from ..pipeline import frameworks_compat
 from ..pipeline.guard import Refused
 from ..pipeline.torch_data import PipelineDataset, PipelineLoader
+from . import rng
 from .ranks import check_identity, collective_state
 
 
@@ -59,11 +68,19 @@ class TrainedBatches:
         """A new iteration starts (its deliveries count from 0) at global step ``step``."""
         self.started, self.received, self.in_weights, self.step = True, 0, 0, step
 
-    def receive(self, step: int) -> None:
-        """The training step receives the next batch at global step ``step``."""
+    def receive(self, step: int) -> bool:
+        """The training step receives the next batch at global step ``step``; whether it is the
+        first of an optimizer step."""
+        first = step != self.step or self.received == 0
         if step != self.step:  # an optimizer step came after the previous batch
             self.in_weights, self.step = self.received, step
         self.received += 1
+        return first
+
+    def mid_step(self, step: int) -> bool:
+        """Whether part of an optimizer step has run at global step ``step`` (its weights lack a batch
+        received)."""
+        return self.started and self.trained(step) < self.received
 
     def trained(self, step: int) -> int:
         """How many deliveries the weights of global step ``step`` include."""
@@ -125,6 +142,7 @@ class ZephonDataModule(pl.LightningDataModule):
         self.num_workers, self.loader_kwargs = num_workers, loader_kwargs
         self.loader: LightningLoader | None = None
         self.batches = TrainedBatches()
+        self.rng = rng.StepRNG()
         if val_pipeline is None:  # Lightning sees the default: no validation data, no warning about it
             self.val_dataloader = super().val_dataloader  # type: ignore[method-assign]
 
@@ -193,8 +211,28 @@ class ZephonDataModule(pl.LightningDataModule):
         if self.batches.started and self.trainer is not None:
             self.pipeline.session.mark_consumed(self.batches.trained(self.trainer.global_step))
 
+    def state_dict(self) -> dict:
+        """Lightning's hook when it writes a checkpoint (on every rank): the random generators of
+        every rank as they were at the last completed step (a collective under DDP).
+
+        Returns:
+            ``{"rng": [state of rank 0, ...]}``.
+        """
+        step = self.trainer.global_step if self.trainer is not None else 0
+        return {"rng": rng.all_ranks(self.rng.at_boundary(self.batches.mid_step(step)))}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Lightning's hook on a checkpoint's state: this rank's generators are restored before the
+        first micro-batch the resumed fit trains (checkpoints of another number of ranks: not).
+
+        Args:
+            state_dict: what :meth:`state_dict` returned.
+        """
+        self.rng.load(rng.this_rank(state_dict.get("rng")))
+
     def on_before_batch_transfer(self, batch, dataloader_idx: int):
-        """Lightning's hook on the batch a step is about to use: while training, count it received.
+        """Lightning's hook on the batch a step is about to use: while training, count it received;
+        at a step's first micro-batch, keep the random generators' state (restoring a loaded one).
 
         Args:
             batch: the batch the training step is about to receive.
@@ -206,8 +244,75 @@ class ZephonDataModule(pl.LightningDataModule):
         trainer = self.trainer
         if trainer is not None and trainer.training and self.batches.started:
             self.pipeline.session.mark_consumed(batch)  # checks it is the next delivery, not one fetched ahead
-            self.batches.receive(trainer.global_step)
+            if self.batches.receive(trainer.global_step):
+                self.rng.step_begins()
         return batch
+
+
+class StopOnPreemption(pl.Callback):
+    """With ``stop = zephon_dask.Preemption(at_once=True)``: SIGTERM or SIGINT stops the fit at once,
+    mid-step, and ``OnExceptionCheckpoint`` writes the last completed step: its weights (the
+    optimizer has not stepped since), the data state and, from :class:`ZephonDataModule`, the random
+    generators of that step boundary, so the checkpoint resumes exactly. A signal during an optimizer
+    step waits until the step is counted (``on_train_batch_end``).
+
+    Lightning then exits with status 1 (its ``sys.exit(1)`` after a ``KeyboardInterrupt``); the
+    signal is in ``stop.exit_code``. Without it, Lightning stops after the current micro-batch.
+    One device: under DDP the ranks must stop at the same point, so several ranks are refused.
+
+    Example:
+        >>> with zephon_dask.Preemption(at_once=True) as stop:  # doctest: +SKIP
+        ...     trainer = pl.Trainer(callbacks=[StopOnPreemption(stop), OnExceptionCheckpoint("ckpt")])
+        ...     try:
+        ...         trainer.fit(model, datamodule=ZephonDataModule(pipeline), ckpt_path=resume)
+        ...     except SystemExit:
+        ...         sys.exit(stop.exit_code or 1)
+    """
+
+    def __init__(self, stop):
+        if not getattr(stop, "at_once", False):
+            raise ConfigError("StopOnPreemption(stop) stops a Lightning fit at once: give it "
+                              "zephon_dask.Preemption(at_once=True). Without it, Lightning itself stops "
+                              "after the current micro-batch and OnExceptionCheckpoint saves")
+        self.stop = stop
+        self.holding = False
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        """Refuse a fit whose interruption would save nothing, or whose ranks would stop apart."""
+        from pytorch_lightning.callbacks import OnExceptionCheckpoint
+
+        if stage != "fit":
+            return
+        if not any(isinstance(c, OnExceptionCheckpoint) for c in trainer.callbacks):
+            raise ConfigError("StopOnPreemption stops the fit at once, but no checkpoint would be written: "
+                              "add OnExceptionCheckpoint(dirpath=...) to the Trainer's callbacks")
+        if trainer.world_size > 1:
+            raise ConfigError(f"StopOnPreemption stops one process at once; with {trainer.world_size} ranks each "
+                              "would stop at another point and the checkpoint's collectives would not match: "
+                              "leave it out (Lightning stops every rank after the current micro-batch)")
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
+        """Hold a signal while the optimizer steps: the weights change."""
+        if not self.holding:
+            self.stop.hold()
+            self.holding = True
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        """The step is counted: a held signal stops the fit now."""
+        self._release(handle=True)
+
+    def on_exception(self, trainer, pl_module, exception) -> None:
+        """An exception is on its way out of the fit: a held signal is only recorded."""
+        self._release(handle=False)
+
+    def teardown(self, trainer, pl_module, stage: str) -> None:
+        """The fit has ended: a held signal is only recorded."""
+        self._release(handle=False)
+
+    def _release(self, handle: bool) -> None:
+        if self.holding:
+            self.holding = False
+            self.stop.release(handle=handle)
 
 
 def size_accumulation(trainer, pipeline) -> None:
