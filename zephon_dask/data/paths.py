@@ -39,6 +39,7 @@ from ..errors import (
     StorageError,
     ZephonError,
 )
+from . import remote
 
 INDEX_NAME = "index.json"
 _GLOB_CHARS = frozenset("*?[")
@@ -105,7 +106,10 @@ def filesystem(path: str, storage_options: dict[str, Any] | None) -> tuple[Abstr
 def fetch_ranges(fs: AbstractFileSystem, name: str, starts: list[int], ends: list[int]) -> list[bytes]:
     """The bytes ``[start, end)`` of file ``name``, one per pair. ``fs.cat_ranges`` returns the
     error of a range it could not read in place of its bytes (a file removed, or made unreadable,
-    since it was opened): that error is raised instead."""
+    since it was opened): that error is raised instead. From S3, one ``GET`` per range and no
+    other request, conditional on the ETag a read expects (:mod:`zephon_dask.data.remote`)."""
+    if remote.is_s3(fs):
+        return remote.fetch_ranges(fs, name, starts, ends)
     blobs = fs.cat_ranges([name] * len(starts), starts, ends)
     for blob in blobs:
         if isinstance(blob, BaseException):

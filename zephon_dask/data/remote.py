@@ -1,0 +1,241 @@
+"""Ranged reads of an S3 object, each one ``GET`` conditional on the ETag the listing recorded.
+
+A read of a shard in an S3 bucket sends no request besides the ranges it needs:
+no ``HEAD`` first. Inside :func:`pinned` (``Dataset.read`` opens it around a read),
+:func:`fetch_ranges` asks each range with ``If-Match: <ETag from the listing>``, so
+the store itself refuses a changed object (``412``: a
+:class:`~zephon_dask.errors.DataChangedError`), and marks the pin ``confirmed``; a
+read that confirmed nothing (the bytes came from a per-process cache, or the
+format read through another path) is checked with one ``HEAD`` afterwards, as
+before. :func:`download` fetches a whole object the same way (the node cache).
+
+Requests go through one reading client per filesystem instance (one per process
+and thread, reused across reads: its connections stay open). That client does no
+retries of its own; a range is retried here, alone, after a short bounded wait:
+throttling (``503 SlowDown``), other 5xx, a connection reset or closed mid-body, a
+body cut short and timeouts, up to :data:`ATTEMPTS` tries (or
+``config_kwargs["retries"]["max_attempts"]`` from the storage options), the
+waits doubling from :data:`FIRST_WAIT` to at most :data:`LAST_WAIT` seconds with
+equal jitter. Other ranges of the read carry on meanwhile; nothing is listed again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import random
+import weakref
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from fsspec import AbstractFileSystem
+
+from ..errors import DataChangedError
+
+ATTEMPTS = 10  # tries of one range, unless the storage options' max_attempts says otherwise
+FIRST_WAIT = 0.02  # seconds before the second try of a range
+LAST_WAIT = 4.0  # the longest wait between two tries; ten tries wait at most about 12 s in all
+_RETRY_CODES = frozenset({"SlowDown", "Throttling", "ThrottlingException", "RequestTimeout",
+                          "RequestTimeTooSkewed", "InternalError", "ServiceUnavailable",
+                          "RequestLimitExceeded", "TooManyRequests"})
+_JITTER = random.Random()  # wait lengths only: never data  # noqa: S311
+
+
+@dataclass
+class Pin:
+    """The object a read expects: filesystem-internal ``name`` and its listed ``etag``;
+    ``confirmed`` once a conditional request proved the store still holds it."""
+
+    name: str
+    etag: str
+    confirmed: bool = False
+
+
+_PIN: contextvars.ContextVar[Pin | None] = contextvars.ContextVar("zephon_dask_pin", default=None)
+
+
+@contextlib.contextmanager
+def pinned(name: str, etag: str) -> Iterator[Pin]:
+    """Reads of ``name`` under this block are conditional on ``etag`` (see the module)."""
+    pin = Pin(name, etag)
+    token = _PIN.set(pin)
+    try:
+        yield pin
+    finally:
+        _PIN.reset(token)
+
+
+def is_s3(fs: AbstractFileSystem) -> bool:
+    """Whether ``fs`` is an ``s3fs`` filesystem (the conditional reads speak its client)."""
+    protocols = (fs.protocol,) if isinstance(fs.protocol, str) else tuple(fs.protocol)
+    return "s3" in protocols and hasattr(fs, "get_s3")
+
+
+def active(fs: AbstractFileSystem, name: str) -> Pin | None:
+    """The pin under which reads of ``name`` on ``fs`` are made conditional, if any."""
+    pin = _PIN.get()
+    if pin is None or pin.name != name.removeprefix("s3://") or not is_s3(fs):
+        return None
+    return pin
+
+
+_READERS: weakref.WeakKeyDictionary[AbstractFileSystem, AbstractFileSystem] = weakref.WeakKeyDictionary()
+
+
+def _reader(fs: AbstractFileSystem) -> tuple[AbstractFileSystem, int]:
+    """``(filesystem, attempts)``: a twin of ``fs`` whose client does not retry (we do), kept
+    for as long as ``fs`` lives; and the tries a range gets."""
+    opts = dict(fs.storage_options)
+    config = dict(opts.get("config_kwargs") or {})
+    retries = config.get("retries") or {}
+    attempts = int(retries.get("max_attempts") or retries.get("total_max_attempts") or ATTEMPTS)
+    twin = _READERS.get(fs)
+    if twin is None:
+        config["retries"] = {"max_attempts": 1, "mode": "standard"}  # one try: no botocore backoff
+        config.setdefault("max_pool_connections", 32)
+        opts["config_kwargs"] = config
+        twin = type(fs)(**opts)
+        _READERS[fs] = twin
+    return twin, max(1, attempts)
+
+
+def _split(name: str) -> tuple[str, str]:
+    bucket, _, key = name.removeprefix("s3://").partition("/")
+    return bucket, key
+
+
+def _status(exc: BaseException) -> tuple[int | None, str]:
+    response = getattr(exc, "response", None)
+    if not isinstance(response, dict):
+        return None, ""
+    meta = response.get("ResponseMetadata") or {}
+    return meta.get("HTTPStatusCode"), str((response.get("Error") or {}).get("Code", ""))
+
+
+def _retryable(exc: BaseException) -> bool:
+    status, code = _status(exc)
+    if status is not None or code:
+        return code in _RETRY_CODES or (status is not None and status >= 500)
+    module = type(exc).__module__.split(".")[0]
+    return isinstance(exc, (OSError, TimeoutError, asyncio.TimeoutError, _ShortBody)) or module in (
+        "aiohttp", "botocore", "aiobotocore", "urllib3")
+
+
+class _ShortBody(Exception):
+    """A body shorter than the range asked (a connection closed mid-body)."""
+
+
+def _wait(attempt: int) -> float:
+    full = min(LAST_WAIT, FIRST_WAIT * 2**attempt)
+    return full / 2 + _JITTER.random() * full / 2
+
+
+async def _try(fs: AbstractFileSystem, attempts: int, url: str, pin: Pin | None, call: Any) -> Any:
+    """``await call()``, retried as the module says; a ``412`` is the object changed."""
+    for attempt in range(attempts):
+        try:
+            return await call()
+        except Exception as exc:
+            status, code = _status(exc)
+            if pin is not None and (status == 412 or code == "PreconditionFailed"):
+                raise DataChangedError(
+                    f"file {url!r} changed since it was indexed (its ETag is no longer "
+                    f"{pin.etag!r}: the store refused a read conditional on it); reading on would "
+                    "give other records than the Dataset describes: rebuild the Dataset to read "
+                    "the new content (changed files are indexed again), or restore the file"
+                ) from None
+            if status is not None or code:
+                from s3fs.errors import translate_boto_error  # type: ignore[import-untyped]
+
+                if not _retryable(exc) or attempt + 1 == attempts:
+                    raise translate_boto_error(exc) from None
+            elif not _retryable(exc) or attempt + 1 == attempts:
+                raise
+        await asyncio.sleep(_wait(attempt))
+    raise AssertionError("unreachable")
+
+
+async def _get(client: Any, kw: dict[str, Any], size: int | None) -> bytes:
+    resp = await client.get_object(**kw)
+    try:
+        body: bytes = await resp["Body"].read()
+    finally:
+        resp["Body"].close()
+    if size is not None and len(body) != size:
+        raise _ShortBody(f"{len(body)} of {size} bytes")
+    return body
+
+
+def _kwargs(fs: AbstractFileSystem, client: Any, name: str, pin: Pin | None, **extra: Any) -> dict[str, Any]:
+    bucket, key = _split(name)
+    kw: dict[str, Any] = {"Bucket": bucket, "Key": key, **extra, **getattr(fs, "req_kw", {})}
+    if pin is not None:
+        kw["IfMatch"] = f'"{pin.etag}"'
+    out: dict[str, Any] = fs._get_s3_method_kwargs(client.get_object, **kw)
+    return out
+
+
+async def _ranges(fs: AbstractFileSystem, attempts: int, name: str, pin: Pin | None,
+                  starts: list[int], ends: list[int]) -> list[bytes]:
+    await fs.set_session()
+    client = await fs.get_s3(_split(name)[0])
+    url = f"s3://{name.removeprefix('s3://')}"
+
+    async def one(lo: int, hi: int) -> bytes:
+        if hi <= lo:
+            return b""
+        kw = _kwargs(fs, client, name, pin, Range=f"bytes={lo}-{hi - 1}")
+        return await _try(fs, attempts, url, pin, lambda: _get(client, kw, hi - lo))
+
+    return list(await asyncio.gather(*(one(lo, hi) for lo, hi in zip(starts, ends, strict=True))))
+
+
+def fetch_ranges(fs: AbstractFileSystem, name: str, starts: list[int], ends: list[int]) -> list[bytes]:
+    """The bytes ``[start, end)`` of the S3 object ``name``, one ``GET`` per range, concurrently,
+    conditional on the pin's ETag when one is active (``pin.confirmed`` set after)."""
+    from fsspec.asyn import sync
+
+    pin = active(fs, name)
+    twin, attempts = _reader(fs)
+    blobs: list[bytes] = sync(twin.loop, _ranges, twin, attempts, name, pin, starts, ends)
+    if pin is not None and any(hi > lo for lo, hi in zip(starts, ends, strict=True)):
+        pin.confirmed = True
+    return blobs
+
+
+async def _download(fs: AbstractFileSystem, attempts: int, name: str, pin: Pin | None, target: str,
+                    size: int) -> None:
+    await fs.set_session()
+    client = await fs.get_s3(_split(name)[0])
+    url = f"s3://{name.removeprefix('s3://')}"
+    with open(target, "wb") as out:
+
+        async def rest() -> None:
+            at = out.tell()
+            if at >= size:
+                return
+            resp = await client.get_object(**_kwargs(fs, client, name, pin, Range=f"bytes={at}-{size - 1}"))
+            try:
+                async for block in resp["Body"].iter_chunks(1 << 20):
+                    out.write(block)
+            finally:
+                resp["Body"].close()
+            if out.tell() != size:
+                raise _ShortBody(f"{out.tell()} of {size} bytes")
+
+        await _try(fs, attempts, url, pin, rest)  # a retry resumes where the body was cut
+
+
+def download(fs: AbstractFileSystem, name: str, target: str, size: int) -> None:
+    """Write the ``size`` bytes of the S3 object ``name`` to the local file ``target``
+    (conditional on the pin's ETag when one is active, ``pin.confirmed`` set after)."""
+    from fsspec.asyn import sync
+
+    pin = active(fs, name)
+    twin, attempts = _reader(fs)
+    sync(twin.loop, _download, twin, attempts, name, pin, target, size)
+    if pin is not None:
+        pin.confirmed = True
+
