@@ -123,7 +123,7 @@ def _retryable(exc: BaseException) -> bool:
         "aiohttp", "botocore", "aiobotocore", "urllib3")
 
 
-class _ShortBody(Exception):
+class _ShortBody(OSError):
     """A body shorter than the range asked (a connection closed mid-body)."""
 
 
