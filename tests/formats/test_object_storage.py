@@ -10,6 +10,7 @@ import logging
 import os
 import subprocess
 import sys
+import threading
 
 import numpy as np
 import pyarrow as pa
@@ -344,8 +345,8 @@ def test_a_fresh_process_fetches_byte_ranges_not_whole_objects(s3, bucket, tmp_p
 def test_a_read_is_one_get_per_range_and_no_head(s3, tmp_path):
     """Reading records from a bucket sends one GET per range of nearby records and nothing else (the
     sizes and ETags come from the listing); each GET is conditional on the listed ETag, so a
-    rewritten object is refused by the read itself. With the node cache: one GET of the object,
-    then no request."""
+    rewritten object is refused by the read itself. Reads from other threads reuse the
+    connections. With the node cache: one GET of the object, then no request."""
     fs = s3.filesystem()
     fs.mkdir("counted")
     lines = [json.dumps({"text": f"{i} " + "x" * 40_000}) + "\n" for i in range(12)]  # > GAP apart
@@ -360,6 +361,13 @@ def test_a_read_is_one_get_per_range_and_no_head(s3, tmp_path):
             got = ds.read(0, offsets)
             assert [int(r["text"].split()[0]) for r in got] == offsets
             assert proxy.methods == {"GET": ranges}, offsets
+        proxy.reset_counts()
+        for _ in range(3):  # reads from other threads, one after the other: the connections are reused
+            t = threading.Thread(target=lambda: [ds.read(0, [0, 3, 6, 9]) for _ in range(2)])
+            t.start()
+            t.join(timeout=120)
+            assert not t.is_alive()
+        assert proxy.methods == {"GET": 24} and proxy.connections <= 6  # one client per thread: 12
         cached = Dataset.from_jsonl("c", "s3://counted/a.jsonl", progress=False, cache_dir=tmp_path / "index",
                                     storage_options={**opts, "node_cache": {"dir": str(tmp_path / "node"),
                                                                             "max_bytes": 1 << 30}})

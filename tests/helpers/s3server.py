@@ -105,8 +105,8 @@ class FaultProxy:
     Each request draws once: with probability ``slowdown`` it is answered 503 SlowDown,
     with ``reset`` it is forwarded and its connection reset halfway through the body,
     with ``delay`` it waits ``delay_s`` first. ``requests``, ``body_bytes`` and
-    ``faults`` count what passed, ``methods`` the requests per HTTP method (read them between
-    runs; :meth:`reset_counts`).
+    ``faults`` count what passed, ``methods`` the requests per HTTP method and
+    ``connections`` the connections accepted (read them between runs; :meth:`reset_counts`).
     """
 
     def __init__(self, upstream: str, *, slowdown: float = 0.0, reset: float = 0.0,
@@ -125,6 +125,11 @@ class FaultProxy:
             def log_message(self, *args) -> None:
                 pass
 
+            def setup(self) -> None:
+                super().setup()
+                with proxy.lock:
+                    proxy.connections += 1
+
             def _any(self) -> None:
                 proxy.handle(self)
 
@@ -139,6 +144,7 @@ class FaultProxy:
     def reset_counts(self) -> None:
         with self.lock:
             self.requests = 0
+            self.connections = 0
             self.body_bytes = 0
             self.faults = {"slowdown": 0, "reset": 0, "delay": 0}
             self.methods: Counter[str] = Counter()

@@ -9,8 +9,8 @@ read that confirmed nothing (the bytes came from a per-process cache, or the
 format read through another path) is checked with one ``HEAD`` afterwards, as
 before. :func:`download` fetches a whole object the same way (the node cache).
 
-Requests go through one reading client per filesystem instance (one per process
-and thread, reused across reads: its connections stay open). That client does no
+Requests go through one reading client per process and set of storage options,
+shared by its threads and reused across reads (its connections stay open). That client does no
 retries of its own; a range is retried here, alone, after a short bounded wait:
 throttling (``503 SlowDown``), other 5xx, a connection reset or closed mid-body, a
 body cut short and timeouts, up to :data:`ATTEMPTS` tries (or
@@ -24,8 +24,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import json
+import os
 import random
-import weakref
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -81,24 +83,31 @@ def active(fs: AbstractFileSystem, name: str) -> Pin | None:
     return pin
 
 
-_READERS: weakref.WeakKeyDictionary[AbstractFileSystem, AbstractFileSystem] = weakref.WeakKeyDictionary()
+_READERS: dict[tuple[int, str], tuple[AbstractFileSystem, int]] = {}
+_READERS_LOCK = threading.Lock()
 
 
 def _reader(fs: AbstractFileSystem) -> tuple[AbstractFileSystem, int]:
-    """``(filesystem, attempts)``: a twin of ``fs`` whose client does not retry (we do), kept
-    for as long as ``fs`` lives; and the tries a range gets."""
-    opts = dict(fs.storage_options)
-    config = dict(opts.get("config_kwargs") or {})
-    retries = config.get("retries") or {}
-    attempts = int(retries.get("max_attempts") or retries.get("total_max_attempts") or ATTEMPTS)
-    twin = _READERS.get(fs)
-    if twin is None:
-        config["retries"] = {"max_attempts": 1, "mode": "standard"}  # one try: no botocore backoff
-        config.setdefault("max_pool_connections", 32)
-        opts["config_kwargs"] = config
-        twin = type(fs)(**opts)
-        _READERS[fs] = twin
-    return twin, max(1, attempts)
+    """``(filesystem, attempts)``: the process's reading twin of ``fs`` (one per set of storage
+    options, shared by every thread, so its connections are reused by every read), whose client
+    does not retry (we do); and the tries a range gets."""
+    key = (os.getpid(), json.dumps(fs.storage_options, sort_keys=True, default=repr))
+    got = _READERS.get(key)
+    if got is not None:
+        return got
+    with _READERS_LOCK:
+        got = _READERS.get(key)
+        if got is None:
+            opts = dict(fs.storage_options)
+            config = dict(opts.get("config_kwargs") or {})
+            retries = config.get("retries") or {}
+            attempts = int(retries.get("max_attempts") or retries.get("total_max_attempts") or ATTEMPTS)
+            config["retries"] = {"max_attempts": 1, "mode": "standard"}  # one try: no botocore backoff
+            config.setdefault("max_pool_connections", 32)
+            opts["config_kwargs"] = config
+            opts["skip_instance_cache"] = True  # not tied to the thread that made it
+            got = _READERS[key] = (type(fs)(**opts), max(1, attempts))
+    return got
 
 
 def _split(name: str) -> tuple[str, str]:
