@@ -25,7 +25,7 @@ FAULTS = {
     "slowdown": lambda: _client_error(503, "SlowDown"),
     "internal": lambda: _client_error(500, "InternalError"),
     "reset": lambda: ConnectionResetError(104, "Connection reset by peer"),
-    "short": lambda: remote._ShortBody("3 of 8 bytes"),
+    "short": lambda: remote.ShortBody("3 of 8 bytes"),
     "timeout": lambda: TimeoutError("read timed out"),
     "missing": lambda: _client_error(404, "NoSuchKey"),
     "denied": lambda: _client_error(403, "AccessDenied"),
@@ -35,7 +35,7 @@ TRANSIENT = {"slowdown", "internal", "reset", "short", "timeout"}
 
 
 def _run(faults: list[str], attempts: int, monkeypatch) -> tuple[object, int, list[float]]:
-    """``_try`` over a call failing with ``faults`` in turn, then answering; (result or error,
+    """``retried`` over a call failing with ``faults`` in turn, then answering; (result or error,
     calls made, waits asked)."""
     waits: list[float] = []
     calls = 0
@@ -53,7 +53,7 @@ def _run(faults: list[str], attempts: int, monkeypatch) -> tuple[object, int, li
     monkeypatch.setattr(remote.asyncio, "sleep", sleep)
     pin = remote.Pin("b/k", "etag")
     try:
-        out: object = asyncio.run(remote._try(None, attempts, "s3://b/k", pin, call))
+        out: object = asyncio.run(remote.retried(attempts, "s3://b/k", pin, call))
     except Exception as exc:  # the oracle below says which
         out = exc
     return out, calls, waits

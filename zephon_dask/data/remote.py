@@ -128,11 +128,11 @@ def _retryable(exc: BaseException) -> bool:
     if status is not None or code:
         return code in _RETRY_CODES or (status is not None and status >= 500)
     module = type(exc).__module__.split(".")[0]
-    return isinstance(exc, (OSError, TimeoutError, asyncio.TimeoutError, _ShortBody)) or module in (
+    return isinstance(exc, (OSError, TimeoutError, asyncio.TimeoutError, ShortBody)) or module in (
         "aiohttp", "botocore", "aiobotocore", "urllib3")
 
 
-class _ShortBody(OSError):
+class ShortBody(OSError):
     """A body shorter than the range asked (a connection closed mid-body)."""
 
 
@@ -141,7 +141,7 @@ def _wait(attempt: int) -> float:
     return full / 2 + _JITTER.random() * full / 2
 
 
-async def _try(fs: AbstractFileSystem, attempts: int, url: str, pin: Pin | None, call: Any) -> Any:
+async def retried(attempts: int, url: str, pin: Pin | None, call: Any) -> Any:
     """``await call()``, retried as the module says; a ``412`` is the object changed."""
     for attempt in range(attempts):
         try:
@@ -173,17 +173,18 @@ async def _get(client: Any, kw: dict[str, Any], size: int | None) -> bytes:
     finally:
         resp["Body"].close()
     if size is not None and len(body) != size:
-        raise _ShortBody(f"{len(body)} of {size} bytes")
+        raise ShortBody(f"{len(body)} of {size} bytes")
     return body
 
 
 def _kwargs(fs: AbstractFileSystem, client: Any, name: str, pin: Pin | None, **extra: Any) -> dict[str, Any]:
     bucket, key = _split(name)
-    kw: dict[str, Any] = {"Bucket": bucket, "Key": key, **extra, **getattr(fs, "req_kw", {})}
+    kw: dict[str, Any] = {**(getattr(fs, "s3_additional_kwargs", None) or {}), "Bucket": bucket, "Key": key,
+                          **extra, **(getattr(fs, "req_kw", None) or {})}
     if pin is not None:
         kw["IfMatch"] = f'"{pin.etag}"'
-    out: dict[str, Any] = fs._get_s3_method_kwargs(client.get_object, **kw)
-    return out
+    accepted = client.meta.service_model.operation_model("GetObject").input_shape.members
+    return {k: v for k, v in kw.items() if k in accepted}  # e.g. upload-only encryption settings
 
 
 async def _ranges(fs: AbstractFileSystem, attempts: int, name: str, pin: Pin | None,
@@ -196,7 +197,7 @@ async def _ranges(fs: AbstractFileSystem, attempts: int, name: str, pin: Pin | N
         if hi <= lo:
             return b""
         kw = _kwargs(fs, client, name, pin, Range=f"bytes={lo}-{hi - 1}")
-        return await _try(fs, attempts, url, pin, lambda: _get(client, kw, hi - lo))
+        return await retried(attempts, url, pin, lambda: _get(client, kw, hi - lo))
 
     return list(await asyncio.gather(*(one(lo, hi) for lo, hi in zip(starts, ends, strict=True))))
 
@@ -232,9 +233,9 @@ async def _download(fs: AbstractFileSystem, attempts: int, name: str, pin: Pin |
             finally:
                 resp["Body"].close()
             if out.tell() != size:
-                raise _ShortBody(f"{out.tell()} of {size} bytes")
+                raise ShortBody(f"{out.tell()} of {size} bytes")
 
-        await _try(fs, attempts, url, pin, rest)  # a retry resumes where the body was cut
+        await retried(attempts, url, pin, rest)  # a retry resumes where the body was cut
 
 
 def download(fs: AbstractFileSystem, name: str, target: str, size: int) -> None:
