@@ -90,3 +90,14 @@ def test_transient_faults_are_retried_within_the_tries_and_nothing_else_is(fault
         assert isinstance(out, PermissionError)
     else:  # transient, tries spent: the last failure, as the store said it
         assert isinstance(out, OSError) and not isinstance(out, DataChangedError)
+
+
+def test_reads_try_twelve_times_unless_the_user_sets_max_attempts():
+    pytest.importorskip("s3fs")
+    from zephon_dask.data.paths import filesystem
+
+    opts = {"key": "k", "secret": "s", "endpoint_url": "http://127.0.0.1:9"}  # never contacted
+    assert remote.reader(filesystem("s3://b/k", opts)[0])[1] == remote.ATTEMPTS == 12
+    mine = {**opts, "config_kwargs": {"retries": {"max_attempts": 3}}}
+    client, tries = remote.reader(filesystem("s3://b/k", mine)[0])
+    assert tries == 3 and client.storage_options["config_kwargs"]["retries"]["max_attempts"] == 1

@@ -6,15 +6,15 @@ no ``HEAD`` first. Inside :func:`pinned` (``Dataset.read`` opens it around a rea
 the store itself refuses a changed object (``412``: a
 :class:`~zephon_dask.errors.DataChangedError`), and marks the pin ``confirmed``; a
 read that confirmed nothing (the bytes came from a per-process cache, or the
-format read through another path) is checked with one ``HEAD`` afterwards, as
-before. :func:`download` fetches a whole object the same way (the node cache).
+format read through another path) is checked with one ``HEAD`` afterwards.
+:func:`download` fetches a whole object the same way (the node cache).
 
 Requests go through one reading client per process and set of storage options,
 shared by its threads and reused across reads (its connections stay open). That client does no
 retries of its own; a range is retried here, alone, after a short bounded wait:
 throttling (``503 SlowDown``), other 5xx, a connection reset or closed mid-body, a
-body cut short and timeouts, up to :data:`ATTEMPTS` tries (or
-``config_kwargs["retries"]["max_attempts"]`` from the storage options), the
+body cut short and timeouts, up to :data:`ATTEMPTS` tries (or the
+``config_kwargs["retries"]["max_attempts"]`` a user set in the storage options), the
 waits doubling from :data:`FIRST_WAIT` to at most :data:`LAST_WAIT` seconds with
 equal jitter. Other ranges of the read carry on meanwhile; nothing is listed again.
 """
@@ -36,9 +36,9 @@ from fsspec import AbstractFileSystem
 
 from ..errors import DataChangedError
 
-ATTEMPTS = 10  # tries of one range, unless the storage options' max_attempts says otherwise
+ATTEMPTS = 12  # tries of one range, unless the user's storage options set max_attempts
 FIRST_WAIT = 0.02  # seconds before the second try of a range
-LAST_WAIT = 4.0  # the longest wait between two tries; ten tries wait at most about 12 s in all
+LAST_WAIT = 8.0  # the longest wait between two tries; twelve tries wait 13-26 s in all
 _RETRY_CODES = frozenset({"SlowDown", "Throttling", "ThrottlingException", "RequestTimeout",
                           "RequestTimeTooSkewed", "InternalError", "ServiceUnavailable",
                           "RequestLimitExceeded", "TooManyRequests"})
@@ -87,7 +87,7 @@ _READERS: dict[tuple[int, str], tuple[AbstractFileSystem, int]] = {}
 _READERS_LOCK = threading.Lock()
 
 
-def _reader(fs: AbstractFileSystem) -> tuple[AbstractFileSystem, int]:
+def reader(fs: AbstractFileSystem) -> tuple[AbstractFileSystem, int]:
     """``(filesystem, attempts)``: the process's reading twin of ``fs`` (one per set of storage
     options, shared by every thread, so its connections are reused by every read), whose client
     does not retry (we do); and the tries a range gets."""
@@ -101,6 +101,10 @@ def _reader(fs: AbstractFileSystem) -> tuple[AbstractFileSystem, int]:
             opts = dict(fs.storage_options)
             config = dict(opts.get("config_kwargs") or {})
             retries = config.get("retries") or {}
+            from .paths import S3_DEFAULTS  # the listing's defaults are no setting of the user's
+
+            if retries == S3_DEFAULTS["config_kwargs"]["retries"]:
+                retries = {}
             attempts = int(retries.get("max_attempts") or retries.get("total_max_attempts") or ATTEMPTS)
             config["retries"] = {"max_attempts": 1, "mode": "standard"}  # one try: no botocore backoff
             config.setdefault("max_pool_connections", 32)
@@ -208,7 +212,7 @@ def fetch_ranges(fs: AbstractFileSystem, name: str, starts: list[int], ends: lis
     from fsspec.asyn import sync
 
     pin = active(fs, name)
-    twin, attempts = _reader(fs)
+    twin, attempts = reader(fs)
     blobs: list[bytes] = sync(twin.loop, _ranges, twin, attempts, name, pin, starts, ends)
     if pin is not None and any(hi > lo for lo, hi in zip(starts, ends, strict=True)):
         pin.confirmed = True
@@ -244,7 +248,7 @@ def download(fs: AbstractFileSystem, name: str, target: str, size: int) -> None:
     from fsspec.asyn import sync
 
     pin = active(fs, name)
-    twin, attempts = _reader(fs)
+    twin, attempts = reader(fs)
     sync(twin.loop, _download, twin, attempts, name, pin, target, size)
     if pin is not None:
         pin.confirmed = True
