@@ -16,22 +16,27 @@ in every format into a bucket, and reports:
   object's line spans are kept there at indexing; elsewhere each process scans
   the object once), ``per chunk`` the later chunks.
 * **tokens/s** of a pipeline (bytes tokenizer, packing, batches; in-process
-  ``synchronous`` runner, so the time is the reading) over the JSONL corpus on
-  local disk and in the bucket: cold (fresh process caches) and warm (the same
-  pipeline streamed again), and through the proxy failing 1% and 10% of the
-  requests (half answered 503 SlowDown, half reset mid-body), and with the node
-  cache (``storage_options["node_cache"]``: the first pass fetches the object
-  once, the second reads the node's copy; process caches emptied between);
-  batches are checked equal to the local ones.
+  ``synchronous`` runner, so the time is the reading) over the JSONL corpus, in
+  ``--rounds`` alternated rounds after a first pass of each (a long-lived worker:
+  the line spans known, no object data kept in the process): on local disk; in the bucket without the node cache; with the
+  node cache warm (``storage_options["node_cache"]``, filled once before the
+  rounds: its reads send no request); and through a proxy answering 10% of the
+  requests 503 SlowDown and resetting 10% mid-body. Each pass counts the GETs
+  and HEADs that reached the store; batches are checked equal to the local
+  ones. Then the ratios that matter, each from passes of the same round:
+  without the node cache / local, node cache warm / local, faults / fault-free
+  (median and range over the rounds).
 
 Nothing asserts a time. ``--quick`` uses 20,000 documents.
 
-    python benchmarks/bench_remote.py [--quick] [--docs N] [--chunk N] [--reads N]
+    python benchmarks/bench_remote.py [--quick] [--docs N] [--chunk N] [--reads N] [--steps N]
+                                      [--rounds N] [--tokens-only]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import sys
@@ -113,40 +118,52 @@ def stream(p, steps: int) -> tuple[float, int, list]:
     return time.perf_counter() - t0, ntok, rows
 
 
-def tokens_table(server: S3Server, local: str, steps: int) -> None:
-    print(f"\ntokens/s of the pipeline over JSONL ({steps} batches, synchronous runner)")
-    print(f"{'data':<30} {'cold tok/s':>11} {'warm tok/s':>11} {'requests':>9} {'faults':>7}")
-    clear()
-    ds = Dataset.from_jsonl("web", local, progress=False)
-    s, n, want = stream(pipeline(ds), steps)
-    s2, _, _ = stream(pipeline(ds), steps)
-    print(f"{'local disk':<30} {n / s:>11,.0f} {n / s2:>11,.0f} {'':>9} {'':>7}")
-    for share in (0.0, 0.01, 0.10):
-        with FaultProxy(server.url, slowdown=share / 2, reset=share / 2, seed=2) as proxy:
-            opts = server.options(endpoint=proxy.url)
-            clear()
-            shutil.rmtree(os.path.join(os.environ[CACHE_ENV], "index"), ignore_errors=True)
-            ds = Dataset.from_jsonl("web", "s3://bench/jsonl/a.jsonl", storage_options=opts,
-                                    progress=False)
-            clear()
-            proxy.reset_counts()
-            s, n, got = stream(pipeline(ds), steps)
-            s2, _, got2 = stream(pipeline(ds), steps)
-            assert got == want and got2 == want, "batches differ from the local ones"
-            label = f"S3, {share:.0%} of requests failed"
-            print(f"{label:<30} {n / s:>11,.0f} {n / s2:>11,.0f} {proxy.requests:>9} "
-                  f"{sum(proxy.faults.values()):>7}")
-    with FaultProxy(server.url) as proxy, tempfile.TemporaryDirectory() as node:
-        opts = server.options(endpoint=proxy.url, node_cache={"dir": node, "max_bytes": 1 << 34})
-        ds = Dataset.from_jsonl("web", "s3://bench/jsonl/a.jsonl", storage_options=opts, progress=False)
+def tokens_table(server: S3Server, local: str, steps: int, rounds: int) -> None:
+    """tokens/s local against S3 in alternated rounds, and the ratios of each round."""
+    print(f"\ntokens/s of the pipeline over JSONL ({steps} batches a pass, synchronous runner, after a "
+          f"first pass of each), {rounds} alternated rounds")
+    url = "s3://bench/jsonl/a.jsonl"
+    with (FaultProxy(server.url) as clean, FaultProxy(server.url, slowdown=0.10, reset=0.10, seed=2) as faulty,
+          tempfile.TemporaryDirectory() as node):
+        shutil.rmtree(os.path.join(os.environ[CACHE_ENV], "index"), ignore_errors=True)
+        sets = {
+            "local disk": (Dataset.from_jsonl("web", local, progress=False), None),
+            "S3, no node cache": (Dataset.from_jsonl("web", url, storage_options=server.options(
+                endpoint=clean.url), progress=False), clean),
+            "S3, node cache warm": (Dataset.from_jsonl("web", url, storage_options=server.options(
+                endpoint=clean.url, node_cache={"dir": node, "max_bytes": 1 << 34}), progress=False), clean),
+            "S3, 10% 503 + 10% resets": (Dataset.from_jsonl("web", url, storage_options=server.options(
+                endpoint=faulty.url), progress=False), faulty),
+        }
         clear()
-        proxy.reset_counts()
-        s, n, got = stream(pipeline(ds), steps)
-        clear()
-        s2, _, got2 = stream(pipeline(ds), steps)
-        assert got == want and got2 == want, "batches differ from the local ones"
-        print(f"{'S3, node cache (cold, warm)':<30} {n / s:>11,.0f} {n / s2:>11,.0f} {proxy.requests:>9} "
-              f"{0:>7}")
+        _, _, want = stream(pipeline(sets["local disk"][0]), steps)
+        for ds, _ in sets.values():  # each layout known to this process, the node cache filled
+            stream(pipeline(ds), steps)
+        rates: dict[str, list[float]] = {k: [] for k in sets}
+        print(f"{'round':<6} {'data':<26} {'tok/s':>11} {'GET':>6} {'HEAD':>5} {'faults':>7}")
+        for r in range(rounds):
+            order = list(sets) if r % 2 == 0 else list(sets)[::-1]
+            for label in order:
+                ds, proxy = sets[label]
+                if proxy is not None:
+                    proxy.reset_counts()
+                s, n, got = stream(pipeline(ds), steps)
+                assert got == want, f"{label}: batches differ from the local ones"
+                rates[label].append(n / s)
+                counts = ("", "", "") if proxy is None else (
+                    proxy.methods["GET"], proxy.methods["HEAD"], sum(proxy.faults.values()))
+                print(f"{r + 1:<6} {label:<26} {n / s:>11,.0f} {counts[0]:>6} {counts[1]:>5} {counts[2]:>7}")
+    local_r = np.array(rates["local disk"])
+    plain = np.array(rates["S3, no node cache"])
+    ratios = {
+        "S3 without the node cache / local disk (goal >= 0.5x)": plain / local_r,
+        "S3 with the node cache warm / local disk (goal >= 0.95x)": np.array(rates["S3, node cache warm"]) / local_r,
+        "S3 with 10% 503 + 10% resets / fault-free S3 (goal >= 0.5x)":
+            np.array(rates["S3, 10% 503 + 10% resets"]) / plain,
+    }
+    print("\nratios, each from the same round (median, range over the rounds):")
+    for what, v in ratios.items():
+        print(f"  {what}: {np.median(v):.3f}x ({v.min():.3f}-{v.max():.3f})")
 
 
 def main() -> None:
@@ -156,23 +173,31 @@ def main() -> None:
     ap.add_argument("--chunk", type=int, default=64)
     ap.add_argument("--reads", type=int, default=50)
     ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--tokens-only", action="store_true", help="skip the bytes-per-format table")
     args = ap.parse_args()
     docs = documents(20_000 if args.quick else args.docs)
     with tempfile.TemporaryDirectory() as tmp, tempfile.TemporaryDirectory() as ours, S3Server() as server, FaultProxy(server.url) as proxy:
         os.environ[CACHE_ENV] = ours  # the node's cache directory (index, kept line spans)
         root = Path(tmp)
-        written = write_all(root, docs)
-        rng = np.random.default_rng(1)
-        write_token_store(str(root / "tok"), {"s0": [rng.integers(0, 256, len(d["text"])).astype(np.uint16)
-                                                     for d in docs]}, vocab_size=256)
+        if args.tokens_only:  # the JSONL object alone
+            (root / "jsonl").mkdir()
+            written = {"jsonl": root / "jsonl" / "a.jsonl"}
+            written["jsonl"].write_bytes("".join(json.dumps(d) + "\n" for d in docs).encode())
+        else:
+            written = write_all(root, docs)
+            rng = np.random.default_rng(1)
+            write_token_store(str(root / "tok"), {"s0": [rng.integers(0, 256, len(d["text"])).astype(
+                np.uint16) for d in docs]}, vocab_size=256)
         fs = server.filesystem()
         fs.mkdir("bench")
         fs.put(str(root) + "/", "bench/", recursive=True)
         paths = {label: "s3://bench/" + str(p.relative_to(root)) for label, p in written.items()}
         paths["tokens"] = "s3://bench/tok"
         print(f"{len(docs):,} documents; S3 server {server.url} (moto), counted at a proxy on 127.0.0.1")
-        bytes_table(server, proxy, paths, args.chunk, args.reads)
-        tokens_table(server, str(written["jsonl"]), args.steps)
+        if not args.tokens_only:
+            bytes_table(server, proxy, paths, args.chunk, args.reads)
+        tokens_table(server, str(written["jsonl"]), args.steps, args.rounds)
 
 
 if __name__ == "__main__":

@@ -3,12 +3,14 @@ server, through s3fs) gives the records and batches that the same files on local
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import json
 import logging
 import os
 import subprocess
 import sys
+import threading
 
 import numpy as np
 import pyarrow as pa
@@ -368,6 +370,46 @@ def test_a_fresh_process_fetches_byte_ranges_not_whole_objects(s3, bucket, tmp_p
             assert 0 < proxy.body_bytes < fs.size(shard.path.removeprefix("s3://")) / 4, url
 
 
+def test_a_read_is_one_get_per_range_and_no_head(s3, tmp_path):
+    """Reading records from a bucket sends one GET per range of nearby records and nothing else (the
+    sizes and ETags come from the listing); each GET is conditional on the listed ETag, so a
+    rewritten object is refused by the read itself. Reads from other threads reuse the
+    connections. With the node cache: one GET of the object, then no request."""
+    fs = s3.filesystem()
+    fs.mkdir("counted")
+    lines = [json.dumps({"text": f"{i} " + "x" * 40_000}) + "\n" for i in range(12)]  # > GAP apart
+    fs.pipe("counted/a.jsonl", "".join(lines).encode())
+    with FaultProxy(s3.url) as proxy:
+        opts = s3.options(endpoint=proxy.url)
+        ds = Dataset.from_jsonl("c", "s3://counted/a.jsonl", storage_options=opts, progress=False,
+                                cache_dir=tmp_path / "index")
+        for offsets, ranges in (([0, 3, 6, 9], 4), ([2, 1], 1), ([11, 10, 0], 2)):
+            forget()
+            proxy.reset_counts()
+            got = ds.read(0, offsets)
+            assert [int(r["text"].split()[0]) for r in got] == offsets
+            assert proxy.methods == {"GET": ranges}, offsets
+        proxy.reset_counts()
+        for _ in range(3):  # reads from other threads, one after the other: the connections are reused
+            t = threading.Thread(target=lambda: [ds.read(0, [0, 3, 6, 9]) for _ in range(2)])
+            t.start()
+            t.join(timeout=120)
+            assert not t.is_alive()
+        assert proxy.methods == {"GET": 24} and proxy.connections <= 6  # one client per thread: 12
+        cached = Dataset.from_jsonl("c", "s3://counted/a.jsonl", progress=False, cache_dir=tmp_path / "index",
+                                    storage_options={**opts, "node_cache": {"dir": str(tmp_path / "node"),
+                                                                            "max_bytes": 1 << 30}})
+        proxy.reset_counts()
+        assert cached.read(0, [5])[0]["text"].startswith("5 ") and proxy.methods == {"GET": 1}
+        proxy.reset_counts()
+        assert cached.read(0, [7])[0]["text"].startswith("7 ") and proxy.requests == 0
+        fs.pipe("counted/a.jsonl", "".join(lines).replace("x", "y").encode())  # same size, new ETag
+        proxy.reset_counts()
+        with pytest.raises(z.DataChangedError, match="ETag"):
+            ds.read(0, [0, 3])
+        assert proxy.methods == {"GET": 2}
+
+
 def _read_everything(ds: Dataset) -> list:
     forget()
     return records(ds, chunk=50)
@@ -402,8 +444,14 @@ def test_node_cache_fetches_once_per_node_checks_etags_and_evicts(s3, bucket, tm
 
         old = fs.cat_file("cached/pq/p0.parquet")
         fs.pipe("cached/pq/p0.parquet", fs.cat_file("formats/pq/p1.parquet"))  # new ETag
-        with pytest.raises(z.DataChangedError):
-            ds.read(0, [0])  # the index is checked first: the cached copy is never served
+        proxy.reset_counts()
+        first = Dataset.from_path("p", str(local / "pq" / "p0.parquet"), progress=False).read(0, [0])
+        assert ds.read(0, [0]) == first and proxy.requests == 0  # the entry is the object as indexed
+        elsewhere = {**opts, "node_cache": {"dir": str(tmp_path / "other"), "max_bytes": 10**9}}
+        with pytest.raises(z.DataChangedError, match="ETag"):  # a node without it: refused by the GET
+            dataclasses.replace(ds, storage_options=elsewhere).read(0, [0])
+        assert proxy.methods == {"GET": 1}
+        assert not [p for p in (tmp_path / "other").rglob("*") if p.is_file() and "objects" in p.parts]
         again = Dataset.from_path("pq", "s3://cached/pq", storage_options=opts, progress=False)
         proxy.reset_counts()
         assert again.read(0, [0]) == Dataset.from_path(

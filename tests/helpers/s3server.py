@@ -20,6 +20,7 @@ import sys
 import threading
 import time
 import urllib.request
+from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 KEY = "zephon-test-key-id"
@@ -104,7 +105,8 @@ class FaultProxy:
     Each request draws once: with probability ``slowdown`` it is answered 503 SlowDown,
     with ``reset`` it is forwarded and its connection reset halfway through the body,
     with ``delay`` it waits ``delay_s`` first. ``requests``, ``body_bytes`` and
-    ``faults`` count what passed (read them between runs; :meth:`reset_counts`).
+    ``faults`` count what passed, ``methods`` the requests per HTTP method and
+    ``connections`` the connections accepted (read them between runs; :meth:`reset_counts`).
     """
 
     def __init__(self, upstream: str, *, slowdown: float = 0.0, reset: float = 0.0,
@@ -113,6 +115,7 @@ class FaultProxy:
         self.slowdown, self.reset, self.delay, self.delay_s = slowdown, reset, delay, delay_s
         self.rng = random.Random(seed)
         self.lock = threading.Lock()
+        self.local = threading.local()  # one upstream connection per handler thread, kept
         self.reset_counts()
         proxy = self
 
@@ -121,6 +124,11 @@ class FaultProxy:
 
             def log_message(self, *args) -> None:
                 pass
+
+            def setup(self) -> None:
+                super().setup()
+                with proxy.lock:
+                    proxy.connections += 1
 
             def _any(self) -> None:
                 proxy.handle(self)
@@ -136,12 +144,15 @@ class FaultProxy:
     def reset_counts(self) -> None:
         with self.lock:
             self.requests = 0
+            self.connections = 0
             self.body_bytes = 0
             self.faults = {"slowdown": 0, "reset": 0, "delay": 0}
+            self.methods: Counter[str] = Counter()
 
     def _draw(self, method: str) -> str | None:
         with self.lock:
             self.requests += 1
+            self.methods[method] += 1
             if method not in ("GET", "HEAD"):
                 return None
             x = self.rng.random()
@@ -166,14 +177,21 @@ class FaultProxy:
             return
         if fault == "delay":
             time.sleep(self.delay_s)
-        conn = http.client.HTTPConnection(self.upstream, timeout=60)
-        try:
-            headers = {k: v for k, v in h.headers.items() if k.lower() not in _HOP}
-            conn.request(h.command, h.path, body=body, headers=headers)
-            resp = conn.getresponse()
-            data = resp.read()
-        finally:
-            conn.close()
+        headers = {k: v for k, v in h.headers.items() if k.lower() not in _HOP}
+        for attempt in range(2):  # a kept connection the server closed meanwhile: a new one
+            conn = getattr(self.local, "conn", None)
+            if conn is None:
+                conn = self.local.conn = http.client.HTTPConnection(self.upstream, timeout=60)
+            try:
+                conn.request(h.command, h.path, body=body, headers=headers)
+                resp = conn.getresponse()
+                data = resp.read()
+                break
+            except (http.client.HTTPException, OSError):
+                conn.close()
+                self.local.conn = None
+                if attempt:
+                    raise
         h.send_response(resp.status, resp.reason)
         for k, v in resp.getheaders():
             if k.lower() not in _HOP and k.lower() != "content-length":

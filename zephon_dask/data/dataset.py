@@ -28,6 +28,7 @@ from .. import views
 from ..errors import (
     ArgumentTypeError,
     ConfigError,
+    DataChangedError,
     DatasetNotFoundError,
     DuplicateNameError,
     EmptyDatasetError,
@@ -39,7 +40,7 @@ from ..errors import (
 )
 from ..validate import check_keywords, did_you_mean
 from . import fields as record_fields
-from . import formats, hf, integrity, lance, litdata, mds, node_cache, records, tokens
+from . import formats, hf, integrity, lance, litdata, mds, node_cache, records, remote, tokens
 from .index import build_index, with_digests
 from .parquet import is_text_type
 from .paths import (
@@ -321,19 +322,49 @@ class Dataset:
             integrity.verify(sh, self.storage_options, self.name)
             return self.reader.read(self, idx, off)
         with storage_errors(sh.path):
-            integrity.verify(sh, self.storage_options, self.name)
-            for _ in range(2):  # a second time if the node cache evicted the copy before it was read
-                local = node_cache.local_copy(sh, self.storage_options)
-                if local is None:
-                    return self.reader.read(self, idx, off)
+            if sh.etag is None:
+                integrity.verify(sh, self.storage_options, self.name)
+                return self._read_remote(idx, sh, off)
+            # Reads are conditional on the listed ETag (data/remote.py): no HEAD unless none was.
+            name = sh.path.split("://", 1)[1]
+            with remote.pinned(name, remote.retagged(name, sh.etag)) as pin:
                 try:
-                    return self.reader.read(self._with_local(idx, local), idx, off)
-                except FileNotFoundError:
-                    continue
-            raise DatasetNotFoundError(
-                f"dataset {self.name!r}: the node cache's copy of {sh.path!r} was evicted twice "
-                "before it was read; raise node_cache's max_bytes"
-            )
+                    out = self._read_remote(idx, sh, off, pin)
+                except remote.TagMoved:
+                    # written again: the same bytes read on (pinned to their new ETag), others raise
+                    integrity.verify(sh, self.storage_options, self.name)
+                    fs, _ = filesystem(sh.path, self.storage_options)
+                    now = integrity.current(fs, name).etag
+                    if now is None or now == remote.retagged(name, sh.etag):
+                        raise
+                    remote.same_bytes_under(name, sh.etag, now)
+                    return self._read_shard(idx, sh, off)
+                except (DataChangedError, DatasetNotFoundError):
+                    raise
+                except Exception:
+                    if not pin.confirmed:  # a changed file explains the failure best
+                        integrity.verify(sh, self.storage_options, self.name)
+                    raise
+            if not pin.confirmed:
+                integrity.verify(sh, self.storage_options, self.name)
+            return out
+
+    def _read_remote(self, idx: int, sh: Shard, off: np.ndarray,
+                     pin: remote.Pin | None = None) -> list[dict[str, Any]]:
+        for _ in range(2):  # a second time if the node cache evicted the copy before it was read
+            local = node_cache.local_copy(sh, self.storage_options)
+            if local is None:
+                return self.reader.read(self, idx, off)
+            if pin is not None:
+                pin.confirmed = True  # the entry holds the object as listed (named by its ETag)
+            try:
+                return self.reader.read(self._with_local(idx, local), idx, off)
+            except FileNotFoundError:
+                continue
+        raise DatasetNotFoundError(
+            f"dataset {self.name!r}: the node cache's copy of {sh.path!r} was evicted twice "
+            "before it was read; raise node_cache's max_bytes"
+        )
 
     def _with_local(self, idx: int, local: str) -> Dataset:
         """This dataset with shard ``idx`` read from the local file ``local`` (a node cache copy)."""

@@ -12,10 +12,10 @@ every rank). Holds state only in that folder:
 * **One fetch per node**: the process that fetches holds an exclusive file lock
   (``<dir>/locks/<key>.lock``, ``fcntl.flock``); the others wait for it (polled,
   with a deadline) and then use the entry.
-* **Checked**: an entry is named by the URL, size and ETag the index recorded,
-  and ``Dataset.read`` compares the object's size and ETag with the index before
-  it looks here, so a changed object is a new entry (fetched again), never the
-  stale one.
+* **Checked**: an entry is named by the URL, size and ETag the index recorded and
+  fetched with a ``GET`` conditional on that ETag (S3), so it holds the object
+  as indexed: a changed object is refused, never stored under the old name. A
+  read served from an entry sends no request.
 * **LRU under ``max_bytes``**: a read touches its entry's mtime; after each
   fetch the least recently used entries are removed until the folder is under
   the limit (the entry just fetched is kept, even alone over the limit).
@@ -33,6 +33,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from ..errors import ConfigError, StorageError
+from . import remote
 from .paths import NODE_CACHE_KEY, filesystem
 from .shard import Shard
 
@@ -101,8 +102,11 @@ def local_copy(shard: Shard, storage_options: dict[str, Any] | None) -> str | No
         os.makedirs(os.path.dirname(target), exist_ok=True)
         tmp = f"{target}.tmp-{uuid.uuid4().hex}"
         try:
-            fs, remote = filesystem(shard.path, storage_options)
-            fs.get_file(remote, tmp)
+            fs, name = filesystem(shard.path, storage_options)
+            if remote.is_s3(fs):
+                remote.download(fs, name, tmp, shard.size_bytes)  # conditional on the read's pin
+            else:
+                fs.get_file(name, tmp)
             got = os.path.getsize(tmp)
             if got != shard.size_bytes:
                 raise StorageError(
