@@ -82,6 +82,11 @@ class ClusterWatch:
                 f"cluster_timeout option (now {self.timeout:g} s)"
             )
 
+    @property
+    def unreachable(self) -> bool:
+        """Whether the last :meth:`check` found the scheduler unreachable or not answering."""
+        return "scheduler" in self._since
+
     def check_open(self) -> str:
         """The client's status; a :class:`ClusterError` if it is closed (no RPC)."""
         status = getattr(self.client, "status", "closed")
