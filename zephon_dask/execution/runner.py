@@ -300,6 +300,9 @@ class DistributedRunner(Runner):
             if self._spec_future is not spec_future or self._client is None:
                 return  # submitted again on another thread meanwhile, or closed
             self._submit_spec(self._client)
+            if self._lost_at is None:  # reconnected before a wait saw it gone
+                logger.warning("zephon_dask: the Dask client reconnected to its lost scheduler at %s; the "
+                               "windows in flight are computed again there", self.watch.address)
         self.renew_in_flight()
 
     def renew_in_flight(self, every: bool = False) -> None:
