@@ -257,11 +257,11 @@ class DistributedRunner(Runner):
         if self._lost_at is None:
             if client.status == "running":
                 return False
+            quiet_reconnect_cancel()
             if self._own_cluster:
                 raise ClusterError("the embedded Dask cluster lost its scheduler (its process was killed or "
                                    "exited); build the pipeline again and resume from the last checkpoint")
             self._lost_at, self._lost_here, self._probed = now, 0, -math.inf
-            quiet_reconnect_cancel()
             here = "; meanwhile the windows needed are computed in this process" if self.settings.head_start else ""
             logger.warning("zephon_dask: lost the Dask scheduler at %s; waiting up to %g s (cluster_timeout) for "
                            "one there with a worker, then the windows in flight are computed on the cluster "
@@ -300,7 +300,7 @@ class DistributedRunner(Runner):
             if self._spec_future is not spec_future or self._client is None:
                 return  # submitted again on another thread meanwhile, or closed
             self._submit_spec(self._client)
-            if self._lost_at is None:  # reconnected before a wait saw it gone
+            if self._lost_at is None and self._client.status == "running":  # back before a wait saw it gone
                 logger.warning("zephon_dask: the Dask client reconnected to its lost scheduler at %s; the "
                                "windows in flight are computed again there", self.watch.address)
         self.renew_in_flight()
