@@ -208,6 +208,7 @@ class DistributedHandle(WindowHandle):
     def result(self):
         value, early = self._claim()
         if value is not NOT_FETCHED:
+            self._runner.note_back()
             return raise_if_failed(value, self.graph.label)
         runner, resubmits = self._runner, 0
         started = reported = time.monotonic()

@@ -13,16 +13,7 @@ derived from the pipeline fingerprint, so identical windows submitted by
 tensor-parallel peers sharing a cluster are computed once. A worker lost
 mid-task is recomputed by the scheduler from the same pure inputs.
 
-A scheduler lost is waited for (:meth:`DistributedRunner.outage`): ``distributed``'s client
-cancels every future and reconnects to its address by itself, for its ``timeout``, but with a
-growing random backoff (tries seconds apart after a few seconds down); a client the runner opened
-(``address=``) is instead replaced by a new one as soon as the address accepts a connection again
-(probed every :data:`~.watch.POLL` seconds at most). The runner then submits the spec and every
-window in flight again under the same keys (a reconnecting client holds them until it is connected), and
-meanwhile, with ``head_start``, the window the consumer waits for is computed in this process
-(:func:`~.head_start.compute_here`): training slows down instead of stopping, with the same
-bytes. No scheduler back within ``cluster_timeout``: :class:`~zephon_dask.errors.ClusterStallError`;
-the embedded cluster's scheduler never comes back: :class:`~zephon_dask.errors.ClusterError` at once.
+A scheduler lost is waited for and reconnected to (:mod:`.reconnect`).
 """
 
 from __future__ import annotations
@@ -30,8 +21,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import dataclasses
-import logging
-import math
 import os
 import sys
 import threading
@@ -43,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 import dask
 
 from ..core.spec import PipelineSpec
-from ..errors import ClosedError, ClusterError, ClusterStallError
+from ..errors import ClosedError, ClusterError
 from ..graph import GroupGraph, WindowGraph, group_graph
 from ..graph import keys as graph_keys
 from . import dask_compat
@@ -60,9 +49,10 @@ from .cluster import (
     use_distributed,
 )
 from .handle import SILENT_AFTER, DistributedHandle
-from .head_start import Boot, HeadStart, compute_here
+from .head_start import Boot, HeadStart
+from .reconnect import Reconnecting
 from .task_errors import settled
-from .watch import DEFAULT_STALL, DEFAULT_TIMEOUT, POLL, PROBE_TIMEOUT, ClusterWatch, probe_address
+from .watch import DEFAULT_STALL, DEFAULT_TIMEOUT, PROBE_TIMEOUT, ClusterWatch
 
 if TYPE_CHECKING:
     from distributed import Client, SpecCluster
@@ -108,26 +98,13 @@ def _spec_value(spec: PipelineSpec) -> PipelineSpec:
     return spec
 
 
-def _not_a_cancelled_reconnect(record: logging.LogRecord) -> bool:
-    exc = record.exc_info[0] if record.exc_info else None
-    return not (exc is not None and issubclass(exc, asyncio.CancelledError))
-
-
-def quiet_reconnect_cancel() -> None:
-    """Drop the traceback ``distributed`` logs when a client that reconnects to a lost scheduler
-    is closed (its reconnection cancelled): the runner closes such a client on purpose."""
-    log = logging.getLogger("distributed.client")
-    if _not_a_cancelled_reconnect not in log.filters:
-        log.addFilter(_not_a_cancelled_reconnect)
-
-
 # CPU seconds of Dask's control plane per task (client, scheduler, workers' event loops: ~8 messages
 # and a graph unpickle), measured by benchmarks/bench_scale.py with one window per task: 6-8 ms
 TASK_CPU = 0.006
 EARLY_FETCHES = 2  # results fetched ahead of the consumer at once (a client gathers 5 at once in all)
 
 
-class DistributedRunner(Runner):
+class DistributedRunner(Reconnecting, Runner):
     name = "distributed"
     has_dashboard = True
     task_cpu = TASK_CPU
@@ -152,10 +129,7 @@ class DistributedRunner(Runner):
         self._in_flight_lock = threading.Lock()  # handles are made on the consumer's and the start's threads
         self._early_slots: asyncio.Semaphore | None = None  # EARLY_FETCHES, on the client's event loop
         self.fetch_ahead = True  # fetch each window as soon as it is computed (see DistributedHandle)
-        self._recover_lock = threading.Lock()  # the spec is submitted again once per lost scheduler
-        self._lost_at: float | None = None  # time.monotonic() when the scheduler was found lost, until it is back
-        self._lost_here = 0  # windows computed here since then
-        self._probed = -math.inf  # time.monotonic() when the lost scheduler's address was last probed
+        self.init_reconnect()
         OPEN_RUNNERS.add(self)
         if not self._own_cluster:
             if client is None:
@@ -237,116 +211,6 @@ class DistributedRunner(Runner):
         with dask_compat.fixed_span(SPAN_NAME, self._span_id):
             self._spec_future = client.submit(_spec_value, self.spec, key=graph_keys.spec_key(self.spec.fingerprint),
                                               pure=False, priority=1_000_000)
-
-    def outage(self) -> bool:
-        """Whether the scheduler is lost now: from when the client finds it gone until a scheduler
-        at its address answers and a worker of it has computed the spec again (see the module
-        docstring: a cold worker takes seconds to start), asked every
-        :data:`~.watch.POLL` seconds at most. A scheduler lost since the windows in flight were
-        submitted (the client cancelled their futures) has them submitted again first
-        (:meth:`recover`); the loss and the return are logged once each. Raises
-        :class:`ClusterStallError` once that has lasted ``cluster_timeout`` seconds,
-        :class:`ClusterError` if the client closed (it gave up) or the lost scheduler was the
-        embedded cluster's (none comes back at its address)."""
-        client = self._client
-        if client is None:
-            return False
-        self.watch.check_open()
-        self.recover()
-        now, timeout = time.monotonic(), self.settings.cluster_timeout
-        if self._lost_at is None:
-            if client.status == "running":
-                return False
-            quiet_reconnect_cancel()
-            if self._own_cluster:
-                raise ClusterError("the embedded Dask cluster lost its scheduler (its process was killed or "
-                                   "exited); build the pipeline again and resume from the last checkpoint")
-            self._lost_at, self._lost_here, self._probed = now, 0, -math.inf
-            here = "; meanwhile the windows needed are computed in this process" if self.settings.head_start else ""
-            logger.warning("zephon_dask: lost the Dask scheduler at %s; waiting up to %g s (cluster_timeout) for "
-                           "one there with a worker, then the windows in flight are computed on the cluster "
-                           "again%s", self.watch.address, timeout, here)
-        if now - self._probed >= POLL:
-            self._probed = now
-            if self._back():
-                logger.warning("zephon_dask: reconnected to the Dask scheduler at %s after %.1f s (%d window(s) "
-                               "computed in this process meanwhile)", self.watch.address, now - self._lost_at,
-                               self._lost_here)
-                self._lost_at = None
-                return False
-        if now - self._lost_at >= timeout:
-            raise ClusterStallError(f"no Dask scheduler with a worker answered at {self.watch.address} for "
-                                    f"{timeout:g} s after it was lost; restart the cluster and resume from the "
-                                    "last checkpoint, or raise the cluster_timeout option")
-        return True
-
-    def _back(self) -> bool:
-        """Whether a scheduler answers again and a worker of it has computed the spec submitted
-        again (a client this runner opened is replaced first, :meth:`_reopen`)."""
-        if self._client is None or self._client.status != "running":
-            if not self._own_client or not self._reopen():
-                return False
-        spec = self._spec_future
-        return spec is not None and spec.status == "finished"  # a worker is up and computes
-
-    def recover(self) -> None:
-        """If the client lost its scheduler (it cancels every future when it reconnects, the spec's
-        too): submit the spec again, then every window in flight cancelled with it (see
-        :meth:`renew_in_flight`)."""
-        spec_future = self._spec_future
-        if spec_future is None or not spec_future.cancelled():
-            return
-        with self._recover_lock:
-            if self._spec_future is not spec_future or self._client is None:
-                return  # submitted again on another thread meanwhile, or closed
-            self._submit_spec(self._client)
-            if self._lost_at is None and self._client.status == "running":  # back before a wait saw it gone
-                logger.warning("zephon_dask: the Dask client reconnected to its lost scheduler at %s; the "
-                               "windows in flight are computed again there", self.watch.address)
-        self.renew_in_flight()
-
-    def renew_in_flight(self, every: bool = False) -> None:
-        """Submit again, highest priority first and under the same keys, every window in flight
-        whose futures were lost (``every``: each not yet fetched, its futures another client's)."""
-        with self._in_flight_lock:
-            handles = list(self._in_flight)
-        for handle in sorted(handles, key=lambda h: -h.priority):
-            if handle.lost or (every and not handle.fetched):
-                handle.renew()
-
-    def _reopen(self) -> bool:
-        """Replace the client this runner opened, which lost its scheduler, by a new one if the
-        address accepts a connection now; the windows in flight go to it, the old client is
-        closed in the background. Whether it was replaced."""
-        address, timeout = self.watch.address, self.settings.cluster_timeout
-        try:
-            probe_address(address, PROBE_TIMEOUT)
-            client = open_client(address, min(timeout, PROBE_TIMEOUT))
-        except ClusterError:
-            return False
-        with self._adopt:
-            old, abandoned = self._client, self._abandoned
-            if not abandoned:
-                self._early_slots = None  # made on the old client's event loop
-                self._connect(client, address, timeout)
-        if abandoned:  # closed meanwhile
-            close_client(client)
-            return False
-        self.renew_in_flight(every=True)
-        threading.Thread(target=close_client, args=(old,), name="zephon-close-lost-client", daemon=True).start()
-        return True
-
-    def compute_here(self, graph: WindowGraph | GroupGraph) -> Any:
-        """``graph``'s value computed in this process while no scheduler answers
-        (:func:`~.head_start.compute_here`), ``None`` with ``head_start=False`` (then every window
-        waits for the cluster)."""
-        if not self.settings.head_start:
-            return None
-        value = compute_here(self.spec, graph, os.cpu_count() or 1)
-        members = graph.members if isinstance(graph, GroupGraph) else ((graph.lane, graph.window),)
-        self.computed_here.extend(members)
-        self._lost_here += len(members)
-        return value
 
     def first_batch_taken(self) -> None:
         head = self._head
