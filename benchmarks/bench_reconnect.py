@@ -58,7 +58,7 @@ class Marks(logging.Handler):
         text = record.getMessage()
         if "lost the Dask scheduler" in text:
             self.lost = time.monotonic()
-        elif "reconnected to the Dask scheduler" in text or "reconnected to its lost scheduler" in text:
+        elif "reconnected to the Dask scheduler" in text:
             self.back = time.monotonic()
 
 

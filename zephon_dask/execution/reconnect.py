@@ -1,5 +1,6 @@
 """A lost scheduler of an existing cluster: waited for, reconnected to, and the windows in flight
-submitted again; :class:`Reconnecting`, a part of :class:`~.runner.DistributedRunner`. Holds state.
+submitted again; :class:`Reconnecting`, a part of :class:`~.runner.DistributedRunner`. Holds state;
+module state: the lost clients being closed (:func:`close_lost`).
 
 A scheduler lost is waited for (:meth:`Reconnecting.outage`): ``distributed``'s client
 cancels every future and reconnects to its address by itself, for its ``timeout``, but with a
@@ -30,18 +31,38 @@ from .cluster import close_client, logger, open_client
 from .head_start import compute_here
 from .watch import POLL, PROBE_TIMEOUT, probe_address
 
+_closing: list[object] = []  # lost clients being closed here (their reconnection's messages dropped)
+
 
 def _not_a_cancelled_reconnect(record: logging.LogRecord) -> bool:
     exc = record.exc_info[0] if record.exc_info else None
-    return not (exc is not None and issubclass(exc, asyncio.CancelledError))
+    if exc is not None and issubclass(exc, asyncio.CancelledError):
+        return False
+    return not (_closing and record.getMessage().startswith("Failed to reconnect to scheduler"))
 
 
 def quiet_reconnect_cancel() -> None:
-    """Drop the traceback ``distributed`` logs when a client that reconnects to a lost scheduler
-    is closed (its reconnection cancelled): the runner closes such a client on purpose."""
+    """Drop what ``distributed`` logs when a client that reconnects to a lost scheduler is closed
+    (its reconnection cancelled: a traceback, and "Failed to reconnect ... closing client" while
+    :func:`close_lost` closes one): the runner closes such a client on purpose."""
     log = logging.getLogger("distributed.client")
     if _not_a_cancelled_reconnect not in log.filters:
         log.addFilter(_not_a_cancelled_reconnect)
+
+
+def close_lost(client) -> None:
+    """Close ``client`` (:func:`~.cluster.close_client`); one reconnecting to a lost scheduler
+    without the messages of the reconnection cancelled."""
+    if client.status != "connecting":
+        close_client(client)
+        return
+    quiet_reconnect_cancel()
+    token = object()
+    _closing.append(token)
+    try:
+        close_client(client)
+    finally:
+        _closing.remove(token)
 
 
 class Reconnecting:
@@ -90,15 +111,8 @@ class Reconnecting:
         if self._lost_at is None:
             if client.status == "running":
                 return False
-            quiet_reconnect_cancel()
-            if self._own_cluster:
-                raise ClusterError("the embedded Dask cluster lost its scheduler (its process was killed or "
-                                   "exited); build the pipeline again and resume from the last checkpoint")
-            self._lost_at, self._lost_here, self._probed = now, 0, -math.inf
-            here = "; meanwhile the windows needed are computed in this process" if self.settings.head_start else ""
-            logger.warning("zephon_dask: lost the Dask scheduler at %s; waiting up to %g s (cluster_timeout) for "
-                           "one there with a worker, then the windows in flight are computed on the cluster "
-                           "again%s", self.watch.address, timeout, here)
+            self._lose(now)
+        assert self._lost_at is not None
         if now - self._probed < POLL:
             return True
         self._probed = now
@@ -146,10 +160,21 @@ class Reconnecting:
             if self._spec_future is not spec_future or self._client is None:
                 return  # submitted again on another thread meanwhile, or closed
             self._submit_spec(self._client)
-            if self._lost_at is None and self._client.status == "running":  # back before a wait saw it gone
-                logger.warning("zephon_dask: the Dask client reconnected to its lost scheduler at %s; the "
-                               "windows in flight are computed again there", self.watch.address)
+        if self._lost_at is None:  # the client may be back already: the loss lasts until a worker computes
+            self._lose(time.monotonic())
         self.renew_in_flight()
+
+    def _lose(self, now: float) -> None:
+        """The scheduler is lost from ``now`` on: logged; the embedded cluster's, a :class:`ClusterError`."""
+        quiet_reconnect_cancel()
+        if self._own_cluster:
+            raise ClusterError("the embedded Dask cluster lost its scheduler (its process was killed or "
+                               "exited); build the pipeline again and resume from the last checkpoint")
+        self._lost_at, self._lost_here, self._probed = now, 0, -math.inf
+        here = "; meanwhile the windows needed are computed in this process" if self.settings.head_start else ""
+        logger.warning("zephon_dask: lost the Dask scheduler at %s; waiting up to %g s (cluster_timeout) for one "
+                       "there whose worker computes, then the windows in flight are computed on the cluster "
+                       "again%s", self.watch.address, self.settings.cluster_timeout, here)
 
     def renew_in_flight(self, every: bool = False) -> None:
         """Submit again, highest priority first and under the same keys, every window in flight
@@ -179,7 +204,7 @@ class Reconnecting:
             close_client(client)
             return False
         self.renew_in_flight(every=True)
-        threading.Thread(target=close_client, args=(old,), name="zephon-close-lost-client", daemon=True).start()
+        threading.Thread(target=close_lost, args=(old,), name="zephon-close-lost-client", daemon=True).start()
         return True
 
     def compute_here(self, graph: WindowGraph | GroupGraph) -> Any:

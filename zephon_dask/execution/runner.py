@@ -50,7 +50,7 @@ from .cluster import (
 )
 from .handle import SILENT_AFTER, DistributedHandle
 from .head_start import Boot, HeadStart
-from .reconnect import Reconnecting
+from .reconnect import Reconnecting, close_lost
 from .task_errors import settled
 from .watch import DEFAULT_STALL, DEFAULT_TIMEOUT, PROBE_TIMEOUT, ClusterWatch
 
@@ -468,7 +468,7 @@ class DistributedRunner(Reconnecting, Runner):
             except Exception:  # the scheduler may already be gone
                 pass
             if self._own_client:
-                close_client(client)
+                close_lost(client)
         if cluster is not None:
             close_cluster(cluster)
 
