@@ -158,7 +158,7 @@ def test_a_scheduler_killed_and_restarted_at_its_address_is_reconnected_to(corpu
                     if runner.computed_here:
                         break
                 here = len(runner.computed_here)
-                assert here >= 1
+                assert here >= 1 and "scheduler lost" in runner.describe()
                 restarted += start_dask(tmp_path, 1, port, limit=90)[1]
                 _wait_for(lambda: not runner.outage(), "the runner to reconnect", limit=90)
                 rows += [batch_rows(b) for b in stream]

@@ -92,6 +92,12 @@ class Reconnecting:
         self._lost_here = 0  # windows computed here since then
         self._probed = -math.inf  # time.monotonic() when the lost scheduler's address was last probed
 
+    @property
+    def lost_for(self) -> float | None:
+        """Seconds since the scheduler was found lost, while it is (see :meth:`outage`); else ``None``."""
+        lost = self._lost_at
+        return None if lost is None else time.monotonic() - lost
+
     def outage(self) -> bool:
         """Whether the scheduler is lost now: from when the client finds it gone until a scheduler
         at its address answers and a worker of it has computed the spec again (see the module

@@ -483,6 +483,9 @@ class DistributedRunner(Reconnecting, Runner):
         if self._client is None:
             return f"distributed (the embedded cluster did not start: {self._boot.error if self._boot else None})"
         where = "embedded cluster" if self._own_cluster else self.watch.address
+        if (lost := self.lost_for) is not None:
+            here = "; the windows needed computed in this process meanwhile" if self.settings.head_start else ""
+            return f"distributed ({where}, its scheduler lost {lost:.0f} s ago, reconnecting{here})"
         try:
             workers = f"{self._identity(0).get('n_workers', 0)} workers"
         except ClusterError:
