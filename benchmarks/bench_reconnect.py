@@ -2,16 +2,16 @@
 
 A ``dask scheduler`` and ``--workers`` ``dask worker`` processes on 127.0.0.1 (the tests'
 helpers); a pipeline reaches them with ``address=`` and is consumed in this process, one
-``--step`` seconds of "training" per batch. After ``--after`` batches the scheduler and its
-workers are SIGKILLed, and ``--down`` seconds later a new scheduler and new workers are started
-on the same port. Printed per run, for ``head_start`` on (windows computed in the training
+``--step`` seconds of "training" per batch, ``--prefetch`` windows in flight. After ``--after``
+batches the scheduler and its workers are SIGKILLed, and ``--down`` seconds later a new
+scheduler and new workers are started on the same port. Printed per run, for ``head_start`` on (windows computed in the training
 process while no scheduler answers) and off (they wait for it): the longest gap between two
 batches from the kill to the end of the stream against the median gap before it, when the new
-scheduler's port opened, when the runner logged it was back on the cluster (logged when the
-consumer next waits for a window not fetched ahead), the windows computed here, and whether
-every batch equals an uninterrupted run's (the ``synchronous`` runner).
+scheduler's port opened, when the runner logged it was back on the cluster, the windows
+computed here, and whether every batch equals an uninterrupted run's (the ``synchronous``
+runner).
 
-    python benchmarks/bench_reconnect.py [--repeat 3] [--workers 2] [--step 0.02] [--down 2]
+    python benchmarks/bench_reconnect.py [--repeat 3] [--workers 2] [--step 0.01] [--prefetch 2] [--down 2]
 """
 
 from __future__ import annotations
@@ -97,7 +97,7 @@ def one_run(args, work: Path, data: str, expected: list[str], head_start: bool) 
     threads = [threading.Thread(target=outage), threading.Thread(target=watch_port, daemon=True)]
     got, times = [], []
     try:
-        p = pipeline(data, address=f"tcp://127.0.0.1:{port}", prefetch_windows=4, cluster_timeout=120,
+        p = pipeline(data, address=f"tcp://127.0.0.1:{port}", prefetch_windows=args.prefetch, cluster_timeout=120,
                      head_start=head_start)
         with p:
             for batch in p:
@@ -125,7 +125,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--step", type=float, default=0.02, help="seconds of training per batch")
+    ap.add_argument("--step", type=float, default=0.01, help="seconds of training per batch")
+    ap.add_argument("--prefetch", type=int, default=2, help="prefetch_windows")
     ap.add_argument("--down", type=float, default=2.0, help="seconds between the kill and the restart")
     ap.add_argument("--after", type=int, default=20, help="batches before the kill")
     ap.add_argument("--docs", type=int, default=600, help="documents in each of 3 files")

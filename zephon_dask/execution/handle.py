@@ -283,7 +283,7 @@ class DistributedHandle(WindowHandle):
         (:meth:`~.runner.DistributedRunner.outage`); or the scheduler does not answer (the client
         has yet to see it gone: a moment later it reconnects, or the wait's deadline ends it)."""
         runner = self._runner
-        if runner.outage() or lost not in (self._future, self._copy):
+        if runner.outage() or not any(lost is f for f in (self._future, self._copy)):  # renewed meanwhile
             return True
         runner.watch.check()
         if runner.watch.unreachable:
