@@ -100,7 +100,8 @@ import zephon_dask as z
 
 ds = z.Dataset.from_jsonl("web", sys.argv[1], progress=False)
 p = (z.Pipeline(z.MixtureWorkSource([ds], chunk_size=12, seed=1)).tokenize().pack(96).batch(3)
-     .options(canonical_replicas=4, address=sys.argv[2], prefetch_windows=4, cluster_timeout=10))
+     .options(canonical_replicas=4, address=sys.argv[2], prefetch_windows=4, cluster_timeout=10,
+              head_start=False))  # waits for the lost scheduler instead of computing here
 stream = iter(p)
 next(stream)
 print("streaming", flush=True)

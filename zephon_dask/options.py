@@ -144,8 +144,8 @@ OPTIONS: tuple[Option, ...] = (
            "quarter of a window's CPU, at most 8, the default prefetch scaled alike; in-process runners: 1)",
            _optional_positive),
     Option("head_start", True, "execution", _BOOL,
-           "while the embedded cluster starts, compute the first windows in this process "
-           "(False: every window on the cluster)",
+           "while the embedded cluster starts, or a lost scheduler is away, compute the windows "
+           "needed in this process (False: every window on the cluster)",
            check_bool),
     Option("retries", 2, "execution", _INT,
            "times Dask reruns a failed task before the error reaches the iterator",

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.clusters import dask_cluster
+from tests.helpers.clusters import dask_cluster, start_dask, stop_dask, unused_port
 from tests.helpers.oracles import batch_rows, ref_group_stream
 from tests.helpers.pipelines import build
 from zephon_dask.errors import ClusterError, ClusterStallError, ConfigError, ZephonError
@@ -80,7 +80,8 @@ def test_timeout_options_are_checked():
 
 def test_scheduler_killed_mid_stream_raises_instead_of_hanging(corpus_dir, tmp_path):
     with dask_cluster(tmp_path, 1) as (address, scheduler, _):
-        p = build(corpus_dir, address=address, prefetch_windows=1, cluster_timeout=3)
+        # head_start=False: the windows wait for the lost scheduler (else computed here meanwhile)
+        p = build(corpus_dir, address=address, prefetch_windows=1, cluster_timeout=3, head_start=False)
         with p:
             rows, err = _consume_after(p, lambda: scheduler.send_signal(signal.SIGKILL))
     assert isinstance(err, ClusterError) and isinstance(err, ConnectionError), err
@@ -94,7 +95,7 @@ sys.path.insert(0, {root!r})
 from pathlib import Path
 from tests.helpers.pipelines import build
 
-p = build(Path({corpus!r}), address={address!r}, prefetch_windows=4, cluster_timeout={timeout})
+p = build(Path({corpus!r}), address={address!r}, prefetch_windows=4, cluster_timeout={timeout}, head_start=False)
 stream = iter(p)
 next(stream)
 print("streaming", flush=True)
@@ -134,6 +135,41 @@ def test_an_uncaught_stall_error_exits_without_waiting_on_the_dead_scheduler(cor
     assert proc.returncode == 1, err[-3000:]
     assert "zephon_dask.errors.ClusterStallError" in err or "zephon_dask.errors.ClusterError" in err, err[-3000:]
     assert exited < 1.5 * timeout, (exited, err[-3000:])  # Dask alone: 2 x cluster_timeout after the error
+
+
+def test_a_scheduler_killed_and_restarted_at_its_address_is_reconnected_to(corpus_dir, tmp_path, caplog):
+    """The scheduler and its worker SIGKILLed mid-stream, a new scheduler and worker started at the
+    same address: the windows needed meanwhile are computed in the training process, the runner
+    reconnects, the windows in flight are computed on the new cluster, and every batch equals the
+    uninterrupted reference. Each step waits for the one before (no timing assumed)."""
+    port, restarted = unused_port(), []
+    caplog.set_level(logging.WARNING, logger="zephon_dask")
+    try:
+        with dask_cluster(tmp_path, 1, port=port) as (address, scheduler, workers):
+            p = build(corpus_dir, address=address, prefetch_windows=2, cluster_timeout=120)
+            with p:
+                stream = iter(p)
+                rows = [batch_rows(next(stream))]
+                runner = p.session.runner()
+                for proc in (scheduler, *workers):
+                    proc.send_signal(signal.SIGKILL)
+                for batch in stream:  # training goes on: the windows needed are computed here
+                    rows.append(batch_rows(batch))
+                    if runner.computed_here:
+                        break
+                here = len(runner.computed_here)
+                assert here >= 1 and "scheduler lost" in runner.describe()
+                restarted += start_dask(tmp_path, 1, port, limit=90)[1]
+                _wait_for(lambda: not runner.outage(), "the runner to reconnect", limit=90)
+                rows += [batch_rows(b) for b in stream]
+                assert len(runner.computed_here) == here  # the rest came from the new cluster
+    finally:
+        stop_dask(restarted)
+    assert rows == reference(p)
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("lost the Dask scheduler" in m for m in messages), messages
+    assert any("reconnected to the Dask scheduler" in m for m in messages), messages
+    assert not any("lost with a worker" in m for m in messages), messages
 
 
 def test_all_workers_lost_raises_a_stall_error(corpus_dir, tmp_path):

@@ -22,9 +22,9 @@ from zephon_dask import compute_window
 from zephon_dask.core.window import compute_chunk
 from zephon_dask.errors import ClosedError, ClusterError
 from zephon_dask.execution import runner as runner_mod
-from zephon_dask.execution.head_start import HeadStart, LargestFirst
+from zephon_dask.execution.head_start import HeadStart, LargestFirst, compute_here
 from zephon_dask.execution.local import SynchronousRunner
-from zephon_dask.graph import window_graph
+from zephon_dask.graph import group_graph, window_graph
 from zephon_dask.pipeline.ranks import owned_lanes
 
 
@@ -148,6 +148,25 @@ def test_a_window_here_reads_its_chunks_in_order_and_tokenizes_the_largest_first
             del ready[event[1]]
     assert ready == {}
     assert len({size for _, _, size in (e for e in plan.log if e[0] == "read")}) > 1  # the order mattered
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(lane=st.integers(0, 3), first=st.integers(0, 3), size=st.integers(1, 3), threads=st.integers(1, 3),
+       fused=st.booleans())
+def test_a_task_computed_here_gives_a_workers_bytes(corpus_dir, lane, first, size, threads, fused):
+    """What the runner computes here while its scheduler is lost: a window (fused or split) or a
+    group of windows, each equal to compute_window's, one window at a time (the reference)."""
+    spec = build(corpus_dir).spec
+    members = [w for w in range(first, first + size) if w < spec.num_windows(lane)]
+    if not members:
+        return
+    graphs = [window_graph(spec, lane, w, fused or size > 1) for w in members]
+    graph = graphs[0] if size == 1 else group_graph(spec, graphs)
+    value = compute_here(spec, graph, threads)
+    outs = value if isinstance(value, tuple) else (value,)
+    assert [(o.lane, o.window) for o in outs] == [(lane, w) for w in members]
+    for out, w in zip(outs, members, strict=True):
+        assert pickle.dumps(out.table) == pickle.dumps(compute_window(spec, lane, w).narrowed().table)
 
 
 def test_a_chunk_that_fails_to_read_here_stops_the_window_and_is_raised(corpus_dir):

@@ -25,7 +25,15 @@ def lost_result() -> tuple[type[BaseException], ...]:
     return CancelledError, CommClosedError, OSError
 
 
+def dask_errors() -> tuple[type[BaseException], ...]:
+    """Dask's errors for a task it gave up on (its workers died with it too often)."""
+    from distributed import KilledWorker
+
+    return (KilledWorker,)
+
+
 RESUBMITS = 3
+SCHEDULER_GRACE = 0.2  # seconds given a client to see its scheduler gone (then it reconnects)
 SILENT_AFTER = 3.0  # seconds without a heartbeat (at least) before a worker counts as frozen
 
 
@@ -37,7 +45,12 @@ class DistributedHandle(WindowHandle):
 
     A result lost with its worker (a gather that fails or a future the scheduler
     cancels) is resubmitted under the same keys: the window is pure, so the
-    recomputation gives the same bytes. A window still computing (or not fetched)
+    recomputation gives the same bytes. A result lost with the scheduler (the client
+    reconnects and cancels every future) is resubmitted by the runner with every window
+    in flight (:meth:`~.runner.DistributedRunner.outage`, :meth:`renew`), counted apart
+    from those resubmits; until a scheduler answers, the window waited for is computed in
+    this process (:meth:`~.runner.DistributedRunner.compute_here`). Dask's own errors
+    reach the caller as :class:`~zephon_dask.errors.ClusterError`. A window still computing (or not fetched)
     after the runner's ``stall`` seconds (a task of n windows: n times that) is
     logged with the workers computing or holding it, and (if a worker holds it and
     others exist) its :meth:`~zephon_dask.graph.WindowGraph.fused_copy` is
@@ -66,6 +79,7 @@ class DistributedHandle(WindowHandle):
         if stall_windows is None:
             stall_windows = len(graph.windows) if isinstance(graph, GroupGraph) else 1
         self._stall = runner.stall * stall_windows
+        self._want_early = early
         self._copy, self._copies = None, 0
         self._copy_on: list[str] = []  # the workers the copy may run on
         self._stuck: set[str] = set()  # keys not to fetch: held by a stalled worker, or not fetched in time
@@ -121,6 +135,43 @@ class DistributedHandle(WindowHandle):
             early = None
         return value, early if value is NOT_FETCHED else None
 
+    @property
+    def priority(self) -> int:
+        return self._priority
+
+    @property
+    def lost(self) -> bool:
+        """Whether the window's result is neither here nor coming: its future was cancelled (by a
+        client that lost its scheduler) and no copy of it runs."""
+        future = self._future
+        return (self._early_value is NOT_FETCHED and future is not None and future.cancelled()
+                and (self._copy is None or self._copy.cancelled()))
+
+    def renew(self) -> None:
+        """Submit the window again under the same keys (its futures were lost, see :attr:`lost`);
+        fetched ahead again unless the consumer has taken it over."""
+        runner = self._runner
+        futures = runner.submit_futures(self.graph, self._priority)
+        with self._early_lock:
+            old, early = [*self._chunks, self._future, self._copy], self._early
+            self._chunks, self._future, self._copy, self._early = futures[:-1], futures[-1], None, None
+            self._early_gathering = False
+            claimed = self._claimed
+        if early is not None:
+            early.cancel()
+        for f in old:
+            if f is not None:
+                f.release()
+        self._stuck.clear()
+        if self._want_early and not claimed:
+            early = runner.fetch_early(self, self._future)
+            with self._early_lock:
+                if self._early is None and not self._claimed:
+                    self._early = early
+                    early = None
+            if early is not None:
+                early.cancel()
+
     def chunks_done(self) -> int:
         """A split window's chunk tasks finished so far (all once the window is done)."""
         if self.done():
@@ -157,10 +208,19 @@ class DistributedHandle(WindowHandle):
     def result(self):
         value, early = self._claim()
         if value is not NOT_FETCHED:
+            self._runner.note_back()
             return raise_if_failed(value, self.graph.label)
         runner, resubmits = self._runner, 0
         started = reported = time.monotonic()
         while True:
+            try:
+                if runner.outage() and not self._finished():  # no cluster now: computed here (with head_start)
+                    value = runner.compute_here(self.graph)
+                    if value is not None:
+                        return value
+            except ClusterError as exc:
+                exc.add_note(f"zephon_dask: while waiting for {self.graph.label}")
+                raise
             live = [f for f in (self._future, self._copy) if f is not None and f.key not in self._stuck]
             try:
                 done = runner.watch.wait(live or [self._future])
@@ -187,20 +247,20 @@ class DistributedHandle(WindowHandle):
                 if done.status == "error":  # the task's own error (an OSError), after Dask's retries
                     exc.add_note(f"zephon_dask: while computing {self.graph.label}")
                     raise
+                if self._with_scheduler(done):  # submitted again by the runner: not one of RESUBMITS
+                    continue
                 if resubmits == RESUBMITS:
-                    raise
+                    raise ClusterError(f"{self.graph.label}: its result was lost with a worker {RESUBMITS + 1} "
+                                       f"times ({exc!r}); check the workers' logs and memory") from exc
                 resubmits += 1
                 logger.warning("%s: its result was lost with a worker (%s); computing it "
                                "again (%d of %d)", self.graph.label, type(exc).__name__,
                                resubmits, RESUBMITS)
-                runner.watch.check()
-                self.release()
-                again = runner.submit_remote(self.graph, self._priority, early=False)  # its futures become ours
-                self._future, self._chunks = again._future, again._chunks
-                runner.track(again, False)
-                runner.track(self)
-                self._stuck.clear()
+                self.renew()
                 continue
+            except dask_errors() as exc:  # a task that killed its workers: Dask gave up on it
+                raise ClusterError(f"{self.graph.label}: Dask gave up on it ({exc}); check the workers' "
+                                   "logs and memory") from exc
             except Exception as exc:
                 exc.add_note(f"zephon_dask: while computing {self.graph.label}")
                 raise
@@ -211,6 +271,25 @@ class DistributedHandle(WindowHandle):
             self._stalled(reported - started)
             if self._copy is None or self._copy is done:
                 self._stuck.discard(done.key)  # nothing else to wait for: keep fetching it
+
+    def _finished(self) -> bool:
+        """Whether the window is computed on the cluster (its result may be fetched)."""
+        future = self._future
+        return future is not None and future.status == "finished"
+
+    def _with_scheduler(self, lost) -> bool:
+        """Whether the result of ``lost`` (a future of this window) went with the scheduler, not a
+        worker: the client reconnects, or reconnected and the runner submitted this window again
+        (:meth:`~.runner.DistributedRunner.outage`); or the scheduler does not answer (the client
+        has yet to see it gone: a moment later it reconnects, or the wait's deadline ends it)."""
+        runner = self._runner
+        if runner.outage() or not any(lost is f for f in (self._future, self._copy)):  # renewed meanwhile
+            return True
+        runner.watch.check()
+        if runner.watch.unreachable:
+            time.sleep(SCHEDULER_GRACE)
+            return True
+        return False
 
     def _stalled(self, waited: float) -> None:
         """Report a window computing (or its result being fetched) for too long; compute a copy on

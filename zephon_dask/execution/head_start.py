@@ -55,7 +55,7 @@ from ..core.window import (
     read_chunk,
 )
 from ..errors import ClosedError, ClusterError
-from ..graph import WindowGraph
+from ..graph import GroupGraph, WindowGraph
 from .base import WindowHandle
 from .task_errors import is_final
 from .watch import DEFAULT_STALL
@@ -265,14 +265,7 @@ class HeadStart:
             handle.last_chunk = time.monotonic()  # before the count: due() reads the count first
             handle.chunks_here += 1
 
-        if self._pool is None:
-            outs = []
-            for g in graph.chunks:
-                outs.append(compute_chunk(self.spec, g))
-                finished()
-        else:
-            outs = LargestFirst(self.spec, graph.chunks).run(self._pool, self._threads, finished)
-        return finish_window(self.spec, graph.lane, graph.window, outs)
+        return window_here(self.spec, graph, self._pool, self._threads, finished)
 
     def _failed_here(self, handle: HeadStartHandle, exc: BaseException) -> None:
         if not self.retry_remotely or isinstance(exc, ClosedError) or is_final(exc):
@@ -353,6 +346,35 @@ class HeadStart:
         in the background and is dropped."""
         self.fail(ClosedError("this distributed runner was closed while the window waited for the embedded "
                               "cluster; build or reopen the pipeline to compute more windows"))
+
+
+def window_here(spec: PipelineSpec, graph: WindowGraph, pool: ThreadPoolExecutor | None, threads: int,
+                finished: Callable[[], None] = lambda: None) -> WindowOutput:
+    """``graph``'s window computed in this process: its chunks on ``threads`` threads of ``pool``
+    (:class:`LargestFirst`; ``None``: one after the other here), ``finished()`` after each, then
+    its accumulators. The bytes a worker computes."""
+    if pool is None:
+        outs = []
+        for g in graph.chunks:
+            outs.append(compute_chunk(spec, g))
+            finished()
+    else:
+        outs = LargestFirst(spec, graph.chunks).run(pool, threads, finished)
+    return finish_window(spec, graph.lane, graph.window, outs)
+
+
+def compute_here(spec: PipelineSpec, graph: WindowGraph | GroupGraph, threads: int) -> WindowOutput | tuple:
+    """What ``graph``'s task returns, computed in this process on ``threads`` threads and narrowed
+    as on a worker: its window, or a group's windows in member order (the distributed runner
+    computes windows here while it has no scheduler)."""
+    windows = graph.windows if isinstance(graph, GroupGraph) else (graph,)
+    pool = ThreadPoolExecutor(threads, thread_name_prefix="zephon-here") if threads > 1 else None
+    try:
+        outs = tuple(window_here(spec, g, pool, threads) for g in windows)
+    finally:
+        if pool is not None:
+            pool.shutdown(wait=False)
+    return narrowed(outs if isinstance(graph, GroupGraph) else outs[0])
 
 
 def text_size(records: Sequence) -> int:

@@ -12,6 +12,8 @@ tasks (one ``Client.get``), which refer to the spec's future, under keys
 derived from the pipeline fingerprint, so identical windows submitted by
 tensor-parallel peers sharing a cluster are computed once. A worker lost
 mid-task is recomputed by the scheduler from the same pure inputs.
+
+A scheduler lost is waited for and reconnected to (:mod:`.reconnect`).
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ from .cluster import (
 )
 from .handle import SILENT_AFTER, DistributedHandle
 from .head_start import Boot, HeadStart
+from .reconnect import Reconnecting, close_lost
 from .task_errors import settled
 from .watch import DEFAULT_STALL, DEFAULT_TIMEOUT, PROBE_TIMEOUT, ClusterWatch
 
@@ -101,7 +104,7 @@ TASK_CPU = 0.006
 EARLY_FETCHES = 2  # results fetched ahead of the consumer at once (a client gathers 5 at once in all)
 
 
-class DistributedRunner(Runner):
+class DistributedRunner(Reconnecting, Runner):
     name = "distributed"
     has_dashboard = True
     task_cpu = TASK_CPU
@@ -126,6 +129,7 @@ class DistributedRunner(Runner):
         self._in_flight_lock = threading.Lock()  # handles are made on the consumer's and the start's threads
         self._early_slots: asyncio.Semaphore | None = None  # EARLY_FETCHES, on the client's event loop
         self.fetch_ahead = True  # fetch each window as soon as it is computed (see DistributedHandle)
+        self.init_reconnect()
         OPEN_RUNNERS.add(self)
         if not self._own_cluster:
             if client is None:
@@ -201,6 +205,9 @@ class DistributedRunner(Runner):
         # A task, not scattered data: if the worker holding it dies, the
         # scheduler recomputes it from the task definition.
         self._span_id = f"zephon-dask-{client.id}"
+        self._submit_spec(client)
+
+    def _submit_spec(self, client: Client) -> None:
         with dask_compat.fixed_span(SPAN_NAME, self._span_id):
             self._spec_future = client.submit(_spec_value, self.spec, key=graph_keys.spec_key(self.spec.fingerprint),
                                               pure=False, priority=1_000_000)
@@ -403,13 +410,18 @@ class DistributedRunner(Runner):
                       stall_windows: int | None = None) -> DistributedHandle:
         """Submit ``graph`` to the cluster (never to the head start); ``early``: fetch its result
         as soon as it is computed (with :attr:`fetch_ahead`)."""
+        return DistributedHandle(graph, self.submit_futures(graph, priority), self, priority,
+                                 early and self.fetch_ahead, stall_windows)
+
+    def submit_futures(self, graph: WindowGraph | GroupGraph, priority: int) -> list:
+        """Submit ``graph`` to the cluster: the futures of its task keys (see :meth:`submit_tasks`);
+        after a lost scheduler, the spec and the windows in flight go first (:meth:`recover`)."""
+        self.recover()
         live_only = self._responsive_only()
         if live_only:  # while a worker is silent: avoid it, and do not fetch the spec from it
-            futures = self.submit_tasks(graph, self.spec, priority, self.retries,
-                                        workers=live_only, allow_other_workers=False)
-        else:
-            futures = self.submit_tasks(graph, self._spec_future, priority, self.retries)
-        return DistributedHandle(graph, futures, self, priority, early and self.fetch_ahead, stall_windows)
+            return self.submit_tasks(graph, self.spec, priority, self.retries,
+                                     workers=live_only, allow_other_workers=False)
+        return self.submit_tasks(graph, self._spec_future, priority, self.retries)
 
     def submit_tasks(self, graph: WindowGraph | GroupGraph, spec, priority: int, retries: int | None, **where) -> list:
         """Submit ``graph.tasks_for(spec)`` as one graph; the futures of ``graph.task_keys``.
@@ -456,7 +468,7 @@ class DistributedRunner(Runner):
             except Exception:  # the scheduler may already be gone
                 pass
             if self._own_client:
-                close_client(client)
+                close_lost(client)
         if cluster is not None:
             close_cluster(cluster)
 
@@ -471,6 +483,9 @@ class DistributedRunner(Runner):
         if self._client is None:
             return f"distributed (the embedded cluster did not start: {self._boot.error if self._boot else None})"
         where = "embedded cluster" if self._own_cluster else self.watch.address
+        if (lost := self.lost_for) is not None:
+            here = "; the windows needed computed in this process meanwhile" if self.settings.head_start else ""
+            return f"distributed ({where}, its scheduler lost {lost:.0f} s ago, reconnecting{here})"
         try:
             workers = f"{self._identity(0).get('n_workers', 0)} workers"
         except ClusterError:

@@ -82,6 +82,11 @@ class ClusterWatch:
                 f"cluster_timeout option (now {self.timeout:g} s)"
             )
 
+    @property
+    def unreachable(self) -> bool:
+        """Whether the last :meth:`check` found the scheduler unreachable or not answering."""
+        return "scheduler" in self._since
+
     def check_open(self) -> str:
         """The client's status; a :class:`ClusterError` if it is closed (no RPC)."""
         status = getattr(self.client, "status", "closed")
@@ -148,8 +153,10 @@ class ClusterWatch:
         :data:`NOT_FETCHED` after ``limit`` seconds (a frozen worker holding it); the fetch is then
         cancelled (after a cluster error it is left to end with the client: cancelled while it
         waits for a lost result, Dask's gather leaves orphaned tasks that log at exit). A slice
-        counts in :attr:`waits`. ``fetching``: a fetch of ``future`` already under way (its value a
-        one-item list, as a gather's), waited for instead of starting one."""
+        counts in :attr:`waits`. A client that lost its scheduler (reconnecting) ends the wait with
+        ``CancelledError``, the fetch left to end with it (the result is computed again).
+        ``fetching``: a fetch of ``future`` already under way (its value a one-item list, as a
+        gather's), waited for instead of starting one."""
         from distributed import CancelledError  # a client exists: distributed is imported
 
         self.check_open()
@@ -167,6 +174,8 @@ class ClusterWatch:
                 if time.monotonic() >= end:
                     fetching.cancel()
                     return NOT_FETCHED
+                if client.status == "connecting":  # its result went with the scheduler: computed again
+                    raise CancelledError(future.key) from None  # the fetch ends with the client's reconnection
                 self.waits += 1
                 self._check_if_due()
             except CancelledError:
