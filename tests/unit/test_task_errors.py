@@ -4,6 +4,7 @@ and which it raises for Dask's ``retries``: ``zephon_dask.execution.task_errors`
 from __future__ import annotations
 
 import pickle
+import threading
 
 import pytest
 
@@ -12,10 +13,13 @@ from zephon_dask.execution.task_errors import TaskError, settle
 
 
 class NeedsTwo(Exception):
-    """A user's exception that pickles but does not unpickle (``__init__`` takes two arguments)."""
+    """A user's exception that cannot travel: ``__init__`` takes two arguments (plain pickle
+    cannot rebuild it) and it holds a lock (nor can the exception pickling that importing
+    ``distributed`` installs, as every worker has)."""
 
     def __init__(self, a, b):
         super().__init__(f"{a} {b}")
+        self.held = threading.Lock()
 
 
 def raising(exc: BaseException):
