@@ -167,8 +167,10 @@ def _wait(attempt: int) -> float:
 
 
 async def retried(attempts: int, url: str, pin: Pin | None, call: Any) -> Any:
-    """``await call()``, retried as the module says; a ``412`` is the object changed."""
-    for attempt in range(attempts):
+    """``await call()``, retried as the module says (at least one try); a ``412`` is the
+    object changed."""
+    attempt = 0
+    while True:
         try:
             return await call()
         except Exception as exc:
@@ -183,12 +185,12 @@ async def retried(attempts: int, url: str, pin: Pin | None, call: Any) -> Any:
             if status is not None or code:
                 from s3fs.errors import translate_boto_error  # type: ignore[import-untyped]
 
-                if not _retryable(exc) or attempt + 1 == attempts:
+                if not _retryable(exc) or attempt + 1 >= attempts:
                     raise translate_boto_error(exc) from None
-            elif not _retryable(exc) or attempt + 1 == attempts:
+            elif not _retryable(exc) or attempt + 1 >= attempts:
                 raise
         await asyncio.sleep(_wait(attempt))
-    raise AssertionError("unreachable")
+        attempt += 1
 
 
 async def _get(client: Any, kw: dict[str, Any], size: int | None) -> bytes:
