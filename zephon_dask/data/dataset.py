@@ -332,12 +332,10 @@ class Dataset:
                     out = self._read_remote(idx, sh, off, pin)
                 except remote.TagMoved:
                     # written again: the same bytes read on (pinned to their new ETag), others raise
-                    integrity.verify(sh, self.storage_options, self.name)
-                    fs, _ = filesystem(sh.path, self.storage_options)
-                    now = integrity.current(fs, name).etag
-                    if now is None or now == remote.retagged(name, sh.etag):
+                    now = integrity.verify(sh, self.storage_options, self.name)
+                    if now is None or now.etag is None or now.etag == remote.retagged(name, sh.etag):
                         raise
-                    remote.same_bytes_under(name, sh.etag, now)
+                    remote.same_bytes_under(name, sh.etag, now.etag)
                     return self._read_shard(idx, sh, off)
                 except (DataChangedError, DatasetNotFoundError):
                     raise

@@ -236,14 +236,14 @@ def same_content(shard: Shard, now: Signature, storage_options: dict[str, Any] |
     return got == ref[1]
 
 
-def verify(shard: Shard, storage_options: dict[str, Any] | None, dataset: str | None = None) -> None:
+def verify(shard: Shard, storage_options: dict[str, Any] | None, dataset: str | None = None) -> Signature | None:
     """Raise :class:`DataChangedError` when ``shard``'s file holds other bytes than its index
     recorded (:class:`DatasetNotFoundError` when it is gone). A shard that records nothing
-    passes; so does a file whose mtime or ETag alone moved when its whole-file digest still
-    matches the recorded one (see the module docstring)."""
+    passes (``None``); so does a file whose mtime or ETag alone moved when its whole-file digest
+    still matches the recorded one (see the module docstring). Returns the file as it is now."""
     was = recorded(shard)
     if was is None:
-        return
+        return None
     path = str(shard.path)
     try:
         if "://" in path:
@@ -253,11 +253,11 @@ def verify(shard: Shard, storage_options: dict[str, Any] | None, dataset: str | 
             now = local(path)
         found = differences(was, now)
         if not found or unchanged_tag(was, now):
-            return
+            return now
         if only_stamps_moved(was, now):
             same = same_content(shard, now, storage_options)
             if same:
-                return
+                return now
             if same is False:
                 found.append("content differs (the digest of the whole file)")
     except FileNotFoundError:
