@@ -108,6 +108,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("global_batches_per_step", None, "step", _INT,
            "G, batches in one global step over all ranks, a multiple of canonical_replicas (default R)",
            _optional_positive),
+    Option("drop_last_step", True, "data", _BOOL,
+           "a finite stream's pass ends on a whole global step: the batches after its last whole step "
+           "are dropped (False: every sample is kept and the pass's last step may hold fewer batches)",
+           check_bool),
     Option("runner", "distributed", "execution", _STR,
            "where windows compute: a Dask cluster, a thread pool, or on demand in this thread",
            _choice(RUNNER_NAMES), RUNNER_NAMES),

@@ -218,9 +218,25 @@ def ref_lane_batches(spec, lane, microbatch_size, drop_last=True):
     return out
 
 
-def ref_group_stream(spec, lanes, microbatch_size, drop_last=True):
-    """Strict round-robin over ``lanes``, skipping lanes that ran out."""
+def ref_whole_steps(spec, lanes, microbatch_size, drop_last=True, per_lane=1):
+    """The global steps a pass over ``lanes`` gives with ``drop_last_step``: a step holds ``per_lane``
+    batches of every lane, and the pass ends before the first step one lane cannot complete: any
+    lane of the spec when every row is one sample (the count is known up front), else one of
+    ``lanes`` (the stream looks ahead over its own lanes)."""
+    from zephon_dask.operators.base import one_to_one
+
+    known = one_to_one(spec.record_ops, spec.accumulators)
+    over = range(spec.canonical_replicas) if known else lanes
+    return min(len(ref_lane_batches(spec, lane, microbatch_size, drop_last)) // per_lane for lane in over)
+
+
+def ref_group_stream(spec, lanes, microbatch_size, drop_last=True, per_lane=1):
+    """Strict round-robin over ``lanes``, skipping lanes that ran out; with ``drop_last_step`` each
+    lane's batches after the pass's last whole step (:func:`ref_whole_steps`) are left out."""
     queues = {lane: ref_lane_batches(spec, lane, microbatch_size, drop_last) for lane in lanes}
+    if spec.drop_last_step and spec.num_windows(lanes[0]) is not None:
+        whole = ref_whole_steps(spec, lanes, microbatch_size, drop_last, per_lane)
+        queues = {lane: q[:whole * per_lane] for lane, q in queues.items()}
     out = []
     while any(queues.values()):
         for lane in lanes:

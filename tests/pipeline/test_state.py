@@ -176,13 +176,16 @@ def elastic_pipes(corpus_dir, dp, mapping, microbatch, drop_last=True, **kw):
 def test_elastic_resume_keeps_global_steps(tmp_path, corpus_dir, dp, mapping, microbatch):
     """R=8: checkpoint dp=2 at a step boundary, resume on dp (microbatch 2 -> ``microbatch``)."""
     drop_last = microbatch == 2  # with a smaller microbatch, keep lane tails so both runs see every sample
-    (truth_pipe,) = elastic_pipes(corpus_dir, 1, "contiguous", 2, drop_last)
+    # every sample to the end: a packed stream's pass ends on each DP group's own last whole step
+    # with drop_last_step (tests/unit/test_whole_steps.py), so only the steps before it are common
+    every = {"drop_last_step": False}
+    (truth_pipe,) = elastic_pipes(corpus_dir, 1, "contiguous", 2, drop_last, **every)
     truth = run_groups([truth_pipe], 80, 8)
-    before = elastic_pipes(corpus_dir, 2, "contiguous", 2, drop_last)
+    before = elastic_pipes(corpus_dir, 2, "contiguous", 2, drop_last, **every)
     head = run_groups(before, 20, 4)
     state = via_file(tmp_path, z.merge_states([p.state_dict() for p in before]))
     assert head == truth[:20]
-    after = elastic_pipes(corpus_dir, dp, mapping, microbatch, drop_last)
+    after = elastic_pipes(corpus_dir, dp, mapping, microbatch, drop_last, **every)
     for p in after:
         p.load_state_dict(state)
     tail = run_groups(after, 60, 8 * (2 // microbatch) // dp)
@@ -196,13 +199,14 @@ def test_elastic_resume_keeps_global_steps(tmp_path, corpus_dir, dp, mapping, mi
 @SLOW
 @given(cut=st.integers(1, 100), dp=st.sampled_from([1, 4, 8]), mapping=st.sampled_from(["contiguous", "interleaved"]))
 def test_mid_step_checkpoint_loses_and_repeats_nothing(corpus_dir, cut, dp, mapping):
-    before = elastic_pipes(corpus_dir, 2, "contiguous", 2)
+    every = {"drop_last_step": False}  # the whole stream (a packed pass ends per group otherwise)
+    before = elastic_pipes(corpus_dir, 2, "contiguous", 2, **every)
     with pytest.warns(ZephonWarning, match="into a step") if cut % 4 else warnings.catch_warnings():
         head = [samples(b) for p in before for b in take_batches(p, cut)]
         state = z.merge_states([p.state_dict() for p in before])
-    after = elastic_pipes(corpus_dir, dp, mapping, 2)
+    after = elastic_pipes(corpus_dir, dp, mapping, 2, **every)
     tail = [samples(b) for p in after for b in p.load_state_dict(state)]
-    (truth_pipe,) = elastic_pipes(corpus_dir, 1, "contiguous", 2)
+    (truth_pipe,) = elastic_pipes(corpus_dir, 1, "contiguous", 2, **every)
     truth = Counter(s for b in truth_pipe for s in samples(b))
     got = Counter(s for batch in head + tail for s in batch)
     assert got == truth
@@ -304,13 +308,15 @@ def test_state_schema_and_seed_from_checkpoint(corpus_dir, tmp_path):
 
 
 def test_finished_lanes_are_recorded_and_skipped(corpus_dir):
-    pipe = build(corpus_dir, microbatch=None, runner="synchronous").batch(3, drop_last=False)
+    """Every sample (``drop_last_step=False``): lanes end where their data does, one by one."""
+    pipe = build(corpus_dir, microbatch=None, runner="synchronous", drop_last_step=False).batch(3, drop_last=False)
     truth = ref_group_stream(pipe.spec, owned_lanes(pipe.description.settings), 3, drop_last=False)
     cut = len(truth) - 5  # lane 2 (69 batches) has finished by then
     head = take(pipe, cut)
     state = pipe.state_dict()
     assert state["lanes"]["2"]["finished"]
-    resumed = build(corpus_dir, microbatch=None, runner="synchronous").batch(3, drop_last=False).load_state_dict(state)
+    resumed = build(corpus_dir, microbatch=None, runner="synchronous",
+                    drop_last_step=False).batch(3, drop_last=False).load_state_dict(state)
     assert head + [batch_rows(b) for b in resumed] == truth
 
 

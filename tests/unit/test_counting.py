@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -20,26 +21,37 @@ RECIPE = Path(__file__).resolve().parents[2] / "examples" / "recipe.toml"
 
 
 def oracle(pipeline) -> tuple[int, int, int]:
-    """(full global steps every group completes, batches, batches after them): every group's
-    pipeline iterated to its end, each group taking its step shape's batches per step."""
+    """(full global steps, batches, batches after them): every group's pipeline iterated to its
+    end with every sample kept. With ``drop_last_step`` a step holds G / R batches of every lane and
+    the steps are those every lane completes; without, each group takes its step shape's batches
+    per step and the steps are those every group completes."""
     degree, _ = pipeline.session.identity()
-    delivered, per_rank = [], []
+    lanes, delivered, per_rank = Counter(), [], []
     for group in range(degree):
-        p = pipeline.options(dp_group_id=group, runner="synchronous")
+        p = pipeline.options(dp_group_id=group, runner="synchronous", drop_last_step=False)
         if not owned_lanes(p.description.settings):
             continue
         with p:
-            delivered.append(sum(1 for _ in p))
-            per_rank.append(p.session.step_shape().per_rank)
+            got = [b.lane for b in p]
+        lanes.update(got)
+        delivered.append(len(got))
+        per_rank.append(p.session.step_shape().per_rank)
+    total = sum(delivered)
+    if pipeline.spec.drop_last_step:
+        replicas = pipeline.description.settings["canonical_replicas"]
+        per_lane = pipeline.session.step_shape().global_batches // replicas
+        steps = min(lanes[lane] // per_lane for lane in range(replicas))
+        return steps, total, total - steps * per_lane * replicas
     steps = min(b // r for b, r in zip(delivered, per_rank, strict=True))
-    return steps, sum(delivered), sum(delivered) - steps * sum(per_rank)
+    return steps, total, total - steps * sum(per_rank)
 
 
 def test_the_example_recipe_gives_53_global_steps():
     pipeline = z.Pipeline.from_config(RECIPE).options(runner="synchronous")
     count = step_count(pipeline)
     assert (count.steps, count.batches, count.left) == oracle(pipeline) == (53, 213, 1)
-    assert pipeline.num_steps() == 53 and count.counted
+    assert pipeline.num_steps() == 53 and count.counted and count.dropped
+    assert "53 global steps (213 batches; 1 dropped after the last whole step)" == count.describe()
 
 
 @pytest.fixture(scope="module")
@@ -59,6 +71,8 @@ def variants(small):
             mapping_strategy="interleaved"),
         "keep last, dp=3 uneven": base.pack(64, algorithm="first_fit").batch(4, drop_last=False).options(
             canonical_replicas=4, flush_every_k_chunks=3, dp_degree=3),
+        "every sample, dp=3 uneven": base.pack(64, algorithm="first_fit").batch(4, drop_last=False).options(
+            canonical_replicas=4, flush_every_k_chunks=3, dp_degree=3, drop_last_step=False),
         "filter": base.filter(lambda r: len(r["text"]) % 3 != 0, name="thirds", version=1).batch(2).options(
             canonical_replicas=2, flush_every_k_chunks=2),
         "rows are samples": base.shuffle(4).batch(3).options(canonical_replicas=3, flush_every_k_chunks=2),
@@ -66,8 +80,8 @@ def variants(small):
 
 
 @pytest.mark.filterwarnings("ignore::zephon_dask.errors.ElasticityWarning")  # dp=3 over 4 lanes
-@pytest.mark.parametrize("name", ["best_fit", "wrap, G=8, dp=2 interleaved", "keep last, dp=3 uneven", "filter",
-                                  "rows are samples"])
+@pytest.mark.parametrize("name", ["best_fit", "wrap, G=8, dp=2 interleaved", "keep last, dp=3 uneven",
+                                  "every sample, dp=3 uneven", "filter", "rows are samples"])
 def test_step_count_matches_iterating_every_group(small, name):
     pipeline = variants(small)[name]
     count = step_count(pipeline)
@@ -115,5 +129,5 @@ def test_cli_explain_counts_the_steps_when_asked():
         return done.stdout
 
     assert "steps in a pass   finite; pipeline.num_steps() counts them" in explain()
-    assert "steps in a pass   53 global steps (213 batches; 1 left after the last full step), counted" \
+    assert "steps in a pass   53 global steps (213 batches; 1 dropped after the last whole step), counted" \
         in explain("--count-steps")

@@ -99,11 +99,13 @@ class LaneBatcher:
         self.next_index += 1
         return batch
 
-    def finish(self) -> Batch | None:
-        """At the lane's end: the last partial batch, unless ``drop_last``."""
-        if self.buffered and not self.opts.drop_last:
+    def finish(self, keep: bool = True) -> Batch | None:
+        """At the lane's end: the last partial batch, unless ``drop_last`` (or not ``keep``: the
+        buffered samples are dropped)."""
+        if keep and self.buffered and not self.opts.drop_last:
             return self._emit(self.buffered, last=True)
         self._tables.clear()
+        self._cut.clear()
         self._head = self.buffered = 0
         return None
 

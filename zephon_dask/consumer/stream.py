@@ -17,15 +17,26 @@ nothing, or their last window).
 
 A stream that starts at the beginning checks its first window for data lost
 silently and raises when it ends without a sample (:mod:`.checks`).
+
+With a :class:`PassEnd` (``drop_last_step``) the stream ends on a whole global
+step: each global step holds ``per_lane`` batches of every lane, and the stream
+ends before the first step one lane cannot complete. When the pass's whole
+steps are known up front (``steps``) every lane stops after ``steps x per_lane``
+batches; otherwise the stream looks ahead at each step's start until every one
+of its lanes has that step's batches buffered (or has ended). Lanes stopped so
+are not ``finished`` in the state (their data did not run out): a stream
+resumed there ends at once, the same way.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Protocol
 
 from ..core.spec import PipelineSpec
-from ..errors import StateError
+from ..errors import StateError, ZephonWarning, user_stacklevel
 from .batch import Batch, BatchOptions
 from .batcher import LaneBatcher
 from .checks import check_first_window, check_mixture_drift, empty_stream
@@ -47,12 +58,26 @@ class Frontier(Protocol):
     def finished(self) -> bool: ...
 
 
+@dataclass(frozen=True)
+class PassEnd:
+    """Where a pass ends with ``drop_last_step``: on a whole global step of ``per_lane`` batches
+    of every lane. ``steps``: the pass's whole steps when known up front (else the stream looks
+    ahead); ``dropped``: the batches of the stream's lanes after them, when known; ``per_rank``:
+    the batches of one step here (for the warning)."""
+
+    per_lane: int
+    per_rank: int
+    steps: int | None = None
+    dropped: int | None = None
+
+
 EMPTY_WINDOWS_LIMIT = 256  # consecutive windows without a sample before a lane gives up
 
 
 class BatchStream:
     def __init__(self, spec: PipelineSpec, batch_options: BatchOptions, lanes: list[int], runner,
-                 settings: ConsumerSettings, *, start: Mapping[int, Frontier], first_lane: int | None = None):
+                 settings: ConsumerSettings, *, start: Mapping[int, Frontier], first_lane: int | None = None,
+                 pass_end: PassEnd | None = None):
         self.lanes = list(lanes)
         self.settings = settings
         self.deterministic = settings.deterministic
@@ -81,15 +106,17 @@ class BatchStream:
         self.stats: dict[str, int] = {}
         self._drift_warned = False  # ensure_mixture's warn_tolerance: once per iteration
         self._started = False  # whether the first batch was asked for
+        self.pass_end = pass_end
+        self._whole_through = -1  # lookahead: the last step (of lane batches) every lane here completes
         self.on_finish: Callable[[int, int], None] | None = None  # called as on_finish(lane, batch count) when a lane ends without a last batch
 
     def __iter__(self):
         return self
 
-    def _fill(self, lane: int) -> bool:
-        """Pull windows until the lane has a full batch; False when the lane has no more."""
+    def _fill(self, lane: int, batches: int = 1) -> bool:
+        """Pull windows until the lane has ``batches`` full batches; False when the lane has no more."""
         batcher, empty = self.batchers[lane], 0
-        while not batcher.ready():
+        while batcher.buffered < batches * batcher.opts.microbatch_size:
             window = self.fetcher.next_needed[lane]
             out = self.fetcher.get(lane)
             if out is None:
@@ -108,6 +135,9 @@ class BatchStream:
         return True
 
     def _emit(self, lane: int) -> Batch | None:
+        if self.pass_end is not None and not self._whole(self.batchers[lane].next_index):
+            self._end_pass()
+            return None
         if self._fill(lane):
             return self.batchers[lane].pop()
         self.finished[lane] = True
@@ -115,6 +145,52 @@ class BatchStream:
         if batch is None and self.on_finish is not None:
             self.on_finish(lane, self.batchers[lane].next_index)
         return batch
+
+    def _whole(self, index: int) -> bool:
+        """Whether the global step holding each lane's batch ``index`` is whole (see the module
+        docstring); looking ahead, it fills every lane here up to that step's end once."""
+        end = self.pass_end
+        assert end is not None
+        step = index // end.per_lane
+        if end.steps is not None:
+            return step < end.steps
+        if step <= self._whole_through:
+            return True
+        upto = (step + 1) * end.per_lane
+        for lane in self.lanes:
+            batcher = self.batchers[lane]
+            need = upto - batcher.next_index
+            if need > 0 and (self.finished[lane] or not self._fill(lane, need)) and self._available(lane) < need:
+                return False
+        self._whole_through = step
+        return True
+
+    def _available(self, lane: int) -> int:
+        """The batches the lane has buffered, its last partial one counted unless ``drop_last``."""
+        batcher = self.batchers[lane]
+        full, rest = divmod(batcher.buffered, batcher.opts.microbatch_size)
+        return full + (1 if rest and not batcher.opts.drop_last else 0)
+
+    def _end_pass(self) -> None:
+        """End the pass at a whole step: every lane here stops; the batches after it are dropped
+        (warned, once per pipeline and place with Python's default filter: the text is the same)."""
+        end = self.pass_end
+        assert end is not None
+        dropped = end.dropped if end.steps is not None else sum(
+            self._available(lane) + (0 if self.finished[lane] or not self._fill(lane) else 1)
+            for lane in self.lanes)
+        for lane in self.lanes:
+            self.finished[lane] = True
+            self.batchers[lane].finish(keep=False)
+        if dropped:
+            count = f"{dropped} batch{'es' if dropped != 1 else ''}" if end.steps is not None else "batches"
+            warnings.warn(
+                f"the pass over the stream ends on its last whole global step: {count} of lanes "
+                f"{','.join(map(str, self.lanes))} after it are dropped, so that every step holds "
+                f"{end.per_rank} batches here (drop_last_step=True; pipeline.num_steps() counts the "
+                "whole steps). To keep every sample, with a shorter last step, set "
+                ".options(drop_last_step=False)",
+                ZephonWarning, stacklevel=user_stacklevel())
 
     def _verify_finished(self) -> None:
         """A lane the state calls finished must have no batch left from its frontier."""

@@ -15,7 +15,11 @@ from typing import Any
 from ..curriculum import MixtureWorkSource
 from ..operators.base import Accumulator, RecordOp
 from ..operators.identity import sha256_json
-from ..options import DATA_OPTIONS
+from ..options import DATA_OPTIONS, DEFAULTS
+
+# data options added after the first format, recorded only when set otherwise, so the fingerprints
+# (and checkpoints) of pipelines that leave them at their default stay as they were
+OMITTED_AT_DEFAULT = ("drop_last_step",)
 
 FORMAT = "zephon_dask.pipeline"
 FORMAT_VERSION = 1
@@ -33,6 +37,7 @@ class PipelineSpec:
     accumulators: tuple[Accumulator, ...]
     canonical_replicas: int
     flush_every_k_chunks: int
+    drop_last_step: bool = True
     batch_ops: tuple[Any, ...] = ()  # map_batch: per lane batch, applied by the consumer
 
     @classmethod
@@ -62,7 +67,7 @@ class PipelineSpec:
             "version": FORMAT_VERSION,
             "source": self.source.config(),
             "operators": [op.spec() for op in (*self.record_ops, *self.accumulators)],
-            **self.data_options(),
+            **{k: v for k, v in self.data_options().items() if k not in OMITTED_AT_DEFAULT or v != DEFAULTS[k]},
             # only when set, so the fingerprints of pipelines without them stay as they were
             **({"batch_ops": [op.spec() for op in self.batch_ops]} if self.batch_ops else {}),
         }

@@ -9,7 +9,11 @@ window of every lane is computed here, once (the whole stream is read,
 tokenized and packed in this process), and the counts are cached by
 fingerprint.
 
-A DP group takes ``per_rank`` batches per global step from its lanes in
+With ``drop_last_step`` (the default) a pass ends on a whole global step:
+every step holds ``G / R`` batches of every lane, so the steps of a pass are
+those every lane completes (:func:`~zephon_dask.state.steps.whole_steps`),
+the same at every DP degree, and the batches after them are dropped. Without
+it, a DP group takes ``per_rank`` batches per global step from its lanes in
 round-robin; the steps of a pass are those every group completes, and the
 batches after them (a last, partial step) are counted apart.
 """
@@ -25,6 +29,7 @@ from ..core.window import compute_window
 from ..curriculum.routing import group_lanes
 from ..errors import EndlessStreamError, ZephonWarning
 from ..operators.base import one_to_one
+from ..state import steps
 
 _ROWS: dict[str, tuple[int, ...]] = {}  # spec fingerprint -> rows per lane (a cache of pure values)
 
@@ -33,17 +38,23 @@ _ROWS: dict[str, tuple[int, ...]] = {}  # spec fingerprint -> rows per lane (a c
 class StepCount:
     """One pass over a finite stream: ``steps`` full global steps (every DP group completes
     them), ``batches`` over all lanes, ``left`` of them after the last full step, and
-    ``counted``: whether the windows were computed to know it (else it came from the curriculum)."""
+    ``counted``: whether the windows were computed to know it (else it came from the curriculum).
+    ``dropped``: the pass ends on its last whole step (``drop_last_step``), so the ``left``
+    batches are never delivered."""
 
     steps: int
     batches: int
     left: int
     counted: bool
+    dropped: bool = False
 
     def describe(self) -> str:
-        """One line, e.g. ``53 global steps (213 batches; 1 left after the last full step)``."""
+        """One line, e.g. ``52 global steps (213 batches; 5 dropped after the last whole step)``."""
         text = f"{self.steps:,} global step{'s' if self.steps != 1 else ''} ({self.batches:,} batches"
-        return text + (f"; {self.left} left after the last full step)" if self.left else ")")
+        if not self.left:
+            return text + ")"
+        return text + (f"; {self.left} dropped after the last whole step)" if self.dropped
+                       else f"; {self.left} left after the last full step)")
 
 
 def known_rows(spec: PipelineSpec) -> tuple[int, ...] | None:
@@ -70,20 +81,25 @@ def lane_rows(spec: PipelineSpec) -> tuple[int, ...]:
 
 
 def count_steps(rows: Sequence[int], microbatch: int, drop_last: bool, groups: Sequence[Sequence[int]],
-                per_rank: Sequence[int], counted: bool) -> StepCount:
+                per_rank: Sequence[int], counted: bool, per_lane: int | None = None) -> StepCount:
     """The :class:`StepCount` of lanes with ``rows`` each, served by ``groups`` (lane lists)
-    taking ``per_rank[i]`` batches per global step."""
-    cut = (lambda n: n // microbatch) if drop_last else (lambda n: -(-n // microbatch))
+    taking ``per_rank[i]`` batches per global step; ``per_lane``: the pass ends on a whole step
+    of that many batches of every lane (``drop_last_step``), else ``None``."""
+    lane_batches = [steps.lane_batches(n, microbatch, drop_last) for n in rows]
+    total = sum(lane_batches)
+    if per_lane is not None:
+        whole = steps.whole_steps(lane_batches, per_lane)
+        return StepCount(whole, total, total - whole * per_lane * len(rows), counted, dropped=True)
     served = [(lanes, p) for lanes, p in zip(groups, per_rank, strict=True) if lanes]  # a group without lanes serves none
-    group_batches = [sum(cut(rows[lane]) for lane in lanes) for lanes, _ in served]
+    group_batches = [sum(lane_batches[lane] for lane in lanes) for lanes, _ in served]
     full = min(b // p for b, (_, p) in zip(group_batches, served, strict=True))
-    total = sum(group_batches)
     return StepCount(full, total, total - full * sum(p for _, p in served), counted)
 
 
 def step_count(pipeline, compute: bool = True) -> StepCount | None:
     """One pass's :class:`StepCount` at ``pipeline``'s DP degree: full global steps, batches,
-    and those left after the last full step (``pipeline.num_steps()`` is its ``steps``).
+    and those left after the last full step, dropped with ``drop_last_step`` (``pipeline.num_steps()``
+    is its ``steps``).
 
     Read from the pipeline's spec, step shape, settings and batch shape.
 
@@ -116,4 +132,5 @@ def step_count(pipeline, compute: bool = True) -> StepCount | None:
     per_rank = [len(lanes) if replicas % degree else shape.per_rank for lanes in groups]
     batch = pipeline.description.batch
     return count_steps(rows, batch.microbatch_size, batch.drop_last, groups, per_rank,
-                       counted=not one_to_one(spec.record_ops, spec.accumulators))
+                       counted=not one_to_one(spec.record_ops, spec.accumulators),
+                       per_lane=steps.per_lane(shape, replicas) if spec.drop_last_step else None)

@@ -44,13 +44,16 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 from ..consumer.settings import ConsumerSettings
-from ..consumer.stream import BatchStream
+from ..consumer.stream import BatchStream, PassEnd
 from ..core import phases
 from ..core.spec import PipelineSpec, has_tokens
 from ..curriculum import MixtureWorkSource
 from ..curriculum.chunking import fitted
 from ..errors import ClosedError, ConfigError, StateError
 from ..execution import Runner, make_runner
+from ..inspect.counting import known_rows
+from ..operators.base import one_to_one
+from ..state import steps
 from ..state.ledger import LedgerWriter
 from ..state.progress import Progress, resume_point
 from ..state.schema import State
@@ -186,13 +189,32 @@ class Session:
 
     # -- iterations -----------------------------------------------------------------------
 
-    def open_stream(self, lanes: list[int], resume: State | None, first_lane: int | None = None) -> BatchStream:
-        """A new stream over ``lanes`` starting at ``resume`` (a state; ``None``: the beginning)."""
+    def open_stream(self, lanes: list[int], resume: State | None, first_lane: int | None = None,
+                    shape: StepShape | None = None) -> BatchStream:
+        """A new stream over ``lanes`` starting at ``resume`` (a state; ``None``: the beginning),
+        stepping by ``shape`` (default: :meth:`step_shape`)."""
         start, _ = resume_point(resume, lanes)
         runner = self.runner()
         settings = ConsumerSettings.from_options(self.description.settings, runner, len(lanes))
-        return BatchStream(self.spec(), self.description.batch, lanes, runner, settings,
-                           start=start, first_lane=first_lane)
+        spec = self.spec()
+        return BatchStream(spec, self.description.batch, lanes, runner, settings, start=start,
+                           first_lane=first_lane, pass_end=self.pass_end(spec, lanes, shape or self.step_shape()))
+
+    def pass_end(self, spec: PipelineSpec, lanes: list[int], shape: StepShape) -> PassEnd | None:
+        """Where a pass over ``lanes`` ends with ``drop_last_step`` (``None``: at the end of the data).
+        Its whole steps are known up front when every row is one sample (from the curriculum: the
+        same at every DP degree); otherwise the stream finds them by looking ahead over its lanes."""
+        if not spec.drop_last_step or spec.source.num_chunks is None:
+            return None
+        lane = steps.per_lane(shape, spec.canonical_replicas)
+        if not one_to_one(spec.record_ops, spec.accumulators):
+            return PassEnd(lane, shape.per_rank)
+        rows = known_rows(spec)
+        assert rows is not None
+        batch = self.description.batch
+        batches = [steps.lane_batches(n, batch.microbatch_size, batch.drop_last) for n in rows]
+        whole = steps.whole_steps(batches, lane)
+        return PassEnd(lane, shape.per_rank, whole, sum(batches[i] - whole * lane for i in lanes))
 
     def next_start(self, lanes: list[int]) -> State | None:
         """Where the next iteration over ``lanes`` starts (``None``: the stream's beginning).
@@ -256,7 +278,7 @@ class Session:
         """The stream of the iteration ``progress`` tracks; lanes that end report to it."""
         if self.stream is not None:
             self.stream.close()
-        self.stream = self.open_stream(progress.lanes, self.start, progress.first_lane)
+        self.stream = self.open_stream(progress.lanes, self.start, progress.first_lane, progress.shape)
         self.stream.on_finish = progress.lane_finished
         return self.stream
 

@@ -168,7 +168,7 @@ class PipelineDataset(IterableDataset):
     def _generate(pipe, progress: Progress | None, start: State | None):
         if progress is None:
             return
-        stream = pipe.session.open_stream(progress.lanes, start, progress.first_lane)
+        stream = pipe.session.open_stream(progress.lanes, start, progress.first_lane, progress.shape)
         stream.on_finish = progress.lane_finished
         try:
             for batch in stream:
@@ -301,6 +301,23 @@ def _recorded(progress: Progress, batches: Iterator[dict]) -> Iterator[dict]:
         yield out
 
 
+def _whole_steps(items: Iterator[dict], progress: Progress, per_lane: int, strict: bool) -> Iterator[dict]:
+    """A loader's batches released a global step at a time, ending before the first step that is
+    not whole. Its workers each end on their own lanes' last whole step, which may be after
+    another worker's; the loader then goes on with the longer workers' batches, whose steps hold
+    fewer batches or (in strict round-robin, ``strict``) several steps of a lane: the pass ends
+    there, where one stream over the group's lanes would end it."""
+    per_rank, first = progress.shape.per_rank, True
+    need, held = per_rank - progress.delivered % per_rank, []
+    for out in items:
+        held.append(out)
+        if len(held) == need:
+            if strict and not first and len({int(o["index_in_lane"]) // per_lane for o in held}) > 1:
+                return
+            yield from held
+            need, held, first = per_rank, [], False
+
+
 def loader_generator(seed: int) -> torch.Generator:
     """A ``torch.Generator`` for a loader over a pipeline of seed ``seed`` (deterministic).
 
@@ -348,8 +365,13 @@ class PipelineLoader(DataLoader):
     def _batches(self, progress: Progress) -> Iterator[dict]:
         """The batches of a new ``DataLoader`` iterator for the iteration ``progress`` tracks (its
         workers start where the iteration starts), recorded as the loop receives them."""
-        self._served.begin_at(self.pipeline.session.start)  # before the workers start: they copy the dataset
-        return _recorded(progress, super().__iter__())
+        session = self.pipeline.session
+        self._served.begin_at(session.start)  # before the workers start: they copy the dataset
+        items = super().__iter__()
+        end = session.pass_end(session.spec(), progress.lanes, progress.shape) if self.num_workers else None
+        if end is not None and end.steps is None:  # each worker ends its own lanes' pass
+            items = _whole_steps(items, progress, end.per_lane, session.description.settings["deterministic"])
+        return _recorded(progress, items)
 
     def state_dict(self, *, ahead: int | None = None, at_step: int | None = None) -> dict:
         """The pipeline's state (see :meth:`Pipeline.state_dict`)."""

@@ -9,10 +9,14 @@ A loaded state records G, and a resume keeps it: a resume on degree d takes
 G / d batches per rank, and a setting that would change G is refused.
 Lanes advance by samples, so what a resume really keeps is the samples per
 global step (G x microbatch size): with another microbatch size, G scales.
+
+A pass over a finite stream ends on a whole global step (``drop_last_step``, a
+data option, on by default): the steps every lane completes (:func:`whole_steps`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..curriculum.routing import check_step
@@ -136,3 +140,25 @@ def describe(shape: StepShape, replicas: int) -> str:
     if cycles is not None:
         text += f" ({cycles} round-robin cycle{'s' if cycles != 1 else ''} over {replicas} lanes)"
     return text + ("" if shape.explicit else "; default: one cycle (set global_batches_per_step)")
+
+
+# -- the end of a pass ---------------------------------------------------------------------
+# With drop_last_step (the default), a pass over a finite stream ends on a whole global step.
+# A global step holds G / R batches of every lane (whole round-robin cycles), so the whole steps
+# of a pass are those every lane completes, the same at every DP degree and worker count; each
+# lane's batches after them are dropped.
+
+def per_lane(shape: StepShape, replicas: int) -> int:
+    """Batches of each lane in one global step (G / R)."""
+    return shape.global_batches // replicas
+
+
+def lane_batches(rows: int, microbatch: int, drop_last: bool) -> int:
+    """Batches a lane of ``rows`` samples gives (its last partial one kept unless ``drop_last``)."""
+    return rows // microbatch if drop_last else -(-rows // microbatch)
+
+
+def whole_steps(batches: Sequence[int], per_lane: int) -> int:
+    """The global steps a pass gives when it ends on a whole step: lanes with ``batches`` each,
+    ``per_lane`` of every lane in a step."""
+    return min(b // per_lane for b in batches)
