@@ -12,7 +12,7 @@ import pytest
 pytest.importorskip("transformers")
 
 import torch  # noqa: E402
-from transformers import Trainer, TrainingArguments  # noqa: E402
+from transformers import Trainer, TrainerCallback, TrainingArguments  # noqa: E402
 
 from tests.helpers.frameworks import (  # noqa: E402
     digest,
@@ -335,3 +335,39 @@ def test_forward_fields_follow_the_signature():
     assert forward_fields(named, available) == ("input_ids", "labels", "domain")
     assert forward_fields(wrapper, available) == available[:4]
     assert forward_fields(tiny_gpt2(), available) == available[:4]
+
+
+@pytest.mark.parametrize("drop_last_step", [True, False])
+def test_no_optimizer_step_trains_an_odd_number_of_micro_batches(tmp_path, drop_last_step):
+    """A pass of 2 lanes with 4 and 5 micro-batches, 4 per global step (2 of each lane): 2 whole steps
+    and 1 batch more. The Trainer goes on past the end of the stream; by default every optimizer
+    step trains 4 micro-batches. Keeping every sample, the pass's last batch joins the next pass's first
+    4 in one optimizer step (5 micro-batches), and every later step is shifted against the pipeline's."""
+    import zephon_dask as z
+    from tests.helpers.pipelines import write_corpus
+
+    root = write_corpus(tmp_path / "web", n_files=1, docs=4, seed=7)
+    source = z.MixtureWorkSource([z.Dataset.from_jsonl("web", str(root), progress=False)], chunk_size=1, seed=0)
+    pipe = z.Pipeline(source).tokenize().pack(128, algorithm="wrap").batch(1, labels="hf").options(
+        canonical_replicas=2, global_batches_per_step=4, runner="synchronous", drop_last_step=drop_last_step)
+    lanes = sorted(sum(1 for b in pipe.options(drop_last_step=False) if b.lane == lane) for lane in (0, 1))
+    assert lanes == [4, 5] and pipe.num_steps() == 2
+    model = tiny_gpt2()
+    forwards: list[int] = []
+    model.register_forward_pre_hook(lambda m, a, kw: forwards.append(m.training), with_kwargs=True)
+    per_step: list[int] = []
+
+    class Count(TrainerCallback):
+        def on_step_end(self, *a, **kw):
+            per_step.append(sum(forwards))
+            forwards.clear()
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a tiny model: threads only contend
+    try:
+        with pipe:
+            ZephonTrainer(model=model, args=args(tmp_path / "out", max_steps=3, save_strategy="no"),
+                          train_dataset=pipe, callbacks=[Count()]).train()
+    finally:
+        torch.set_num_threads(threads)
+    assert per_step == ([4, 4, 4] if drop_last_step else [4, 4, 5])  # the third: the pass's last, the next's 4

@@ -26,6 +26,7 @@ from ..errors import ClusterError, ConfigError, ElasticityWarning, NotFoundError
 from ..execution import RUNNERS, choose_runner
 from ..execution.base import AUTO_AFTER, CONTROL_SHARE, MAX_WINDOWS_PER_TASK
 from ..graph.keys import FP_CHARS
+from ..operators.base import one_to_one
 from ..state import steps
 from .counting import step_count
 from .plans import PHASE_HEADERS, phase_rows
@@ -304,7 +305,19 @@ def _group(pipeline, replicas: int, options: dict) -> tuple[Section, list[str]]:
     else:
         pairs.append(("global step", steps.describe(shape, replicas)))
         pairs.append(("steps in a pass", steps_in_a_pass(pipeline)))
+        if pipeline.spec.source.num_chunks is not None:
+            pairs.append(("end of a pass", pass_end(pipeline)))
     return Section("this DP group", pairs=tuple(pairs)), notes
+
+
+def pass_end(pipeline) -> str:
+    """Where a finite stream's pass ends: on its last whole global step, or with every sample."""
+    spec = pipeline.spec
+    if not spec.drop_last_step:
+        return "every sample (drop_last_step=False): the last step may hold fewer batches"
+    where = ("counted up front, the same at every DP degree" if one_to_one(spec.record_ops, spec.accumulators)
+             else "found by looking ahead over this group's lanes")
+    return f"on the last whole global step, {where}; the batches after it are dropped (drop_last_step)"
 
 
 def lanes_of(pipeline) -> list[int]:

@@ -301,19 +301,26 @@ def _recorded(progress: Progress, batches: Iterator[dict]) -> Iterator[dict]:
         yield out
 
 
-def _whole_steps(items: Iterator[dict], progress: Progress, per_lane: int, strict: bool) -> Iterator[dict]:
-    """A loader's batches released a global step at a time, ending before the first step that is
-    not whole. Its workers each end on their own lanes' last whole step, which may be after
+def whole_steps_only(items: Iterator[dict], progress: Progress, per_lane: int, strict: bool) -> Iterator[dict]:
+    """A loader's batches (``items``) released a global step at a time, ending before the first
+    step that is not whole; ``progress``: the iteration's (where in a step it starts, the batches
+    per step), ``per_lane``: each lane's batches in a step.
+
+    The loader's workers each end on their own lanes' last whole step, which may come after
     another worker's; the loader then goes on with the longer workers' batches, whose steps hold
-    fewer batches or (in strict round-robin, ``strict``) several steps of a lane: the pass ends
-    there, where one stream over the group's lanes would end it."""
-    per_rank, first = progress.shape.per_rank, True
+    fewer batches or (in strict round-robin, ``strict``) several steps of a lane. The pass ends
+    there, where one stream over the group's lanes would end it; the loader is still read to its
+    end (its workers then stop at once)."""
+    per_rank, first, ended = progress.shape.per_rank, True, False
     need, held = per_rank - progress.delivered % per_rank, []
     for out in items:
+        if ended:
+            continue
         held.append(out)
         if len(held) == need:
             if strict and not first and len({int(o["index_in_lane"]) // per_lane for o in held}) > 1:
-                return
+                ended = True
+                continue
             yield from held
             need, held, first = per_rank, [], False
 
@@ -370,7 +377,7 @@ class PipelineLoader(DataLoader):
         items = super().__iter__()
         end = session.pass_end(session.spec(), progress.lanes, progress.shape) if self.num_workers else None
         if end is not None and end.steps is None:  # each worker ends its own lanes' pass
-            items = _whole_steps(items, progress, end.per_lane, session.description.settings["deterministic"])
+            items = whole_steps_only(items, progress, end.per_lane, session.description.settings["deterministic"])
         return _recorded(progress, items)
 
     def state_dict(self, *, ahead: int | None = None, at_step: int | None = None) -> dict:

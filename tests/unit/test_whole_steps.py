@@ -1,0 +1,155 @@
+"""``drop_last_step``: a finite stream's pass ends on a whole global step, against the oracle.
+
+The oracle is each lane's batches from its windows computed one by one
+(``ref_lane_batches``): a step holds G / R batches of every lane, the pass's steps
+are those every lane completes (``ref_whole_steps``), and each group delivers
+exactly those steps' batches in strict round-robin, every pass; with
+``drop_last_step=False`` it delivers every batch.
+"""
+
+from __future__ import annotations
+
+import warnings
+from types import SimpleNamespace
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import zephon_dask as z
+from tests.helpers.oracles import batch_rows, ref_lane_batches, ref_whole_steps
+from tests.helpers.pipelines import write_corpus
+from zephon_dask.errors import StateError, ZephonWarning
+from zephon_dask.pipeline.ranks import owned_lanes
+from zephon_dask.pipeline.torch_data import whole_steps_only
+
+DROPPED = "ends on its last whole global step"
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory):
+    root = write_corpus(tmp_path_factory.mktemp("whole_steps") / "web", n_files=2, docs=24, seed=4)
+    return z.Dataset.from_jsonl("web", str(root), progress=False)
+
+
+def build(small, R=2, cycles=1, dp=1, mapping="contiguous", microbatch=2, drop_last=True, chunk=4, k=1,
+          passes=1, pack=None, seed=3, **options):
+    source = z.MixtureWorkSource([small], chunk_size=chunk, seed=seed, stop_after_passes=passes)
+    pipe = z.Pipeline(source).tokenize()
+    if pack is not None:
+        pipe = pipe.pack(48, algorithm=pack)
+    return pipe.batch(microbatch, drop_last=drop_last).options(
+        canonical_replicas=R, flush_every_k_chunks=k, global_batches_per_step=R * cycles, dp_degree=dp,
+        mapping_strategy=mapping, runner="synchronous", **options)
+
+
+@st.composite
+def configs(draw):
+    R = draw(st.integers(1, 4))
+    return dict(R=R, cycles=draw(st.integers(1, 2)), dp=draw(st.sampled_from([d for d in (1, 2, 4) if R % d == 0])),
+                mapping=draw(st.sampled_from(["contiguous", "interleaved"])), microbatch=draw(st.integers(1, 3)),
+                drop_last=draw(st.booleans()), chunk=draw(st.integers(3, 7)), k=draw(st.integers(1, 2)),
+                passes=draw(st.integers(1, 2)), pack=draw(st.sampled_from([None, "wrap", "first_fit"])),
+                seed=draw(st.integers(0, 3)))
+
+
+def round_robin(lanes: dict, owned: list[int], per_lane_batches: int | None) -> list:
+    """Strict round-robin over ``owned``, each lane's first ``per_lane_batches`` batches (``None``: all)."""
+    queues = {lane: list(lanes[lane][:per_lane_batches]) for lane in owned}
+    out = []
+    while any(queues.values()):
+        out += [queues[lane].pop(0) for lane in owned if queues[lane]]
+    return out
+
+
+def served(pipe) -> tuple[list, bool]:
+    """One pass's batches and whether the drop was warned."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = [batch_rows(b) for b in pipe]
+    return got, any(DROPPED in str(w.message) for w in caught)
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(cfg=configs())
+def test_every_pass_ends_on_a_whole_global_step(small, cfg):
+    base = build(small, **cfg)
+    spec, per_lane = base.spec, cfg["cycles"]
+    lanes = {lane: ref_lane_batches(spec, lane, cfg["microbatch"], cfg["drop_last"]) for lane in range(cfg["R"])}
+    steps = min(len(b) // per_lane for b in lanes.values())  # every lane completes them
+    assert base.num_steps() == steps
+    for group in range(cfg["dp"]):
+        pipe = base.options(dp_group_id=group)
+        owned = owned_lanes(pipe.description.settings)
+        per_rank = pipe.session.step_shape().per_rank
+        whole = ref_whole_steps(spec, owned, cfg["microbatch"], cfg["drop_last"], per_lane)
+        assert whole == steps or (cfg["pack"] and cfg["dp"] > 1)  # rows not known up front: the group's own
+        got, warned = served(pipe)
+        assert len(got) == whole * per_rank  # whole steps only
+        assert got == round_robin(lanes, owned, whole * per_lane)
+        assert warned == any(len(lanes[lane]) > whole * per_lane for lane in owned)  # dropped: warned
+        if group == 0:
+            assert served(pipe)[0] == got  # the next pass ends alike
+        every, warned = served(pipe.options(drop_last_step=False))
+        assert every == round_robin(lanes, owned, None) and not warned  # every sample
+
+
+def test_a_loader_ends_where_its_shortest_worker_ends():
+    """DataLoader workers each end their own lanes (a packed stream's rows are not known up front);
+    after the shortest one's end the loader goes on with the others alone: those batches are no
+    whole step. With real workers: test_state.py's test_dataloader_worker_count_change."""
+    def loader(ends, start=0):  # two workers, one lane each, polled in turn while both serve
+        order = [(lane, i) for i in range(start, max(ends)) for lane in (0, 1) if i < ends[lane]]
+        return iter([{"lane": lane, "index_in_lane": i} for lane, i in order])
+
+    def passed(items, delivered=0, strict=True):
+        progress = SimpleNamespace(shape=SimpleNamespace(per_rank=4), delivered=delivered)
+        return [(d["lane"], d["index_in_lane"]) for d in whole_steps_only(items, progress, 2, strict)]
+
+    assert passed(loader((4, 9))) == [(lane, i) for i in range(4) for lane in (0, 1)]  # 2 steps, not 3
+    assert passed(loader((4, 8), start=1), delivered=2) == [(lane, i) for i in range(1, 4) for lane in (0, 1)]
+    assert len(passed(loader((4, 8)), strict=False)) == 12  # in readiness order only the count shows
+
+
+@pytest.mark.parametrize("dp", [2, 4])
+def test_elastic_resume_keeps_the_steps_to_the_end_of_the_pass(small, dp):
+    """Rows are samples: the pass's whole steps are the same at every degree. dp=1 stopped two steps
+    before the end resumes on ``dp`` groups: the same global steps, then the next pass."""
+    one = build(small, R=4, cycles=2, chunk=7, passes=2)
+    steps = one.num_steps()
+    lanes = {lane: ref_lane_batches(one.spec, lane, 2) for lane in range(4)}
+    assert sorted(len(b) for b in lanes.values()) == [10, 10, 14, 14]  # lanes 2 and 3 go 2 steps further
+    it = iter(one)
+    head = [batch_rows(next(it)) for _ in range((steps - 2) * 8)]
+    assert head == round_robin(lanes, list(range(4)), steps * 2)[:(steps - 2) * 8]
+    state = one.state_dict()
+    tails = []
+    for group in range(dp):
+        pipe = build(small, R=4, cycles=2, chunk=7, passes=2, dp=dp, dp_group_id=group).load_state_dict(state)
+        assert pipe.num_steps() == steps
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ZephonWarning)
+            tails.append([batch_rows(b) for b in pipe])  # the pass's last two steps
+            it = iter(pipe)
+            following = [batch_rows(next(it)) for _ in range(2 * 8 // dp)]
+        assert len(tails[-1]) == 2 * 8 // dp
+        assert following == round_robin(lanes, owned_lanes(pipe.description.settings), 4)  # the next pass
+    per_rank = 8 // dp
+    for step in range(2):
+        resumed = sorted(b for tail in tails for b in tail[step * per_rank:(step + 1) * per_rank])
+        assert resumed == sorted(round_robin(lanes, list(range(4)), steps * 2)[(steps - 2 + step) * 8:][:8])
+
+
+def test_the_setting_is_data_a_recipe_key_and_refused_on_resume(small, tmp_path):
+    keep = build(small, drop_last_step=False)
+    default = build(small)
+    assert "drop_last_step" not in default.spec.config()  # fingerprints from before the option stay
+    assert keep.spec.config()["drop_last_step"] is False and keep.fingerprint() != default.fingerprint()
+    with pytest.raises(StateError, match="drop_last_step"):
+        build(small, drop_last_step=False).load_state_dict(default.state_dict())
+    write_corpus(tmp_path / "web", n_files=1, docs=4)
+    recipe = tmp_path / "r.toml"
+    recipe.write_text('[[datasets]]\nname = "web"\npath = "web"\nformat = "jsonl"\n[tokenize]\n[batch]\n'
+                      'microbatch_size = 2\n[options]\ndrop_last_step = false\n')
+    assert z.Pipeline.from_config(recipe).spec.drop_last_step is False
+    assert "every sample" in str(keep.explain().section("this DP group").text())
