@@ -374,7 +374,7 @@ class PipelineLoader(DataLoader):
         workers start where the iteration starts), recorded as the loop receives them."""
         session = self.pipeline.session
         self._served.begin_at(session.start)  # before the workers start: they copy the dataset
-        items = super().__iter__()
+        items: Iterator[dict] = super().__iter__()
         end = session.pass_end(session.spec(), progress.lanes, progress.shape) if self.num_workers else None
         if end is not None and end.steps is None:  # each worker ends its own lanes' pass
             items = whole_steps_only(items, progress, end.per_lane, session.description.settings["deterministic"])
