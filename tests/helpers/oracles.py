@@ -220,14 +220,14 @@ def ref_lane_batches(spec, lane, microbatch_size, drop_last=True):
 
 def ref_whole_steps(spec, lanes, microbatch_size, drop_last=True, per_lane=1):
     """The global steps a pass over ``lanes`` gives with ``drop_last_step``: a step holds ``per_lane``
-    batches of every lane, and the pass ends before the first step one lane cannot complete: any
-    lane of the spec when every row is one sample (the count is known up front), else one of
-    ``lanes`` (the stream looks ahead over its own lanes)."""
+    full batches of every lane, and the pass ends before the first step one lane cannot complete:
+    any lane of the spec when every row is one sample (the count is known up front), else one of
+    ``lanes`` (the stream looks ahead over its own lanes). A last partial batch is in no step."""
     from zephon_dask.operators.base import one_to_one
 
     known = one_to_one(spec.record_ops, spec.accumulators)
     over = range(spec.canonical_replicas) if known else lanes
-    return min(len(ref_lane_batches(spec, lane, microbatch_size, drop_last)) // per_lane for lane in over)
+    return min(len(ref_lane_batches(spec, lane, microbatch_size, True)) // per_lane for lane in over)
 
 
 def ref_group_stream(spec, lanes, microbatch_size, drop_last=True, per_lane=1):

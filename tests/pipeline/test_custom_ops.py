@@ -77,7 +77,7 @@ def steps(pipes, n, per_step):
 def group(corpus_dir, custom, dp, microbatch, mapping="contiguous"):
     return [pipeline(corpus_dir, custom, R=4, k=1, microbatch=microbatch, drop_last=False, runner="synchronous",
                      dp_degree=dp, dp_group_id=g, mapping_strategy=mapping,
-                     batches_per_step=4 * (2 // microbatch) // dp)
+                     batches_per_step=4 * (2 // microbatch) // dp, drop_last_step=False)  # to the stream's end
             for g in range(dp)]
 
 
@@ -129,9 +129,9 @@ def test_map_batch_resumes_as_the_function_of_each_batch(corpus_dir, cut, dp, mi
 
     def pipes(degree):
         return [pipeline(corpus_dir, True, microbatch=microbatch, runner="synchronous", dp_degree=degree,
-                         dp_group_id=g).map_batch(shift, version=1) for g in range(degree)]
+                         dp_group_id=g, drop_last_step=False).map_batch(shift, version=1) for g in range(degree)]
 
-    plain = pipeline(corpus_dir, True, microbatch=microbatch)
+    plain = pipeline(corpus_dir, True, microbatch=microbatch, drop_last_step=False)  # to the stream's end
     truth = {(lane, i): [[2 * t for t in row] for row in rows]
              for lane, i, rows in ref_group_stream(plain.spec, list(range(4)), microbatch)}
     first = pipes(2)

@@ -20,7 +20,9 @@ STEPS = 24  # past the end of the stream (137 batches over 8 lanes)
 FULL_STEPS = 9  # steps at which every lane still has a batch
 
 
-def pipes(corpus_dir, dp, read_order="weighted_random", **source):
+def pipes(corpus_dir, dp, read_order="weighted_random", drop_last_step=False, **source):
+    """Every sample to the stream's end by default (``drop_last_step=False``): the lanes end far apart,
+    and these runs resume across the end on other degrees."""
     web = z.Dataset.from_jsonl("web", str(corpus_dir / "web"), progress=False)
     code = z.Dataset.from_jsonl("code", str(corpus_dir / "code"), progress=False)
     # code (100 samples, 9 a chunk) may be read twice: it ends the stream at chunk 22, before web's
@@ -29,7 +31,7 @@ def pipes(corpus_dir, dp, read_order="weighted_random", **source):
                              **{"within_dataset": "shuffle", **PER_DATASET, **source})
     return [z.Pipeline(ws).tokenize().pack(384).batch(1).options(
         canonical_replicas=R, flush_every_k_chunks=1, runner="synchronous", dp_degree=dp, dp_group_id=g,
-        batches_per_step=R // dp) for g in range(dp)]
+        batches_per_step=R // dp, drop_last_step=drop_last_step) for g in range(dp)]
 
 
 def samples(batch):
@@ -57,6 +59,10 @@ def test_the_stream_ends_where_the_repeating_dataset_runs_out(corpus_dir):
     lanes = Counter(b.lane for b in one)
     assert min(lanes.values()) == FULL_STEPS
     assert one.num_steps() == sum(lanes.values()) // R == 17  # exact, from the per-dataset stream's end
+    (whole,) = pipes(corpus_dir, 1, drop_last_step=True)  # the pass ends on the last step every lane completes
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ZephonWarning)  # 65 batches dropped: said
+        assert whole.num_steps() == FULL_STEPS and sum(1 for _ in whole) == FULL_STEPS * R
 
 
 @SLOW

@@ -13,7 +13,7 @@ import zephon_dask as z
 from tests.helpers.oracles import batch_rows, ref_allocation, ref_group_stream
 from zephon_dask.curriculum.chunking import choose_chunk_size, fitted
 from zephon_dask.curriculum.mixture import Mixture
-from zephon_dask.errors import ConfigError, ElasticityWarning, StateError
+from zephon_dask.errors import ConfigError, ElasticityWarning, EmptyStreamError, StateError
 
 
 class Sized:
@@ -198,16 +198,20 @@ def test_a_chosen_size_resumes_exactly_on_another_dp_degree():
 
 
 def test_a_resume_reuses_the_checkpoints_chunk_size_and_refuses_other_data():
-    written = small(chunk_size=1024)  # a checkpoint from a run at 1,024 (the default before it was chosen)
+    every = {"drop_last_step": False}  # lanes without a chunk: no whole global step to end a pass on
+    written = small(chunk_size=1024).options(**every)  # a checkpoint from a run at 1,024 (the default before)
     it = iter(written)
     with pytest.warns(ElasticityWarning, match="7 lanes get no chunk"):
         [next(it) for _ in range(3)]
     state = written.state_dict()
-    resumed = small().load_state_dict(state)
+    resumed = small().options(**every).load_state_dict(state)
     assert resumed.spec.source.chunk_size == 1024
     assert "the checkpoint's" in str(resumed.explain())
     with pytest.raises(StateError, match="different data configuration"):
-        small(800).load_state_dict(state)
+        small(800).options(**every).load_state_dict(state)
+    with pytest.raises(EmptyStreamError, match="no whole global step"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", ElasticityWarning)
+        next(iter(small(chunk_size=1024)))
 
 
 def test_fewer_samples_than_lanes_get_the_most_chunks_and_a_note_to_lower_the_lanes():

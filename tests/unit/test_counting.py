@@ -22,18 +22,19 @@ RECIPE = Path(__file__).resolve().parents[2] / "examples" / "recipe.toml"
 
 def oracle(pipeline) -> tuple[int, int, int]:
     """(full global steps, batches, batches after them): every group's pipeline iterated to its
-    end with every sample kept. With ``drop_last_step`` a step holds G / R batches of every lane and
+    end with every sample kept. With ``drop_last_step`` a step holds G / R full batches of every lane and
     the steps are those every lane completes; without, each group takes its step shape's batches
     per step and the steps are those every group completes."""
     degree, _ = pipeline.session.identity()
-    lanes, delivered, per_rank = Counter(), [], []
+    microbatch = pipeline.description.batch.microbatch_size
+    lanes, delivered, per_rank = Counter(), [], []  # lanes: full batches per lane
     for group in range(degree):
         p = pipeline.options(dp_group_id=group, runner="synchronous", drop_last_step=False)
         if not owned_lanes(p.description.settings):
             continue
         with p:
-            got = [b.lane for b in p]
-        lanes.update(got)
+            got = [(b.lane, b.num_samples == microbatch) for b in p]
+        lanes.update(lane for lane, full in got if full)
         delivered.append(len(got))
         per_rank.append(p.session.step_shape().per_rank)
     total = sum(delivered)

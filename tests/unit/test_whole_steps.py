@@ -1,7 +1,7 @@
 """``drop_last_step``: a finite stream's pass ends on a whole global step, against the oracle.
 
 The oracle is each lane's batches from its windows computed one by one
-(``ref_lane_batches``): a step holds G / R batches of every lane, the pass's steps
+(``ref_lane_batches``): a step holds G / R full batches of every lane, the pass's steps
 are those every lane completes (``ref_whole_steps``), and each group delivers
 exactly those steps' batches in strict round-robin, every pass; with
 ``drop_last_step=False`` it delivers every batch.
@@ -76,7 +76,8 @@ def test_every_pass_ends_on_a_whole_global_step(small, cfg):
     base = build(small, **cfg)
     spec, per_lane = base.spec, cfg["cycles"]
     lanes = {lane: ref_lane_batches(spec, lane, cfg["microbatch"], cfg["drop_last"]) for lane in range(cfg["R"])}
-    steps = min(len(b) // per_lane for b in lanes.values())  # every lane completes them
+    full = {lane: sum(len(rows) == cfg["microbatch"] for _, _, rows in b) for lane, b in lanes.items()}
+    steps = min(n // per_lane for n in full.values())  # every lane completes them (a partial batch: in none)
     assert base.num_steps() == steps
     for group in range(cfg["dp"]):
         pipe = base.options(dp_group_id=group)

@@ -19,8 +19,9 @@ A stream that starts at the beginning checks its first window for data lost
 silently and raises when it ends without a sample (:mod:`.checks`).
 
 With a :class:`PassEnd` (``drop_last_step``) the stream ends on a whole global
-step: each global step holds ``per_lane`` batches of every lane, and the stream
-ends before the first step one lane cannot complete. When the pass's whole
+step: each global step holds ``per_lane`` full batches of every lane, and the stream
+ends before the first step one lane cannot complete (a lane's last partial
+batch, kept by ``drop_last=False``, is never in a whole step). When the pass's whole
 steps are known up front (``steps``) every lane stops after ``steps x per_lane``
 batches; otherwise the stream looks ahead at each step's start until every one
 of its lanes has that step's batches buffered (or has ended). Lanes stopped so
@@ -36,7 +37,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from ..core.spec import PipelineSpec
-from ..errors import StateError, ZephonWarning, user_stacklevel
+from ..errors import EmptyStreamError, StateError, ZephonWarning, user_stacklevel
 from .batch import Batch, BatchOptions
 from .batcher import LaneBatcher
 from .checks import check_first_window, check_mixture_drift, empty_stream
@@ -135,8 +136,9 @@ class BatchStream:
         return True
 
     def _emit(self, lane: int) -> Batch | None:
-        if self.pass_end is not None and not self._whole(self.batchers[lane].next_index):
-            self._end_pass()
+        index = self.batchers[lane].next_index
+        if self.pass_end is not None and not self._whole(index):
+            self._end_pass(first=index < self.pass_end.per_lane and self._fresh)
             return None
         if self._fill(lane):
             return self.batchers[lane].pop()
@@ -160,7 +162,7 @@ class BatchStream:
         for lane in self.lanes:
             batcher = self.batchers[lane]
             need = upto - batcher.next_index
-            if need > 0 and (self.finished[lane] or not self._fill(lane, need)) and self._available(lane) < need:
+            if need > 0 and (self.finished[lane] or not self._fill(lane, need)):
                 return False
         self._whole_through = step
         return True
@@ -171,11 +173,20 @@ class BatchStream:
         full, rest = divmod(batcher.buffered, batcher.opts.microbatch_size)
         return full + (1 if rest and not batcher.opts.drop_last else 0)
 
-    def _end_pass(self) -> None:
+    def _end_pass(self, first: bool) -> None:
         """End the pass at a whole step: every lane here stops; the batches after it are dropped
-        (warned, once per pipeline and place with Python's default filter: the text is the same)."""
+        (warned, once per pipeline and place with Python's default filter: the text is the same).
+        ``first``: the stream starts a pass and has no whole step, which is an error."""
         end = self.pass_end
         assert end is not None
+        if first:
+            short = [lane for lane in self.lanes
+                     if self.batchers[lane].buffered < end.per_lane * self.batchers[lane].opts.microbatch_size]
+            raise EmptyStreamError(
+                f"the pass has no whole global step: lanes {short or 'of other DP groups'} give fewer than "
+                f"the {end.per_lane} batch{'es' if end.per_lane != 1 else ''} each lane holds in a step, so "
+                "drop_last_step drops every batch. Give every lane more data (fewer canonical_replicas, a "
+                "smaller chunk_size or global step), or keep every sample with .options(drop_last_step=False)")
         dropped = end.dropped if end.steps is not None else sum(
             self._available(lane) + (0 if self.finished[lane] or not self._fill(lane) else 1)
             for lane in self.lanes)

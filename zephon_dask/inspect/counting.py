@@ -88,7 +88,7 @@ def count_steps(rows: Sequence[int], microbatch: int, drop_last: bool, groups: S
     lane_batches = [steps.lane_batches(n, microbatch, drop_last) for n in rows]
     total = sum(lane_batches)
     if per_lane is not None:
-        whole = steps.whole_steps(lane_batches, per_lane)
+        whole = steps.whole_steps(rows, microbatch, per_lane)
         return StepCount(whole, total, total - whole * per_lane * len(rows), counted, dropped=True)
     served = [(lanes, p) for lanes, p in zip(groups, per_rank, strict=True) if lanes]  # a group without lanes serves none
     group_batches = [sum(lane_batches[lane] for lane in lanes) for lanes, _ in served]

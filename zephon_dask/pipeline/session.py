@@ -212,9 +212,9 @@ class Session:
         rows = known_rows(spec)
         assert rows is not None
         batch = self.description.batch
-        batches = [steps.lane_batches(n, batch.microbatch_size, batch.drop_last) for n in rows]
-        whole = steps.whole_steps(batches, lane)
-        return PassEnd(lane, shape.per_rank, whole, sum(batches[i] - whole * lane for i in lanes))
+        whole = steps.whole_steps(rows, batch.microbatch_size, lane)
+        return PassEnd(lane, shape.per_rank, whole, sum(
+            steps.lane_batches(rows[i], batch.microbatch_size, batch.drop_last) - whole * lane for i in lanes))
 
     def next_start(self, lanes: list[int]) -> State | None:
         """Where the next iteration over ``lanes`` starts (``None``: the stream's beginning).

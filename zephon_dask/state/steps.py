@@ -144,9 +144,10 @@ def describe(shape: StepShape, replicas: int) -> str:
 
 # -- the end of a pass ---------------------------------------------------------------------
 # With drop_last_step (the default), a pass over a finite stream ends on a whole global step.
-# A global step holds G / R batches of every lane (whole round-robin cycles), so the whole steps
-# of a pass are those every lane completes, the same at every DP degree and worker count; each
-# lane's batches after them are dropped.
+# A global step holds G / R full batches of every lane (whole round-robin cycles), so the whole
+# steps of a pass are those every lane completes, the same at every DP degree and worker count
+# and, counted in samples, at every microbatch size that keeps G x microbatch; each lane's batches
+# after them (a last partial one kept by drop_last=False among them) are dropped.
 
 def per_lane(shape: StepShape, replicas: int) -> int:
     """Batches of each lane in one global step (G / R)."""
@@ -158,7 +159,7 @@ def lane_batches(rows: int, microbatch: int, drop_last: bool) -> int:
     return rows // microbatch if drop_last else -(-rows // microbatch)
 
 
-def whole_steps(batches: Sequence[int], per_lane: int) -> int:
-    """The global steps a pass gives when it ends on a whole step: lanes with ``batches`` each,
-    ``per_lane`` of every lane in a step."""
-    return min(b // per_lane for b in batches)
+def whole_steps(rows: Sequence[int], microbatch: int, per_lane: int) -> int:
+    """The global steps a pass gives when it ends on a whole step: lanes of ``rows`` samples each,
+    ``per_lane`` full batches of ``microbatch`` samples of every lane in a step."""
+    return min(n // (microbatch * per_lane) for n in rows)
