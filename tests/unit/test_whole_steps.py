@@ -141,6 +141,30 @@ def test_elastic_resume_keeps_the_steps_to_the_end_of_the_pass(small, dp):
         assert resumed == sorted(round_robin(lanes, list(range(4)), steps * 2)[(steps - 2 + step) * 8:][:8])
 
 
+@pytest.mark.parametrize("pack", [None, "first_fit"])
+def test_a_mid_step_resume_on_another_degree_delivers_the_rest_of_the_whole_steps(small, pack):
+    """dp=2 cut three batches into the last step but one (lanes 0 and 2 a batch ahead of 1 and 3),
+    resumed on dp=1 (round-robin from lane 1): every batch up to the end of the pass's whole steps
+    once, none after, although lane 2 reaches the end before lane 3."""
+    def pipes(dp):
+        return [build(small, R=4, cycles=2, chunk=7, passes=2, pack=pack, dp=dp, dp_group_id=g) for g in range(dp)]
+
+    (one,) = pipes(1)
+    steps = one.num_steps()
+    lanes = {lane: ref_lane_batches(one.spec, lane, 2) for lane in range(4)}
+    head = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ZephonWarning)  # "3 batches into a step": expected here
+        before = pipes(2)
+        for pipe in before:
+            it = iter(pipe)
+            head += [batch_rows(next(it)) for _ in range((steps - 2) * 4 + 3)]
+        state = z.merge_states([p.state_dict() for p in before])
+        tail = [batch_rows(b) for b in one.load_state_dict(state)]
+    assert [state["lanes"][str(lane)]["batches_delivered"] for lane in range(4)] == [2 * steps - 2, 2 * steps - 3] * 2
+    assert sorted(head + tail) == sorted(b for lane in range(4) for b in lanes[lane][:2 * steps])
+
+
 def test_the_setting_is_data_a_recipe_key_and_refused_on_resume(small, tmp_path):
     keep = build(small, drop_last_step=False)
     default = build(small)

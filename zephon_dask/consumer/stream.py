@@ -24,9 +24,11 @@ ends before the first step one lane cannot complete (a lane's last partial
 batch, kept by ``drop_last=False``, is never in a whole step). When the pass's whole
 steps are known up front (``steps``) every lane stops after ``steps x per_lane``
 batches; otherwise the stream looks ahead at each step's start until every one
-of its lanes has that step's batches buffered (or has ended). Lanes stopped so
-are not ``finished`` in the state (their data did not run out): a stream
-resumed there ends at once, the same way.
+of its lanes has that step's batches buffered (or has ended). Each lane stops
+at its first batch after the last whole step (a lane behind the others after
+a mid-step resume on another topology still delivers its batches before it).
+Lanes stopped so are not ``finished`` in the state (their data did not run
+out): a stream resumed there ends at once, the same way.
 """
 
 from __future__ import annotations
@@ -108,7 +110,12 @@ class BatchStream:
         self._drift_warned = False  # ensure_mixture's warn_tolerance: once per iteration
         self._started = False  # whether the first batch was asked for
         self.pass_end = pass_end
-        self._whole_through = -1  # lookahead: the last step (of lane batches) every lane here completes
+        # the first step (of each lane's batches) that is not whole, once known; the last step every
+        # lane here was seen to complete, looking ahead; the batches dropped after the pass, counted
+        self._end_step = pass_end.steps if pass_end is not None else None
+        self._whole_through = -1
+        self._dropped = 0
+        self._warned = False
         self.on_finish: Callable[[int, int], None] | None = None  # called as on_finish(lane, batch count) when a lane ends without a last batch
 
     def __iter__(self):
@@ -136,9 +143,8 @@ class BatchStream:
         return True
 
     def _emit(self, lane: int) -> Batch | None:
-        index = self.batchers[lane].next_index
-        if self.pass_end is not None and not self._whole(index):
-            self._end_pass(first=index < self.pass_end.per_lane and self._fresh)
+        if self.pass_end is not None and not self._whole(self.batchers[lane].next_index):
+            self._stop(lane)
             return None
         if self._fill(lane):
             return self.batchers[lane].pop()
@@ -149,50 +155,50 @@ class BatchStream:
         return batch
 
     def _whole(self, index: int) -> bool:
-        """Whether the global step holding each lane's batch ``index`` is whole (see the module
-        docstring); looking ahead, it fills every lane here up to that step's end once."""
+        """Whether the global step holding a lane's batch ``index`` is whole (see the module
+        docstring); looking ahead, each step is checked once, for every lane here."""
         end = self.pass_end
         assert end is not None
         step = index // end.per_lane
-        if end.steps is not None:
-            return step < end.steps
-        if step <= self._whole_through:
-            return True
-        upto = (step + 1) * end.per_lane
-        for lane in self.lanes:
-            batcher = self.batchers[lane]
-            need = upto - batcher.next_index
-            if need > 0 and (self.finished[lane] or not self._fill(lane, need)):
-                return False
-        self._whole_through = step
-        return True
-
-    def _available(self, lane: int) -> int:
-        """The batches the lane has buffered, its last partial one counted unless ``drop_last``."""
-        batcher = self.batchers[lane]
-        full, rest = divmod(batcher.buffered, batcher.opts.microbatch_size)
-        return full + (1 if rest and not batcher.opts.drop_last else 0)
-
-    def _end_pass(self, first: bool) -> None:
-        """End the pass at a whole step: every lane here stops; the batches after it are dropped
-        (warned, once per pipeline and place with Python's default filter: the text is the same).
-        ``first``: the stream starts a pass and has no whole step, which is an error."""
-        end = self.pass_end
-        assert end is not None
-        if first:
-            short = [lane for lane in self.lanes
-                     if self.batchers[lane].buffered < end.per_lane * self.batchers[lane].opts.microbatch_size]
+        if self._end_step is None and step > self._whole_through:
+            self._look_ahead(step)
+        if self._end_step == 0 and self._fresh:
             raise EmptyStreamError(
-                f"the pass has no whole global step: lanes {short or 'of other DP groups'} give fewer than "
-                f"the {end.per_lane} batch{'es' if end.per_lane != 1 else ''} each lane holds in a step, so "
-                "drop_last_step drops every batch. Give every lane more data (fewer canonical_replicas, a "
-                "smaller chunk_size or global step), or keep every sample with .options(drop_last_step=False)")
-        dropped = end.dropped if end.steps is not None else sum(
-            self._available(lane) + (0 if self.finished[lane] or not self._fill(lane) else 1)
-            for lane in self.lanes)
+                f"the pass has no whole global step: a lane gives fewer than the {end.per_lane} full "
+                f"batch{'es' if end.per_lane != 1 else ''} each lane holds in a step (a lane without a chunk, "
+                "or too little data for the step), so drop_last_step drops every batch. Give every lane "
+                "more data (fewer canonical_replicas, a smaller chunk_size or global step), or keep every "
+                "sample with .options(drop_last_step=False)")
+        return self._end_step is None or step < self._end_step
+
+    def _look_ahead(self, step: int) -> None:
+        """Fill every lane here up to the end of ``step``: the pass ends there if one cannot."""
+        upto = (step + 1) * self.pass_end.per_lane  # type: ignore[union-attr]
         for lane in self.lanes:
-            self.finished[lane] = True
-            self.batchers[lane].finish(keep=False)
+            need = upto - self.batchers[lane].next_index
+            if need > 0 and (self.finished[lane] or not self._fill(lane, need)):
+                self._end_step = step
+                return
+        self._whole_through = step
+
+    def _stop(self, lane: int) -> None:
+        """The lane's next batch is after the pass's last whole step: the lane stops, its batches
+        from here dropped (counted here when not known up front)."""
+        if self.pass_end is not None and self.pass_end.steps is None:
+            batcher = self.batchers[lane]
+            full, rest = divmod(batcher.buffered, batcher.opts.microbatch_size)
+            self._dropped += full + (1 if rest and not batcher.opts.drop_last else 0) + (1 if self._fill(lane) else 0)
+        self.finished[lane] = True
+        self.batchers[lane].finish(keep=False)
+
+    def _warn_dropped(self) -> None:
+        """Once the pass has ended on a whole step, say what it dropped (Python's default filter
+        shows it once: the text is the same every pass)."""
+        end = self.pass_end
+        if end is None or self._end_step is None or self._warned:
+            return
+        self._warned = True
+        dropped = end.dropped if end.steps is not None else self._dropped
         if dropped:
             count = f"{dropped} batch{'es' if dropped != 1 else ''}" if end.steps is not None else "batches"
             warnings.warn(
@@ -233,6 +239,7 @@ class BatchStream:
             batch = self._emit(self.lanes[at])
             if batch is not None:
                 return batch
+        self._warn_dropped()
         self.close()
         if self._fresh and self.stats.get("records") and not self.stats.get("samples"):
             raise empty_stream(self.stats, f"the stream over lanes {self.lanes}, from its start to its end,")
