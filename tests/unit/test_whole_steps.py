@@ -110,6 +110,7 @@ def test_a_loader_ends_where_its_shortest_worker_ends():
     assert passed(loader((4, 9))) == [(lane, i) for i in range(4) for lane in (0, 1)]  # 2 steps, not 3
     assert passed(loader((4, 8), start=1), delivered=2) == [(lane, i) for i in range(1, 4) for lane in (0, 1)]
     assert len(passed(loader((4, 8)), strict=False)) == 12  # in readiness order only the count shows
+    assert passed(loader((4, 9), start=4), delivered=8) == []  # resumed at the pass's end: nothing more
 
 
 @pytest.mark.parametrize("dp", [2, 4])

@@ -309,10 +309,11 @@ def whole_steps_only(items: Iterator[dict], progress: Progress, per_lane: int, s
     The loader's workers each end on their own lanes' last whole step, which may come after
     another worker's; the loader then goes on with the longer workers' batches, whose steps hold
     fewer batches or (in strict round-robin, ``strict``) several steps of a lane. The pass ends
-    there, where one stream over the group's lanes would end it; the loader is still read to its
-    end (its workers then stop at once)."""
-    per_rank, first, ended = progress.shape.per_rank, True, False
+    there, where one stream over the group's lanes would end it (also when it starts there, at a
+    state taken after a pass); the loader is still read to its end (its workers then stop at once)."""
+    per_rank, ended = progress.shape.per_rank, False
     need, held = per_rank - progress.delivered % per_rank, []
+    first = need < per_rank  # the rest of a step begun before a resume: its lanes may stand apart
     for out in items:
         if ended:
             continue
