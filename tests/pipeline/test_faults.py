@@ -519,7 +519,7 @@ def test_cli_run_full_disk_checkpoint_is_one_line_exit_2(tmp_path, monkeypatch, 
     recipe = tmp_path / "r.toml"
     recipe.write_text(f'[[datasets]]\nname = "d"\npath = "{folder}"\n[tokenize]\ntokenizer = "bytes"\n'
                       '[pack]\nmax_length = 16\n[batch]\nmicrobatch_size = 1\n[options]\n'
-                      'runner = "synchronous"\n')
+                      'runner = "synchronous"\ndrop_last_step = false\n')  # lanes of one batch or none
     _full_disk(monkeypatch, tmp_path)
     assert main(["run", str(recipe), "--steps", "1", "--checkpoint", str(tmp_path / "c.json")]) == 2
     err = capsys.readouterr().err

@@ -107,10 +107,14 @@ def test_run_command_checkpoints_resumes_and_verifies(tmp_path, capsys):
 
 
 def test_a_stream_that_ends_mid_step_checkpoints_its_last_full_step(tmp_path, capsys):
-    """The example recipe's stream ends one batch into a global step: the checkpoint is the last
-    full step's, with no warning, and a resume from it delivers that partial step again, then ends."""
+    """The example recipe's stream, every sample kept, ends one batch into a global step: the
+    checkpoint is the last full step's, with no warning, and a resume from it delivers that partial
+    step again, then ends."""
     whole, resumed, ckpt = tmp_path / "whole", tmp_path / "resumed", tmp_path / "ckpt.json"
-    common = [str(EXAMPLE), "--runner", "synchronous"]
+    every = tmp_path / "recipe.toml"
+    every.write_text(EXAMPLE.read_text().replace('path = "data/', f'path = "{EXAMPLE.parent}/data/')
+                     .replace("[options]", "[options]\ndrop_last_step = false", 1))
+    common = [str(every), "--runner", "synchronous"]
     assert cli(["run", *common, "--steps", "1000", "--ledger", str(whole), "--checkpoint", str(ckpt)]) == 1
     out = capsys.readouterr()
     full = int(re.search(r"the stream ended after (\d+) full steps", out.out).group(1))
@@ -144,7 +148,8 @@ def _drawn(spec, lane, window) -> Counter:
 def test_stats_explain_shares_over_whole_windows_and_what_packing_holds(corpus_dir, batches):
     """Against windows computed here: the sample share over the windows delivered whole, and the
     documents of partly delivered windows not delivered yet; all of it still there after close."""
-    with build(corpus_dir, runner="synchronous", algorithm="best_fit") as pipe:
+    # every sample: lanes then end where their data does (finished), as the shares below assume
+    with build(corpus_dir, runner="synchronous", algorithm="best_fit", drop_last_step=False) as pipe:
         for _ in zip(range(batches), pipe):
             pass
         s = pipe.stats()
