@@ -598,8 +598,9 @@ def test_union_over_dp_groups_is_topology_independent(corpus_dir, mapping):
     def collect(degree):
         items, orders = [], []
         for group in range(degree):
+            # every sample: a packed stream's pass otherwise ends on each group's own last whole step
             p = build(corpus_dir, R=8, runner="synchronous", dp_degree=degree, dp_group_id=group,
-                      mapping_strategy=mapping)
+                      mapping_strategy=mapping, drop_last_step=False)
             got = stream(p)
             items += [(lane, idx, json.dumps(rows)) for lane, idx, rows in got]
             orders.append((group_lanes(8, degree, mapping)[group], [lane for lane, _, _ in got]))
@@ -654,7 +655,7 @@ def test_dataloader_workers_replay_round_robin(corpus_dir, num_workers):
     import torch
     from torch.utils.data import DataLoader
 
-    p = build(corpus_dir, runner="threads")
+    p = build(corpus_dir, runner="threads", drop_last_step=False)  # a loader of one's own: each worker's end
     truth = reference(p)
     loader = DataLoader(p.to_torch_dataset(), batch_size=None, num_workers=num_workers)
     got = []
