@@ -105,7 +105,7 @@ class Preemption:
     def should_stop(self) -> bool:
         """Whether any rank received a stop signal: under an initialised ``torch.distributed`` with
         several ranks a collective (every rank calls it at the same step), else :attr:`requested`."""
-        return _any_rank(self.requested)
+        return torch_dist.any_rank(self.requested)
 
     def deferred(self) -> _Deferred:
         """A block in which a signal waits until the block ends (then handled as usual)."""
@@ -181,15 +181,3 @@ def _say(message: str) -> None:
         os.write(2, (message + "\n").encode())
     except OSError:
         pass
-
-
-def _any_rank(flag: bool) -> bool:
-    dist = torch_dist.initialized(several=True)
-    if dist is None:
-        return flag
-    import torch
-
-    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
-    vote = torch.tensor([int(flag)], dtype=torch.int32, device=device)
-    dist.all_reduce(vote, op=dist.ReduceOp.MAX)
-    return bool(vote.item())

@@ -19,3 +19,26 @@ def initialized(several: bool = False) -> Any:
     if several and dist.get_world_size() <= 1:
         return None
     return dist
+
+
+def _reduce(flag: bool, op: str) -> bool:
+    dist = initialized(several=True)
+    if dist is None:
+        return flag
+    import torch
+
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
+    vote = torch.tensor([int(flag)], dtype=torch.int32, device=device)
+    dist.all_reduce(vote, op=getattr(dist.ReduceOp, op))
+    return bool(vote.item())
+
+
+def any_rank(flag: bool) -> bool:
+    """Whether ``flag`` is true on any rank (a collective: every rank calls it; alone, ``flag``).
+    Waits as long as the process group's own ``timeout``."""
+    return _reduce(flag, "MAX")
+
+
+def every_rank(flag: bool) -> bool:
+    """Whether ``flag`` is true on every rank (a collective, as :func:`any_rank`)."""
+    return _reduce(flag, "MIN")

@@ -64,3 +64,35 @@ def test_tensor_parallel_peers_receive_identical_batches(corpus_dir, tmp_path):
     assert ranks[0]["batches"] == ranks[1]["batches"] and ranks[2]["batches"] == ranks[3]["batches"]
     assert {lane for lane, _, _ in ranks[0]["batches"]} == {0, 1, 2, 3}
     assert {lane for lane, _, _ in ranks[2]["batches"]} == {4, 5, 6, 7}
+
+
+def test_every_rank_ends_a_packed_pass_on_the_step_one_process_ends_it(tmp_path):
+    """Packed lanes of 31, 34, 26 and 31 batches, one batch per lane a step: every pass is the 26
+    steps every lane completes. Two ranks (whose own lanes would go on to steps 31 and 26) run a
+    pass and save at its end; four resume there for two more passes: each rank votes at every
+    step's start, and the ledger equals one process's over three passes."""
+    import warnings
+
+    from tests.helpers.pipelines import write_corpus
+    from tests.jobs.pass_end_job import pipeline
+
+    corpus = tmp_path / "corpus"
+    write_corpus(corpus / "web", 2, 24, 1, "web")
+    write_corpus(corpus / "code", 1, 24, 2, "code")
+    every = pipeline(corpus, None).options(drop_last_step=False)
+    with every:
+        assert [sum(1 for b in every if b.lane == lane) for lane in range(4)] == [31, 34, 26, 31]
+    truth = pipeline(corpus, str(tmp_path / "truth"))
+    assert truth.num_steps() == 26
+    with truth, warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the batches each pass drops, warned
+        for _ in range(3):
+            assert sum(1 for _ in truth) == 26 * 4
+    ckpt = tmp_path / "ckpt.json"
+    common = ["--corpus", str(corpus), "--ledger", str(tmp_path / "run")]
+    torchrun(2, *common, "--passes", "3", "--save-at", "26", "--save", str(ckpt), job="pass_end_job.py")
+    torchrun(4, *common, "--passes", "2", "--resume", str(ckpt), job="pass_end_job.py")
+    assert cli(["verify", str(tmp_path / "truth"), str(tmp_path / "run")]) == 0
+    steps = {json.loads(line)["global_step"] for r in range(4)
+             for line in (tmp_path / "run" / f"rank-{r}.jsonl").read_text().splitlines()}
+    assert steps == set(range(3 * 26))

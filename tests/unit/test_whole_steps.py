@@ -9,6 +9,7 @@ exactly those steps' batches in strict round-robin, every pass; with
 
 from __future__ import annotations
 
+import threading
 import warnings
 from types import SimpleNamespace
 
@@ -19,7 +20,8 @@ from hypothesis import strategies as st
 import zephon_dask as z
 from tests.helpers.oracles import batch_rows, ref_lane_batches, ref_whole_steps
 from tests.helpers.pipelines import write_corpus
-from zephon_dask.errors import StateError, ZephonWarning
+from zephon_dask.consumer.pass_end import StepAgreement
+from zephon_dask.errors import ElasticityWarning, StateError, ZephonWarning
 from zephon_dask.pipeline.ranks import owned_lanes
 from zephon_dask.pipeline.torch_data import whole_steps_only
 
@@ -93,6 +95,67 @@ def test_every_pass_ends_on_a_whole_global_step(small, cfg):
             assert served(pipe)[0] == got  # the next pass ends alike
         every, warned = served(pipe.options(drop_last_step=False))
         assert every == round_robin(lanes, owned, None) and not warned  # every sample
+
+
+class ThreadVote:
+    """A collective over ``n`` threads, one per DP group: each call returns whether every group's
+    flag was true (what ``all_reduce(MIN)`` over the ranks gives), each call a barrier."""
+
+    def __init__(self, n: int):
+        self.flags = [True] * n
+        self.barrier = threading.Barrier(n, timeout=120)
+
+    def of(self, group: int):
+        def vote(flag: bool) -> bool:
+            self.flags[group] = flag
+            self.barrier.wait()
+            agreed = all(self.flags)
+            self.barrier.wait()  # every group has read the flags before any writes the next
+            return agreed
+        return vote
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(cfg=configs().filter(lambda c: c["dp"] > 1), pack=st.sampled_from(["wrap", "first_fit"]))
+def test_groups_voting_on_each_step_end_a_packed_pass_on_the_same_step(small, cfg, pack):
+    """Packed rows: no group knows the other groups' lanes, so each votes at every step's start
+    whether it holds the step whole. Every group then delivers the steps every lane completes,
+    the same as one group over all lanes, every batch in strict round-robin."""
+    cfg = {**cfg, "pack": pack}
+    base = build(small, **cfg)
+    lanes = {lane: ref_lane_batches(base.spec, lane, cfg["microbatch"], cfg["drop_last"]) for lane in range(cfg["R"])}
+    steps = min(sum(len(rows) == cfg["microbatch"] for _, _, rows in b) // cfg["cycles"] for b in lanes.values())
+    assert base.num_steps() == steps
+    vote, got, errors = ThreadVote(cfg["dp"]), {}, []
+
+    def serve(group: int) -> None:
+        try:
+            pipe = base.options(dp_group_id=group)
+            owned, per_rank = owned_lanes(pipe.description.settings), pipe.session.step_shape().per_rank
+            stream = pipe.session.open_stream(owned, None)
+            stream.agreement = StepAgreement(vote.of(group), per_rank)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", ZephonWarning)
+                got[group] = (owned, per_rank, [batch_rows(b) for b in stream])
+        except BaseException as exc:  # noqa: BLE001 - reported below, and the others released
+            errors.append(exc)
+            vote.barrier.abort()
+
+    threads = [threading.Thread(target=serve, args=(g,)) for g in range(cfg["dp"])]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert not errors, errors
+    for owned, per_rank, batches in got.values():
+        assert len(batches) == steps * per_rank
+        assert batches == round_robin(lanes, owned, steps * cfg["cycles"])
+
+
+def test_several_groups_without_torch_distributed_are_warned(small):
+    pipe = build(small, R=2, dp=2, pack="wrap")
+    with pytest.warns(ElasticityWarning, match="without torch.distributed"):
+        list(pipe)
 
 
 def test_a_loader_ends_where_its_shortest_worker_ends():

@@ -28,14 +28,15 @@ of its lanes has that step's batches buffered (or has ended). Each lane stops
 at its first batch after the last whole step (a lane behind the others after
 a mid-step resume on another topology still delivers its batches before it).
 Lanes stopped so are not ``finished`` in the state (their data did not run
-out): a stream resumed there ends at once, the same way.
+out): a stream resumed there ends at once, the same way. With an
+``agreement`` (:class:`~.pass_end.StepAgreement`) the stream serves a step
+only when every DP group holds it whole, so all end on the same step.
 """
 
 from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
 from typing import Protocol
 
 from ..core.spec import PipelineSpec
@@ -44,6 +45,7 @@ from .batch import Batch, BatchOptions
 from .batcher import LaneBatcher
 from .checks import check_first_window, check_mixture_drift, empty_stream
 from .fetcher import WindowFetcher
+from .pass_end import PassEnd, StepAgreement
 from .settings import ConsumerSettings
 from .waiting import FirstBatchWait
 
@@ -59,19 +61,6 @@ class Frontier(Protocol):
     def batches_delivered(self) -> int: ...
     @property
     def finished(self) -> bool: ...
-
-
-@dataclass(frozen=True)
-class PassEnd:
-    """Where a pass ends with ``drop_last_step``: on a whole global step of ``per_lane`` batches
-    of every lane. ``steps``: the pass's whole steps when known up front (else the stream looks
-    ahead); ``dropped``: the batches of the stream's lanes after them, when known; ``per_rank``:
-    the batches of one step here (for the warning)."""
-
-    per_lane: int
-    per_rank: int
-    steps: int | None = None
-    dropped: int | None = None
 
 
 EMPTY_WINDOWS_LIMIT = 256  # consecutive windows without a sample before a lane gives up
@@ -116,6 +105,8 @@ class BatchStream:
         self._whole_through = -1
         self._dropped = 0
         self._warned = False
+        # the DP groups' vote on each step of a pass whose end each group finds on its own
+        self.agreement: StepAgreement | None = None
         self.on_finish: Callable[[int, int], None] | None = None  # called as on_finish(lane, batch count) when a lane ends without a last batch
 
     def __iter__(self):
@@ -191,6 +182,12 @@ class BatchStream:
         self.finished[lane] = True
         self.batchers[lane].finish(keep=False)
 
+    def _refused(self, batch: Batch) -> None:
+        """Another DP group cannot complete the step ``batch`` opens: the pass ends before it."""
+        step = batch.index_in_lane // self.pass_end.per_lane  # type: ignore[union-attr]
+        self._end_step = step if self._end_step is None else min(step, self._end_step)
+        self._dropped += 1
+
     def _warn_dropped(self) -> None:
         """Once the pass has ended on a whole step, say what it dropped (Python's default filter
         shows it once: the text is the same every pass)."""
@@ -237,8 +234,13 @@ class BatchStream:
             at = self._choose()
             self.pointer = (at + 1) % len(self.lanes)
             batch = self._emit(self.lanes[at])
-            if batch is not None:
+            if batch is None:
+                continue
+            if self.agreement is None or self.agreement.admit(True):
                 return batch
+            self._refused(batch)
+        if self.agreement is not None:
+            self.agreement.admit(False)
         self._warn_dropped()
         self.close()
         if self._fresh and self.stats.get("records") and not self.stats.get("samples"):

@@ -41,15 +41,18 @@ inspectors and the CLI read; nothing outside this module touches the rest.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterator
 
+from .. import torch_dist
+from ..consumer.pass_end import PassEnd, StepAgreement
 from ..consumer.settings import ConsumerSettings
-from ..consumer.stream import BatchStream, PassEnd
+from ..consumer.stream import BatchStream
 from ..core import phases
 from ..core.spec import PipelineSpec, has_tokens
 from ..curriculum import MixtureWorkSource
 from ..curriculum.chunking import fitted
-from ..errors import ClosedError, ConfigError, StateError
+from ..errors import ClosedError, ConfigError, ElasticityWarning, StateError, user_stacklevel
 from ..execution import Runner, make_runner
 from ..inspect.counting import known_rows
 from ..operators.base import one_to_one
@@ -92,6 +95,7 @@ class Session:
         self.generation = 0
         self.handed_out = False  # to_torch_dataset() was called: deliveries happen out of sight
         self.closed = False
+        self._unagreed_warned = False  # the pass end's vote could not be held (warned once)
         self._runner: Runner | None = None
         self._runner_fp: str | None = None
 
@@ -216,6 +220,26 @@ class Session:
         return PassEnd(lane, shape.per_rank, whole, sum(
             steps.lane_batches(rows[i], batch.microbatch_size, batch.drop_last) - whole * lane for i in lanes))
 
+    def agreement(self, end: PassEnd | None, progress: Progress) -> StepAgreement | None:
+        """The DP groups' vote on each step of ``progress``'s iteration, for the process that serves
+        the group's batches to training: when the pass ends on its last whole step and only
+        looking ahead finds it (packed or filtered rows), with several groups. ``None`` when no
+        vote is needed, or none can be held (no ``torch.distributed``: warned once)."""
+        if end is None or end.steps is not None or self.identity()[0] == 1:
+            return None
+        if torch_dist.initialized(several=True) is None:
+            if not self._unagreed_warned:
+                self._unagreed_warned = True
+                warnings.warn(
+                    f"dp_degree={self.identity()[0]} without torch.distributed: the DP groups cannot agree "
+                    "where a pass of packed or filtered rows ends, so each ends on its own lanes' last whole "
+                    "step and the pass's last steps depend on the degree. Start the groups under torchrun "
+                    "(torch.distributed initialised), or keep every sample with "
+                    ".options(drop_last_step=False)", ElasticityWarning, stacklevel=user_stacklevel())
+            return None
+        per_rank = progress.shape.per_rank
+        return StepAgreement(torch_dist.every_rank, per_rank, progress.delivered % per_rank)
+
     def next_start(self, lanes: list[int]) -> State | None:
         """Where the next iteration over ``lanes`` starts (``None``: the stream's beginning).
 
@@ -280,6 +304,7 @@ class Session:
             self.stream.close()
         self.stream = self.open_stream(progress.lanes, self.start, progress.first_lane, progress.shape)
         self.stream.on_finish = progress.lane_finished
+        self.stream.agreement = self.agreement(self.stream.pass_end, progress)
         return self.stream
 
     def end_iteration(self) -> None:

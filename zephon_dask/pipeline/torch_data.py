@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
+from ..consumer.pass_end import StepAgreement
 from ..consumer.torch_io import batch_item, check_device, to_device_iter
 from ..curriculum.routing import worker_lanes
 from ..curriculum.seeding import stream_keys
@@ -170,6 +171,8 @@ class PipelineDataset(IterableDataset):
             return
         stream = pipe.session.open_stream(progress.lanes, start, progress.first_lane, progress.shape)
         stream.on_finish = progress.lane_finished
+        if get_worker_info() is None:  # the process serving training (a worker's loader votes for it)
+            stream.agreement = pipe.session.agreement(stream.pass_end, progress)
         try:
             for batch in stream:
                 progress.observe_batch(batch)  # before the yield: torchdata snapshots right after it
@@ -301,10 +304,12 @@ def _recorded(progress: Progress, batches: Iterator[dict]) -> Iterator[dict]:
         yield out
 
 
-def whole_steps_only(items: Iterator[dict], progress: Progress, per_lane: int, strict: bool) -> Iterator[dict]:
+def whole_steps_only(items: Iterator[dict], progress: Progress, per_lane: int, strict: bool,
+                     agreement: StepAgreement | None = None) -> Iterator[dict]:
     """A loader's batches (``items``) released a global step at a time, ending before the first
     step that is not whole; ``progress``: the iteration's (where in a step it starts, the batches
-    per step), ``per_lane``: each lane's batches in a step.
+    per step), ``per_lane``: each lane's batches in a step; ``agreement``: the DP groups' vote,
+    held once on each step (see :class:`~zephon_dask.consumer.pass_end.StepAgreement`).
 
     The loader's workers each end on their own lanes' last whole step, which may come after
     another worker's; the loader then goes on with the longer workers' batches, whose steps hold
@@ -319,11 +324,16 @@ def whole_steps_only(items: Iterator[dict], progress: Progress, per_lane: int, s
             continue
         held.append(out)
         if len(held) == need:
-            if strict and not first and len({int(o["index_in_lane"]) // per_lane for o in held}) > 1:
+            whole = first or not strict or len({int(o["index_in_lane"]) // per_lane for o in held}) == 1
+            if not first and agreement is not None:
+                whole = agreement.vote(whole)
+            if not whole:
                 ended = True
                 continue
             yield from held
             need, held, first = per_rank, [], False
+    if not ended and agreement is not None:  # this group has no next step: it votes so once
+        agreement.vote(False)
 
 
 def loader_generator(seed: int) -> torch.Generator:
@@ -378,7 +388,8 @@ class PipelineLoader(DataLoader):
         items: Iterator[dict] = super().__iter__()
         end = session.pass_end(session.spec(), progress.lanes, progress.shape) if self.num_workers else None
         if end is not None and end.steps is None:  # each worker ends its own lanes' pass
-            items = whole_steps_only(items, progress, end.per_lane, session.description.settings["deterministic"])
+            items = whole_steps_only(items, progress, end.per_lane, session.description.settings["deterministic"],
+                                     session.agreement(end, progress))
         return _recorded(progress, items)
 
     def state_dict(self, *, ahead: int | None = None, at_step: int | None = None) -> dict:
