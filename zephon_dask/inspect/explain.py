@@ -316,7 +316,8 @@ def pass_end(pipeline) -> str:
     if not spec.drop_last_step:
         return "every sample (drop_last_step=False): the last step may hold fewer batches"
     where = ("counted up front, the same at every DP degree" if one_to_one(spec.record_ops, spec.accumulators)
-             else "found by looking ahead over this group's lanes")
+             else "found by looking ahead; under torch.distributed the DP groups vote at each step's start, "
+             "so it is the same at every DP degree")
     return f"on the last whole global step, {where}; the batches after it are dropped (drop_last_step)"
 
 
