@@ -39,7 +39,7 @@ def evaluation_pipeline() -> z.Pipeline:
     code = z.Dataset.from_jsonl("code", str(EXAMPLES / "data" / "code.jsonl"), progress=False)
     source = z.MixtureWorkSource([code], chunk_size=8, stop_after_passes=1)  # a finite stream
     return (z.Pipeline(source).tokenize("bytes").pack(512).batch(4, labels="hf", drop_last=False)  # every row
-            .options(canonical_replicas=4, runner="threads", drop_last_step=False))
+            .options(canonical_replicas=4, runner="threads"))
 
 
 def main(argv=None) -> None:

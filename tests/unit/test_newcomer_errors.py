@@ -102,13 +102,16 @@ def small_corpus(**source):
 def test_a_corpus_too_small_for_its_lanes_says_so_with_the_chunk_size_that_fits():
     import warnings
 
-    from zephon_dask.errors import ElasticityWarning
+    from zephon_dask.errors import ElasticityWarning, EmptyStreamError
 
     pipe = small_corpus(chunk_size=1024)  # 700 documents, chunk_size 1,024 given, 8 lanes: one chunk
     (note,) = [w for w in pipe.explain().warnings if "lanes get no chunk" in w]
     assert "7 lanes get no chunk" in note and "chunk_size=64" in note
-    with pytest.warns(ElasticityWarning, match="chunk_size=64"), pipe:
-        assert len({b.lane for b in pipe}) == 1
+    with pytest.raises(EmptyStreamError, match="no whole global step .*chunk_size=64"), pipe:
+        list(pipe)  # whole steps (drop_last_step): the 7 lanes without a chunk complete none
+    every = small_corpus(chunk_size=1024).options(drop_last_step=False)
+    with pytest.warns(ElasticityWarning, match="chunk_size=64"), every:
+        assert len({b.lane for b in every}) == 1
     fitted = small_corpus(chunk_size=64)  # the fix it names: every lane gets work
     assert not any("lanes get no chunk" in w for w in fitted.explain().warnings)
     with warnings.catch_warnings():

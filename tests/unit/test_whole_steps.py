@@ -21,7 +21,7 @@ import zephon_dask as z
 from tests.helpers.oracles import batch_rows, ref_lane_batches, ref_whole_steps
 from tests.helpers.pipelines import write_corpus
 from zephon_dask.consumer.pass_end import StepAgreement
-from zephon_dask.errors import ElasticityWarning, StateError, ZephonWarning
+from zephon_dask.errors import StateError, ZephonWarning
 from zephon_dask.pipeline.ranks import owned_lanes
 from zephon_dask.pipeline.torch_data import whole_steps_only
 
@@ -152,10 +152,11 @@ def test_groups_voting_on_each_step_end_a_packed_pass_on_the_same_step(small, cf
         assert batches == round_robin(lanes, owned, steps * cfg["cycles"])
 
 
-def test_several_groups_without_torch_distributed_are_warned(small):
-    pipe = build(small, R=2, dp=2, pack="wrap")
-    with pytest.warns(ElasticityWarning, match="without torch.distributed"):
+def test_a_group_that_cannot_vote_says_so_where_its_pass_ends(small):
+    pipe = build(small, R=2, dp=2, pack="wrap", seed=1)
+    with pytest.warns(ZephonWarning, match="without torch.distributed") as caught:
         list(pipe)
+    assert len(caught) == 1
 
 
 def test_a_loader_ends_where_its_shortest_worker_ends():

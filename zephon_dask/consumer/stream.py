@@ -43,7 +43,7 @@ from ..core.spec import PipelineSpec
 from ..errors import EmptyStreamError, StateError, ZephonWarning, user_stacklevel
 from .batch import Batch, BatchOptions
 from .batcher import LaneBatcher
-from .checks import check_first_window, check_mixture_drift, empty_stream
+from .checks import check_first_window, check_mixture_drift, empty_stream, idle_lanes
 from .fetcher import WindowFetcher
 from .pass_end import PassEnd, StepAgreement
 from .settings import ConsumerSettings
@@ -107,6 +107,7 @@ class BatchStream:
         self._warned = False
         # the DP groups' vote on each step of a pass whose end each group finds on its own
         self.agreement: StepAgreement | None = None
+        self.unagreed = False  # several groups, and no vote could be held: said when the pass ends
         self.on_finish: Callable[[int, int], None] | None = None  # called as on_finish(lane, batch count) when a lane ends without a last batch
 
     def __iter__(self):
@@ -154,6 +155,13 @@ class BatchStream:
         if self._end_step is None and step > self._whole_through:
             self._look_ahead(step)
         if self._end_step == 0 and self._fresh:
+            for lane in self.lanes:  # no sample yet: read on for one, or count every record dropped
+                if not self.stats.get("samples"):
+                    self._fill(lane)
+            if self.stats.get("records") and not self.stats.get("samples"):
+                raise empty_stream(self.stats, f"the stream over lanes {self.lanes}, from its start to its end,")
+            if (idle := idle_lanes(self.spec.source, self.spec.canonical_replicas)) is not None:
+                raise EmptyStreamError(f"the pass has no whole global step (drop_last_step): {idle}")
             raise EmptyStreamError(
                 f"the pass has no whole global step: a lane gives fewer than the {end.per_lane} full "
                 f"batch{'es' if end.per_lane != 1 else ''} each lane holds in a step (a lane without a chunk, "
@@ -196,15 +204,20 @@ class BatchStream:
             return
         self._warned = True
         dropped = end.dropped if end.steps is not None else self._dropped
-        if dropped:
-            count = f"{dropped} batch{'es' if dropped != 1 else ''}" if end.steps is not None else "batches"
-            warnings.warn(
-                f"the pass over the stream ends on its last whole global step: {count} of lanes "
-                f"{','.join(map(str, self.lanes))} after it are dropped, so that every step holds "
-                f"{end.per_rank} batches here (drop_last_step=True; pipeline.num_steps() counts the "
-                "whole steps). To keep every sample, with a shorter last step, set "
-                ".options(drop_last_step=False)",
-                ZephonWarning, stacklevel=user_stacklevel())
+        if not dropped and not self.unagreed:
+            return
+        lanes = ",".join(map(str, self.lanes))
+        count = f"{dropped} batch{'es' if dropped != 1 else ''}" if end.steps is not None else "batches"
+        text = (f"the pass over the stream ends on its last whole global step: {count} of lanes {lanes} after "
+                f"it are dropped, so that every step holds {end.per_rank} batches here" if dropped else
+                f"the pass over the stream ends on the last whole global step of lanes {lanes}")
+        alone = (" This DP group ended on its own lanes' last whole step: without torch.distributed the "
+                 "groups cannot vote on the pass's end, so it depends on the DP degree (run the groups "
+                 "under torchrun)." if self.unagreed else "")
+        warnings.warn(
+            f"{text} (drop_last_step=True; pipeline.num_steps() counts the whole steps).{alone} To keep "
+            "every sample, with a shorter last step, set .options(drop_last_step=False)",
+            ZephonWarning, stacklevel=user_stacklevel())
 
     def _verify_finished(self) -> None:
         """A lane the state calls finished must have no batch left from its frontier."""

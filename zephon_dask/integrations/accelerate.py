@@ -75,6 +75,8 @@ def prepare_pipeline(accelerator, pipeline, num_workers: int = 0, *, evaluation:
         >>> loader = prepare_pipeline(accelerator, pipeline, num_workers=2)  # doctest: +SKIP
         >>> held_out = prepare_pipeline(accelerator, eval_pipeline, evaluation=True)  # doctest: +SKIP
     """
+    if evaluation:
+        pipeline.session.serve_evaluation()  # every sample: an evaluation steps no optimizer
     loader = AcceleratorLoader(pipeline, device=accelerator.device, num_workers=num_workers, **dataloader_kwargs)
     loader = accelerator.prepare(loader)
     if not evaluation:

@@ -527,6 +527,7 @@ class ZephonTrainerMixin(_TrainerBase):
         totals = torch.zeros(3, dtype=torch.float64)  # sum of loss x label tokens, label tokens, samples
         first = None
         steps = 0
+        pipeline.session.serve_evaluation()  # every sample: an evaluation steps no optimizer
         batches = pipeline.to_torch(device=device)
         while True:
             batch = next(batches, None)

@@ -192,6 +192,7 @@ class ZephonDataModule(pl.LightningDataModule):
             A :class:`PipelineLoader` over ``val_pipeline`` (without one, Lightning sees no
             validation data).
         """
+        self.val_pipeline.session.serve_evaluation()  # every sample: an evaluation steps no optimizer
         return self.val_pipeline.to_torch_loader(num_workers=self.num_workers, **self.loader_kwargs)
 
     def training_starts(self) -> None:

@@ -41,7 +41,6 @@ inspectors and the CLI read; nothing outside this module touches the rest.
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable, Iterator
 
 from .. import torch_dist
@@ -52,7 +51,7 @@ from ..core import phases
 from ..core.spec import PipelineSpec, has_tokens
 from ..curriculum import MixtureWorkSource
 from ..curriculum.chunking import fitted
-from ..errors import ClosedError, ConfigError, ElasticityWarning, StateError, user_stacklevel
+from ..errors import ClosedError, ConfigError, StateError
 from ..execution import Runner, make_runner
 from ..inspect.counting import known_rows
 from ..operators.base import one_to_one
@@ -95,7 +94,7 @@ class Session:
         self.generation = 0
         self.handed_out = False  # to_torch_dataset() was called: deliveries happen out of sight
         self.closed = False
-        self._unagreed_warned = False  # the pass end's vote could not be held (warned once)
+        self.evaluation = False  # an evaluation's iterations: every sample (see serve_evaluation)
         self._runner: Runner | None = None
         self._runner_fp: str | None = None
 
@@ -208,7 +207,7 @@ class Session:
         """Where a pass over ``lanes`` ends with ``drop_last_step`` (``None``: at the end of the data).
         Its whole steps are known up front when every row is one sample (from the curriculum: the
         same at every DP degree); otherwise the stream finds them by looking ahead over its lanes."""
-        if not spec.drop_last_step or spec.source.num_chunks is None:
+        if self.evaluation or not spec.drop_last_step or spec.source.num_chunks is None:
             return None
         lane = steps.per_lane(shape, spec.canonical_replicas)
         if not one_to_one(spec.record_ops, spec.accumulators):
@@ -220,22 +219,30 @@ class Session:
         return PassEnd(lane, shape.per_rank, whole, sum(
             steps.lane_batches(rows[i], batch.microbatch_size, batch.drop_last) - whole * lane for i in lanes))
 
+    def serve_evaluation(self) -> None:
+        """Serve every later iteration to an evaluation: every sample, each pass to the end of its
+        data. ``drop_last_step`` shapes optimizer steps, which an evaluation does not take; the
+        framework integrations call this for their evaluation pipelines."""
+        self.evaluation = True
+
+    def needs_vote(self, end: PassEnd | None) -> bool:
+        """Whether the DP groups must vote on where a pass ending at ``end`` ends: it is found by
+        looking ahead (packed or filtered rows) and several groups share the lanes."""
+        return end is not None and end.steps is None and self.identity()[0] > 1
+
+    def open_voting(self, stream: BatchStream, progress: Progress) -> None:
+        """Give ``stream`` (served to training in this process) the groups' vote, or mark that none
+        can be held (no ``torch.distributed``), which it says when the pass ends."""
+        stream.agreement = self.agreement(stream.pass_end, progress)
+        stream.unagreed = stream.agreement is None and self.needs_vote(stream.pass_end)
+
     def agreement(self, end: PassEnd | None, progress: Progress) -> StepAgreement | None:
         """The DP groups' vote on each step of ``progress``'s iteration, for the process that serves
         the group's batches to training: when the pass ends on its last whole step and only
-        looking ahead finds it (packed or filtered rows), with several groups. ``None`` when no
-        vote is needed, or none can be held (no ``torch.distributed``: warned once)."""
-        if end is None or end.steps is not None or self.identity()[0] == 1:
-            return None
-        if torch_dist.initialized(several=True) is None:
-            if not self._unagreed_warned:
-                self._unagreed_warned = True
-                warnings.warn(
-                    f"dp_degree={self.identity()[0]} without torch.distributed: the DP groups cannot agree "
-                    "where a pass of packed or filtered rows ends, so each ends on its own lanes' last whole "
-                    "step and the pass's last steps depend on the degree. Start the groups under torchrun "
-                    "(torch.distributed initialised), or keep every sample with "
-                    ".options(drop_last_step=False)", ElasticityWarning, stacklevel=user_stacklevel())
+        looking ahead finds it (packed or filtered rows), with several groups under
+        ``torch.distributed``. ``None`` when no vote is needed or none can be held (each group then
+        ends on its own lanes' last whole step; the stream says so when it ends there)."""
+        if not self.needs_vote(end) or torch_dist.initialized(several=True) is None:
             return None
         per_rank = progress.shape.per_rank
         return StepAgreement(torch_dist.every_rank, per_rank, progress.delivered % per_rank)
@@ -304,7 +311,7 @@ class Session:
             self.stream.close()
         self.stream = self.open_stream(progress.lanes, self.start, progress.first_lane, progress.shape)
         self.stream.on_finish = progress.lane_finished
-        self.stream.agreement = self.agreement(self.stream.pass_end, progress)
+        self.open_voting(self.stream, progress)
         return self.stream
 
     def end_iteration(self) -> None:

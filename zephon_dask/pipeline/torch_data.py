@@ -119,6 +119,8 @@ class PipelineDataset(IterableDataset):
             # a new pipeline (its own session, no runner of the parent's), the parent's resume point
             self._worker_pipe = self.pipeline.options(dp_degree=self._identity[0],
                                                       dp_group_id=self._identity[1], **remote)
+            if self.pipeline.session.evaluation:
+                self._worker_pipe.session.serve_evaluation()
         return self._worker_pipe
 
     @staticmethod
@@ -172,7 +174,7 @@ class PipelineDataset(IterableDataset):
         stream = pipe.session.open_stream(progress.lanes, start, progress.first_lane, progress.shape)
         stream.on_finish = progress.lane_finished
         if get_worker_info() is None:  # the process serving training (a worker's loader votes for it)
-            stream.agreement = pipe.session.agreement(stream.pass_end, progress)
+            pipe.session.open_voting(stream, progress)
         try:
             for batch in stream:
                 progress.observe_batch(batch)  # before the yield: torchdata snapshots right after it
