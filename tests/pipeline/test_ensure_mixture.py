@@ -28,8 +28,10 @@ def pipes(dp=1, strict=True, microbatch=2, weights=None, runner="synchronous", *
     base = z.Pipeline(ws).filter(lambda r: r["text"].startswith("a") or r["i"] % 4 == 0).tokenize()
     if strict is not None:
         base = base.ensure_mixture(weights, strict=strict, **kw)
+    # every sample (drop_last_step=False): groups in one process cannot vote on a pass's end, and the
+    # whole runs compared here end the stream on every degree
     return [base.batch(microbatch, drop_last=False).options(canonical_replicas=R, flush_every_k_chunks=1, runner=runner,
-                                           dp_degree=dp, dp_group_id=g,
+                                           dp_degree=dp, dp_group_id=g, drop_last_step=False,
                                            global_batches_per_step=STEP * 2 // microbatch)
             for g in range(dp)]
 

@@ -55,22 +55,22 @@ def test_a_state_round_trips_through_its_dict_and_json(state):
 def test_every_state_a_run_writes_round_trips(corpus_dir, tmp_path):
     """The dicts of a run, a rank, a merge, a resume on another degree, a run's end, a loader, a
     migrated v1 file: ``to_dict(from_dict(d))`` is ``d``, byte for byte."""
-    written = []
-    with build(corpus_dir, runner="synchronous", global_batches_per_step=4) as whole:
+    written = []  # every sample (drop_last_step=False): a run to the stream's end finishes its lanes
+    with build(corpus_dir, runner="synchronous", drop_last_step=False, global_batches_per_step=4) as whole:
         it = iter(whole)
         for _ in range(7):
             next(it)
         written += [whole.state_dict(), whole.state_dict(ahead=2)]
     ranks = []
     for group in (0, 1):  # a resume on dp 2 of the dp 1 state, one step on
-        with build(corpus_dir, runner="synchronous", dp_degree=2, dp_group_id=group) as rank:
+        with build(corpus_dir, runner="synchronous", drop_last_step=False, dp_degree=2, dp_group_id=group) as rank:
             rank.load_state_dict(written[0])
             it = iter(rank)
             for _ in range(3):
                 next(it)
             ranks.append(rank.state_dict())
     written += ranks + [z.merge_states(ranks)]
-    with build(corpus_dir, runner="synchronous") as rest:
+    with build(corpus_dir, runner="synchronous", drop_last_step=False) as rest:
         rest.load_state_dict(written[-1])
         for _ in rest:  # to the end of the stream: finished lanes
             pass

@@ -17,7 +17,7 @@ from zephon_dask.errors import MissingFieldError
 def mixture(datasets, **tokenize):
     ws = z.MixtureWorkSource(datasets, chunk_size=4, seed=3)
     return (z.Pipeline(ws).tokenize(**tokenize).pack(16, algorithm="first_fit").batch(2)
-            .options(canonical_replicas=2, runner="synchronous"))
+            .options(canonical_replicas=2, runner="synchronous", drop_last_step=False))  # every row: tiny texts
 
 
 def token_rows(pipeline) -> list[np.ndarray]:
