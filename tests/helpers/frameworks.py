@@ -143,8 +143,10 @@ def hf_eval_pipeline(eval_dir, microbatch: int = 2, **options):
     options.setdefault("runner", "synchronous")
     held_out = z.Dataset.from_jsonl("held_out", str(eval_dir), progress=False)
     source = z.MixtureWorkSource([held_out], chunk_size=4, seed=7, stop_after_passes=1)
-    return (z.Pipeline(source).tokenize().pack(96).batch(microbatch, labels="hf")
-            .options(canonical_replicas=4, flush_every_k_chunks=1, **options))
+    pipeline = (z.Pipeline(source).tokenize().pack(96).batch(microbatch, labels="hf")
+                .options(canonical_replicas=4, flush_every_k_chunks=1, **options))
+    pipeline.session.serve_evaluation()  # every sample, also where a test reads it by hand
+    return pipeline
 
 
 def hand_eval(model, pipeline) -> tuple[float, int, list[str]]:
