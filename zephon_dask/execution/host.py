@@ -205,7 +205,7 @@ def libyaml_loads() -> Iterator[None]:
     The resolver and the constructor stay PyYAML's safe ones, so the values are the same; the
     processes forked afterwards get ``yaml.safe_load`` back."""
     try:
-        import yaml
+        import yaml  # type: ignore[import-untyped]  # (a dependency of dask; no stubs installed)
     except ImportError:
         yield
         return
