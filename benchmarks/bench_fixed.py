@@ -104,7 +104,7 @@ def child(data: str, tok: str) -> None:
 
     import torch  # noqa: F401  (a training process has torch loaded)
 
-    from zephon_dask.execution import cluster, head_start, runner
+    from zephon_dask.execution import head_start, runner
 
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from bench_ceiling import build
@@ -191,7 +191,6 @@ def child(data: str, tok: str) -> None:
            "batches": tally.batches, "alive_after_close": alive, "threads_after_close": threads,
            "cpu": {label: {roles.get(pid, "other"): cpu for pid, cpu in snap.items()} for label, snap in snaps.items()},
            "package": sys.modules["zephon_dask"].__file__}
-    cluster.logger.debug("done")
     print(json.dumps(out), flush=True)
 
 
