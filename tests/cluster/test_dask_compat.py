@@ -320,3 +320,33 @@ def test_a_process_inherits_the_serialized_config():
     config = dask.config.serialize({"zcompat": {"inherited": 7}})
     code = "import dask, json; print(json.dumps(dask.config.get('zcompat.inherited', None)))"
     assert json.loads(_fresh_python(code, {dask_compat.INHERIT_CONFIG_ENV: config})) == 7
+
+
+def _bokeh_loaded() -> bool:
+    return any(name == "bokeh" or name.startswith("bokeh.") for name in sys.modules)
+
+
+def test_dashboard_on_first_visit(corpus_dir):
+    """The embedded cluster's scheduler serves Dask's dashboard at its link, but imports bokeh and
+    builds the dashboard (0.6-0.7 s of its CPU at every start, on the cores the windows need) only
+    when the dashboard is first visited; then every page of it is served."""
+    import urllib.request
+
+    from tests.helpers.pipelines import build
+
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # 127.0.0.1, never a proxy
+    with build(corpus_dir, n_workers=1) as p:
+        next(iter(p))
+        runner = p.session.runner()
+        assert runner.client is not None  # the cluster up (the head start made the first batch)
+        link = runner.dashboard_link
+        assert link.startswith("http://127.0.0.1:") and link.endswith("/status")
+        assert not runner.client.run_on_scheduler(_bokeh_loaded)
+        with opener.open(link.rsplit("/", 1)[0] + "/health", timeout=30) as reply:  # the scheduler's own routes
+            assert reply.status == 200
+        assert not runner.client.run_on_scheduler(_bokeh_loaded)
+        with opener.open(link.rsplit("/", 1)[0] + "/", timeout=60) as reply:  # redirected to /status
+            assert reply.status == 200 and reply.url.endswith("/status") and b"bokeh" in reply.read().lower()
+        assert runner.client.run_on_scheduler(_bokeh_loaded)
+        with opener.open(link.rsplit("/", 1)[0] + "/workers", timeout=60) as reply:
+            assert reply.status == 200

@@ -16,10 +16,18 @@ pytestmark = pytest.mark.timeout(120)
 
 
 def _report(queue) -> None:  # run in a process the host forked (importable there: tests is on sys.path)
+    import types
+
+    import yaml
+
+    from zephon_dask.execution.host import route_modules
+
     queue.put({"ppid": os.getppid(), "env": os.environ.get("ZEPHON_HOST_TEST"), "sid": os.getsid(0),
                "main": getattr(sys.modules["__main__"], "__file__", None),
                "imported": "zephon_host_script_was_imported" in os.environ,
-               "distributed": "distributed" in sys.modules})
+               "distributed": "distributed" in sys.modules,
+               "routes preloaded": all(name in sys.modules for name in route_modules()),
+               "PyYAML's safe_load": isinstance(yaml.safe_load, types.FunctionType)})
 
 
 def test_a_host_forks_processes_with_its_environment_and_no_training_script(tmp_path, monkeypatch):
@@ -40,7 +48,8 @@ def test_a_host_forks_processes_with_its_environment_and_no_training_script(tmp_
             p.join(30)
         assert [p.exitcode for p in processes] == [0, 0]
         assert all(s == {"ppid": host.pid, "env": "from the host", "sid": host.pid, "main": None,
-                         "imported": False, "distributed": True} for s in seen), seen
+                         "imported": False, "distributed": True, "routes preloaded": True,
+                         "PyYAML's safe_load": True} for s in seen), seen
         if os.path.isdir(f"/proc/{host.pid}/task"):  # forked from a process with one thread
             assert len(os.listdir(f"/proc/{host.pid}/task")) == 1
         assert dict(os.environ) == before
@@ -117,3 +126,22 @@ def test_a_killed_worker_is_forked_again_from_the_host_with_its_environment():
         assert client.submit(sum, [1, 2], pure=False).result(timeout=30) == 3
         assert dict(os.environ) == before
     assert not psutil.pid_exists(host) or psutil.Process(host).status() == psutil.STATUS_ZOMBIE
+
+
+def test_the_hosts_yaml_loads_read_the_same_config_and_are_put_back():
+    """The host reads Dask's config files with libyaml's parser while it imports: the same values,
+    and ``yaml.safe_load`` is PyYAML's again afterwards."""
+    from pathlib import Path
+
+    import distributed
+    import yaml
+
+    from zephon_dask.execution.host import libyaml_loads
+
+    text = (Path(distributed.__file__).parent / "distributed.yaml").read_text()
+    before = yaml.safe_load
+    with libyaml_loads():
+        fast = yaml.safe_load(text)
+        assert yaml.safe_load is not before or getattr(yaml, "CSafeLoader", None) is None
+    assert yaml.safe_load is before
+    assert fast == yaml.safe_load(text)

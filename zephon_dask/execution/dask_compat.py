@@ -291,6 +291,40 @@ def leave_to_us_at_exit(cluster) -> None:
 INHERIT_CONFIG_ENV = "DASK_INTERNAL_INHERIT_CONFIG"
 
 
+def dashboard_on_first_visit(scheduler, prefix: str = "/") -> None:
+    """Make Dask's dashboard on ``scheduler`` (started with ``dashboard=False`` and a
+    ``dashboard_address``) on the first request for a path its own routes do not serve (its link,
+    ``/status``, ...), then send that request to itself, which the dashboard now serves.
+
+    Why: made at the scheduler's start, the dashboard cost every run 0.6-0.7 s of the scheduler's
+    CPU (importing bokeh, building its applications), on the cores the head start and the workers
+    compute with, whether or not anyone looks at it. Relies on the scheduler's
+    ``http_application`` being ``distributed.http.routing.RoutingApplication``, which asks the
+    applications in its ``applications`` list, in order, for a path its own routes do not serve,
+    and on ``distributed.dashboard.scheduler.connect(application, http_server, scheduler, prefix)``
+    adding the dashboard there, as ``Scheduler.__init__`` calls it. If either changes, the
+    dashboard's pages answer 404 (``test_dashboard_on_first_visit``)."""
+    from tornado import web
+
+    application = scheduler.http_application
+
+    class FirstVisit(web.RequestHandler):
+        def get(self, _path: str) -> None:
+            if first in application.applications:
+                application.applications.remove(first)  # from now on the dashboard answers
+                try:
+                    import distributed.dashboard.scheduler as dashboard
+                except ImportError as exc:  # a bokeh Dask does not take (Dask warned on import)
+                    self.set_status(503)
+                    self.finish(f"Dask's dashboard is not available: {exc}")
+                    return
+                dashboard.connect(application, scheduler.http_server, scheduler, prefix=prefix)
+            self.redirect(self.request.uri)
+
+    first = web.Application([(r"/(.*)", FirstVisit)])
+    application.add_application(first)  # asked only for a path no route of the scheduler's serves
+
+
 def _setdefault_metadata(key: str, value, dask_scheduler=None):
     """On the scheduler, in one call on its event loop (so atomic): the value of its task
     metadata under ``key``, ``value`` stored there first if it holds none."""

@@ -28,6 +28,7 @@ its ``alive`` pipe.
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import io
 import multiprocessing
@@ -45,12 +46,17 @@ import socket
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 
 from ..errors import ClusterError
 
-# what the scheduler and a worker import: imported once, in the host, before it forks any
+# what the scheduler and a worker import: imported once, in the host, before it forks any (and
+# the modules of their HTTP routes, ROUTES); what each imported after its fork was ~25 ms of CPU
 PRELOAD = ("distributed", "zephon_dask.execution.spawned", "zephon_dask.execution.runner",
-           "zephon_dask.graph", "tokenizers")
+           "zephon_dask.execution.plugins", "zephon_dask.graph", "zephon_dask.operators.pack",
+           "zephon_dask.operators.shuffle", "tokenizers", "multiprocessing.synchronize", "tornado.platform.asyncio")
+# the Dask config keys naming the modules of the scheduler's and the workers' HTTP routes
+ROUTES = ("distributed.scheduler.http.routes", "distributed.worker.http.routes")
 # the preparation data that would make a forked process import the training script
 MAIN_KEYS = ("init_main_from_name", "init_main_from_path")
 
@@ -192,14 +198,49 @@ def thread_count() -> int:
     return threading.active_count()
 
 
+@contextlib.contextmanager
+def libyaml_loads() -> Iterator[None]:
+    """``yaml.safe_load`` with libyaml's parser, where PyYAML has it, while the host imports:
+    ``distributed`` reads its config file with it (~30 ms of the host's CPU in Python's parser).
+    The resolver and the constructor stay PyYAML's safe ones, so the values are the same; the
+    processes forked afterwards get ``yaml.safe_load`` back."""
+    try:
+        import yaml  # type: ignore[import-untyped]  # (a dependency of dask; no stubs installed)
+    except ImportError:
+        yield
+        return
+    loader = getattr(yaml, "CSafeLoader", None)
+    if loader is None:
+        yield
+        return
+    safe_load = yaml.safe_load
+    yaml.safe_load = functools.partial(yaml.load, Loader=loader)
+    try:
+        yield
+    finally:
+        yaml.safe_load = safe_load
+
+
+def route_modules() -> list[str]:
+    """The modules of the scheduler's and the workers' HTTP routes (:data:`ROUTES`), from this
+    process's Dask config."""
+    import dask
+
+    return [name for key in ROUTES for name in dask.config.get(key, None) or ()]
+
+
 def serve(listener_fd: int, alive_r: int, preload: tuple[str, ...], directory: str) -> None:
     """The host's process: import ``preload``, then fork a process for each request on
     ``listener_fd`` (Python's forkserver loop) until every holder of ``alive_r``'s write end is
     gone; then remove ``directory`` (its socket). ``SIGTERM`` keeps its default (the processes
     forked inherit this process's handlers)."""
     try:
-        for name in preload:
-            with contextlib.suppress(ImportError):  # an optional module (tokenizers)
+        with libyaml_loads():
+            for name in preload:
+                with contextlib.suppress(ImportError):  # an optional module (tokenizers)
+                    importlib.import_module(name)
+        for name in route_modules():
+            with contextlib.suppress(ImportError):  # a route Dask itself reports, when its server starts
                 importlib.import_module(name)
         threads = thread_count()
         if threads > 1:

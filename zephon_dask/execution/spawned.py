@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.util
 import json
 import logging
 import os
@@ -49,7 +50,13 @@ from distributed import Nanny, Scheduler, SpecCluster, Worker
 from distributed.deploy.spec import ProcessInterface
 
 from ..errors import ClusterError
-from .dask_compat import INHERIT_CONFIG_ENV, no_environ_export, processes_from, worker_environ
+from .dask_compat import (
+    INHERIT_CONFIG_ENV,
+    dashboard_on_first_visit,
+    no_environ_export,
+    processes_from,
+    worker_environ,
+)
 from .host import Host, HostProcess, training_process_gone
 
 SYNC_INTERVAL_S = 10  # the cluster's name and type, for the dashboard, resent every (Dask: 1 s)
@@ -112,8 +119,13 @@ def run_scheduler(options: dict) -> None:
     """The scheduler's process (forked from the host): a ``distributed.Scheduler(**options)``
     until it is closed, asked to stop (SIGTERM) or the training process is gone; a close that
     takes over :data:`CLOSE_WAIT_S` seconds ends the process. It does not report a gather of
-    windows the training process released meanwhile."""
+    windows the training process released meanwhile. Its dashboard, where bokeh is installed, is
+    made on its first visit (:func:`~.dask_compat.dashboard_on_first_visit`)."""
     scheduler_file = Path(options["scheduler_file"])
+    options = dict(options)
+    on_first_visit = bool(options.get("dashboard")) and importlib.util.find_spec("bokeh") is not None
+    if on_first_visit:
+        options["dashboard"] = False  # its HTTP server and routes still start, at dashboard_address
     logging.getLogger("distributed.scheduler").addFilter(_not_a_dropped_gather)
 
     def end() -> None:
@@ -122,6 +134,8 @@ def run_scheduler(options: dict) -> None:
 
     async def serve() -> None:
         scheduler = await Scheduler(**options)
+        if on_first_visit:
+            dashboard_on_first_visit(scheduler)  # the CPU it costs, paid only if looked at
         loop = asyncio.get_running_loop()
         gone = training_process_gone()
         closing: list[asyncio.Task] = []
