@@ -127,6 +127,8 @@ class FaultProxy:
 
             def setup(self) -> None:
                 super().setup()
+                # a response's head and body are two writes: sent at once, as a store does
+                self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 with proxy.lock:
                     proxy.connections += 1
 
@@ -199,20 +201,20 @@ class FaultProxy:
         sent = len(data) if h.command != "HEAD" else 0
         h.send_header("Content-Length", resp.getheader("Content-Length") or str(len(data)))
         if fault == "reset" and sent > 1:
+            with self.lock:  # counted before it is sent: the client may look once it has it
+                self.body_bytes += sent // 2
             h.end_headers()
             h.wfile.write(data[: sent // 2])
             h.wfile.flush()
             # an abortive close: the peer sees a connection reset mid-body
             h.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
             h.close_connection = True
-            with self.lock:
-                self.body_bytes += sent // 2
             return
+        with self.lock:
+            self.body_bytes += sent
         h.end_headers()
         if sent:
             h.wfile.write(data)
-        with self.lock:
-            self.body_bytes += sent
 
     def stop(self) -> None:
         self.server.shutdown()
