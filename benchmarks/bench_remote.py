@@ -52,13 +52,23 @@ from bench_read import documents, write_all  # noqa: E402
 
 import zephon_dask as z  # noqa: E402
 from tests.helpers.s3server import FaultProxy, S3Server  # noqa: E402
-from zephon_dask.data import Dataset, arrow, compressed, jsonl, mds, tokens, write_token_store  # noqa: E402
+from zephon_dask.data import (  # noqa: E402
+    Dataset,
+    arrow,
+    compressed,
+    jsonl,
+    mds,
+    remote,
+    tokens,
+    write_token_store,
+)
 from zephon_dask.data.index import CACHE_ENV  # noqa: E402
 
 
 def clear() -> None:
     """Every per-process read cache emptied: a fresh Dask worker."""
-    for cache in (jsonl.SPANS, compressed.SEGMENTS, mds.OFFSETS, mds.DECODED, arrow.TABLES, tokens.OPENED):
+    for cache in (jsonl.SPANS, compressed.SEGMENTS, mds.OFFSETS, mds.DECODED, arrow.TABLES, tokens.OPENED,
+                  remote.BLOCKS):
         cache.clear()
 
 
