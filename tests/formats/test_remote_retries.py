@@ -100,7 +100,8 @@ def test_reads_try_twelve_times_unless_the_user_sets_max_attempts():
     assert remote.reader(filesystem("s3://b/k", opts)[0])[1] == remote.ATTEMPTS == 12
     mine = {**opts, "config_kwargs": {"retries": {"max_attempts": 3}}}
     client, tries = remote.reader(filesystem("s3://b/k", mine)[0])
-    assert tries == 3 and client.storage_options["config_kwargs"]["retries"]["max_attempts"] == 1
+    assert tries == 3 and client.storage_options["config_kwargs"]["retries"] == {"total_max_attempts": 1,
+                                                                             "mode": "standard"}
 
 
 @settings(max_examples=200, deadline=None)

@@ -137,7 +137,8 @@ def reader(fs: AbstractFileSystem) -> tuple[AbstractFileSystem, int]:
             if retries == S3_DEFAULTS["config_kwargs"]["retries"]:
                 retries = {}
             attempts = int(retries.get("max_attempts") or retries.get("total_max_attempts") or ATTEMPTS)
-            config["retries"] = {"max_attempts": 1, "mode": "standard"}  # one try: no botocore backoff
+            # one try, no botocore backoff (its "max_attempts" counts the retries: 1 would retry once)
+            config["retries"] = {"total_max_attempts": 1, "mode": "standard"}
             config.setdefault("max_pool_connections", 32)
             opts["config_kwargs"] = config
             opts["skip_instance_cache"] = True  # not tied to the thread that made it
