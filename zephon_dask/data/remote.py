@@ -1,8 +1,8 @@
-"""Ranged reads of an S3 object, each one ``GET`` conditional on the ETag the listing recorded.
+"""Ranged reads of an S3 object, each ``GET`` conditional on the ETag the listing recorded.
 
 A read of a shard in an S3 bucket sends no request besides the ranges it needs:
 no ``HEAD`` first. Inside :func:`pinned` (``Dataset.read`` opens it around a read),
-:func:`fetch_ranges` asks each range with ``If-Match: <ETag from the listing>``, so
+:func:`fetch_ranges` asks for each span with ``If-Match: <ETag from the listing>``, so
 the store itself refuses an object whose ETag moved (``412``: :class:`TagMoved`, a
 :class:`~zephon_dask.errors.DataChangedError` that ``Dataset.read`` settles by content: the
 same bytes uploaded again read on, pinned to the new ETag from then on, see
@@ -11,14 +11,25 @@ read that confirmed nothing (the bytes came from a per-process cache, or the
 format read through another path) is checked with one ``HEAD`` afterwards.
 :func:`download` fetches a whole object the same way (the node cache).
 
+A request costs about what a megabyte of body does, so a read's ranges at most
+:data:`HOLE` apart are one ``GET`` (:func:`plan`), a span longer than :data:`PART`
+is fetched in parts, and at most :data:`CONCURRENT` ``GET`` s of a read are in
+flight. An object no larger than :data:`BLOCKS_BYTES` (its size known from the
+pin) is read in blocks of :data:`BLOCK` bytes kept per process (:data:`BLOCKS`,
+least recently used out first, keyed by name and ETag): a read fetches the blocks
+it touches and lacks; one that lacks none still sends one ``GET``, of its
+shortest range, so that every read asks the store whether the ETag stands.
+
 Requests go through one reading client per process and set of storage options,
 shared by its threads and reused across reads (its connections stay open). That client does no
-retries of its own; a range is retried here, alone, after a short bounded wait:
+retries of its own; a request is retried here, alone, after a short bounded wait:
 throttling (``503 SlowDown``), other 5xx, a connection reset or closed mid-body, a
 body cut short and timeouts, up to :data:`ATTEMPTS` tries (or the
 ``config_kwargs["retries"]["max_attempts"]`` a user set in the storage options), the
 waits doubling from :data:`FIRST_WAIT` to at most :data:`LAST_WAIT` seconds with
-equal jitter. Other ranges of the read carry on meanwhile; nothing is listed again.
+equal jitter drawn from a hash of the request and the try. A retry asks only for
+the bytes not received yet. Other requests of the read carry on meanwhile;
+nothing is listed again.
 """
 
 from __future__ import annotations
@@ -241,10 +252,10 @@ async def _ranges(fs: AbstractFileSystem, attempts: int, name: str, pin: Pin | N
     gets = plan(starts, ends)
     slots = asyncio.Semaphore(CONCURRENT)
 
-    async def one(lo: int, hi: int) -> bytes:
+    async def one(lo: int, hi: int) -> bytearray:
         got = bytearray()
 
-        async def rest() -> bytes:  # a retry asks only for the bytes not received yet
+        async def rest() -> bytearray:  # a retry asks only for the bytes not received yet
             kw = _kwargs(fs, client, name, pin, Range=f"bytes={lo + len(got)}-{hi - 1}")
             resp = await client.get_object(**kw)
             try:
@@ -254,7 +265,7 @@ async def _ranges(fs: AbstractFileSystem, attempts: int, name: str, pin: Pin | N
                 resp["Body"].close()
             if len(got) != hi - lo:
                 raise ShortBody(f"{len(got)} of {hi - lo} bytes")
-            return bytes(got)
+            return got
 
         async with slots:
             return await retried(attempts, url, pin, rest, key=f"{url}\0{lo}")
@@ -267,11 +278,11 @@ async def _ranges(fs: AbstractFileSystem, attempts: int, name: str, pin: Pin | N
             out.append(b"")
             continue
         i = bisect.bisect_right(at, lo) - 1  # the first part holding lo; a range may run into the next
-        piece = blobs[i][lo - at[i] : hi - at[i]]
-        while len(piece) < hi - lo:
+        pieces = [memoryview(blobs[i])[lo - at[i] : hi - at[i]]]
+        while (n := sum(len(p) for p in pieces)) < hi - lo:
             i += 1
-            piece += blobs[i][: hi - lo - len(piece)]
-        out.append(piece)
+            pieces.append(memoryview(blobs[i])[: hi - lo - n])
+        out.append(b"".join(pieces))  # the range's bytes alone, copied once
     return out
 
 
