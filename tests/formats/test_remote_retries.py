@@ -135,6 +135,6 @@ def test_a_plan_covers_every_range_with_gets_apart_by_the_hole_and_no_longer_tha
 
 
 def test_waits_are_a_pure_function_of_the_request_and_the_try():
-    waits = [remote._wait(a, "s3://b/k\0" + str(lo)) for a in range(6) for lo in (0, 1 << 20)]
-    assert waits == [remote._wait(a, "s3://b/k\0" + str(lo)) for a in range(6) for lo in (0, 1 << 20)]
+    waits = [remote.backoff(a, "s3://b/k\0" + str(lo)) for a in range(6) for lo in (0, 1 << 20)]
+    assert waits == [remote.backoff(a, "s3://b/k\0" + str(lo)) for a in range(6) for lo in (0, 1 << 20)]
     assert len(set(waits)) == len(waits)  # requests of one read spread apart

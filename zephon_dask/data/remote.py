@@ -183,7 +183,7 @@ class ShortBody(OSError):
     """A body shorter than the range asked (a connection closed mid-body)."""
 
 
-def _wait(attempt: int, key: str) -> float:
+def backoff(attempt: int, key: str) -> float:
     """The wait before try ``attempt + 2`` of the request ``key``: equal jitter drawn from a hash of
     both (no shared generator; requests of one read spread apart)."""
     full = min(LAST_WAIT, FIRST_WAIT * 2**attempt)
@@ -214,7 +214,7 @@ async def retried(attempts: int, url: str, pin: Pin | None, call: Any, key: str 
                     raise translate_boto_error(exc) from None
             elif not _retryable(exc) or attempt + 1 >= attempts:
                 raise
-        await asyncio.sleep(_wait(attempt, key or url))
+        await asyncio.sleep(backoff(attempt, key or url))
         attempt += 1
 
 
