@@ -452,6 +452,24 @@ def test_a_small_object_is_read_in_kept_blocks_and_each_read_asks_its_etag(s3, t
             ds.read(0, [1, 39])
 
 
+def test_a_range_cut_mid_body_is_resumed_not_fetched_again(s3):
+    """A connection closed in the middle of a body costs no byte twice: the retry asks for the
+    bytes not received yet, so the bodies that passed add up to the range exactly."""
+    from zephon_dask.data.paths import filesystem
+
+    fs = s3.filesystem()
+    fs.mkdir("resumed")
+    body = np.random.default_rng(0).integers(0, 256, 300_000, dtype=np.uint8).tobytes()
+    fs.pipe("resumed/a.bin", body)
+    etag = fs.info("resumed/a.bin")["ETag"].strip('"')
+    with FaultProxy(s3.url, cut=0.5, seed=3) as proxy:
+        there, name = filesystem("s3://resumed/a.bin", s3.options(endpoint=proxy.url))
+        with remote.pinned(name, etag):  # no size: ranges, not blocks
+            got = remote.fetch_ranges(there, name, [1_000, 100_000], [90_000, 299_000])
+        assert got == [body[1_000:90_000], body[100_000:299_000]]
+        assert proxy.faults["cut"] > 0 and proxy.body_bytes == 299_000 - 1_000  # one span: 10 KB apart
+
+
 def _read_everything(ds: Dataset) -> list:
     forget()
     return records(ds, chunk=50)
