@@ -18,14 +18,16 @@ in every format into a bucket, and reports:
 * **tokens/s** of a pipeline (bytes tokenizer, packing, batches; in-process
   ``synchronous`` runner, so the time is the reading) over the JSONL corpus, in
   ``--rounds`` alternated rounds after a first pass of each (a long-lived worker:
-  the line spans known, no object data kept in the process): on local disk; in the bucket without the node cache; with the
+  the line spans known and, the object being no larger than 64 MiB, its blocks
+  kept in the process, each read still sending one conditional GET): on local
+  disk; in the bucket without the node cache; with the
   node cache warm (``storage_options["node_cache"]``, filled once before the
   rounds: its reads send no request); and through a proxy answering 10% of the
   requests 503 SlowDown and resetting 10% mid-body. Each pass counts the GETs
   and HEADs that reached the store; batches are checked equal to the local
-  ones. Then the ratios that matter, each from passes of the same round:
+  ones (their sha256 is printed). Then the ratios that matter, each from passes of the same round:
   without the node cache / local, node cache warm / local, faults / fault-free
-  (median and range over the rounds).
+  (median and range over the rounds), and the peak RSS of the process while it read.
 
 Nothing asserts a time. ``--quick`` uses 20,000 documents.
 
@@ -36,12 +38,16 @@ Nothing asserts a time. ``--quick`` uses 20,000 documents.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
+import multiprocessing
 import os
+import resource
 import shutil
 import sys
 import tempfile
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -52,13 +58,23 @@ from bench_read import documents, write_all  # noqa: E402
 
 import zephon_dask as z  # noqa: E402
 from tests.helpers.s3server import FaultProxy, S3Server  # noqa: E402
-from zephon_dask.data import Dataset, arrow, compressed, jsonl, mds, tokens, write_token_store  # noqa: E402
+from zephon_dask.data import (  # noqa: E402
+    Dataset,
+    arrow,
+    compressed,
+    jsonl,
+    mds,
+    remote,
+    tokens,
+    write_token_store,
+)
 from zephon_dask.data.index import CACHE_ENV  # noqa: E402
 
 
 def clear() -> None:
     """Every per-process read cache emptied: a fresh Dask worker."""
-    for cache in (jsonl.SPANS, compressed.SEGMENTS, mds.OFFSETS, mds.DECODED, arrow.TABLES, tokens.OPENED):
+    for cache in (jsonl.SPANS, compressed.SEGMENTS, mds.OFFSETS, mds.DECODED, arrow.TABLES, tokens.OPENED,
+                  remote.BLOCKS):
         cache.clear()
 
 
@@ -102,6 +118,25 @@ def bytes_table(server: S3Server, proxy: FaultProxy, paths: dict[str, str], chun
               f"{other_b / used:>10.1f}x {rest_b / (used * (reads - 1)):>9.2f}x")
 
 
+def reset_peak() -> None:
+    """Start the process's peak RSS afresh (Linux: ``/proc/self/clear_refs``; elsewhere it stays)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as fh:
+            fh.write("5")
+    except OSError:
+        pass
+
+
+def rss_mib(field: str = "VmHWM") -> float:
+    """The process's peak RSS (``VmHWM``: since :func:`reset_peak`, else since its start) or its RSS
+    now (``VmRSS``), in MiB; Linux, else the peak since the start."""
+    try:
+        with open("/proc/self/status") as fh:
+            return next(int(line.split()[1]) for line in fh if line.startswith(f"{field}:")) / 1024
+    except (OSError, StopIteration):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
 def pipeline(ds: Dataset):
     ws = z.MixtureWorkSource([ds], chunk_size=64, seed=1)
     return (z.Pipeline(ws).tokenize().pack(1024).batch(8)
@@ -137,6 +172,8 @@ def tokens_table(server: S3Server, local: str, steps: int, rounds: int) -> None:
         }
         clear()
         _, _, want = stream(pipeline(sets["local disk"][0]), steps)
+        print(f"sha256 of the local batches: {hashlib.sha256(b''.join(want)).hexdigest()[:16]} (every pass "
+              "below is checked equal)")
         for ds, _ in sets.values():  # each layout known to this process, the node cache filled
             stream(pipeline(ds), steps)
         rates: dict[str, list[float]] = {k: [] for k in sets}
@@ -166,6 +203,22 @@ def tokens_table(server: S3Server, local: str, steps: int, rounds: int) -> None:
         print(f"  {what}: {np.median(v):.3f}x ({v.min():.3f}-{v.max():.3f})")
 
 
+def write_corpus(root: Path, n: int, tokens_only: bool) -> dict[str, Path]:
+    """The ``n`` documents written under ``root``: the JSONL file alone, or every format and a
+    token store (run in a process of its own, so the reading process never holds them)."""
+    docs = documents(n)
+    if tokens_only:
+        (root / "jsonl").mkdir()
+        written = {"jsonl": root / "jsonl" / "a.jsonl"}
+        written["jsonl"].write_bytes("".join(json.dumps(d) + "\n" for d in docs).encode())
+        return written
+    written = write_all(root, docs)
+    rng = np.random.default_rng(1)
+    write_token_store(str(root / "tok"), {"s0": [rng.integers(0, 256, len(d["text"])).astype(
+        np.uint16) for d in docs]}, vocab_size=256)
+    return written
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
@@ -176,28 +229,25 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--tokens-only", action="store_true", help="skip the bytes-per-format table")
     args = ap.parse_args()
-    docs = documents(20_000 if args.quick else args.docs)
+    n = 20_000 if args.quick else args.docs
     with tempfile.TemporaryDirectory() as tmp, tempfile.TemporaryDirectory() as ours, S3Server() as server, FaultProxy(server.url) as proxy:
         os.environ[CACHE_ENV] = ours  # the node's cache directory (index, kept line spans)
         root = Path(tmp)
-        if args.tokens_only:  # the JSONL object alone
-            (root / "jsonl").mkdir()
-            written = {"jsonl": root / "jsonl" / "a.jsonl"}
-            written["jsonl"].write_bytes("".join(json.dumps(d) + "\n" for d in docs).encode())
-        else:
-            written = write_all(root, docs)
-            rng = np.random.default_rng(1)
-            write_token_store(str(root / "tok"), {"s0": [rng.integers(0, 256, len(d["text"])).astype(
-                np.uint16) for d in docs]}, vocab_size=256)
+        with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+            written = pool.submit(write_corpus, root, n, args.tokens_only).result()  # never held here
         fs = server.filesystem()
         fs.mkdir("bench")
         fs.put(str(root) + "/", "bench/", recursive=True)
         paths = {label: "s3://bench/" + str(p.relative_to(root)) for label, p in written.items()}
         paths["tokens"] = "s3://bench/tok"
-        print(f"{len(docs):,} documents; S3 server {server.url} (moto), counted at a proxy on 127.0.0.1")
+        print(f"{n:,} documents; S3 server {server.url} (moto), counted at a proxy on 127.0.0.1")
         if not args.tokens_only:
             bytes_table(server, proxy, paths, args.chunk, args.reads)
+        reset_peak()
+        before = rss_mib("VmRSS")
         tokens_table(server, str(written["jsonl"]), args.steps, args.rounds)
+        print(f"peak RSS of this process while it indexed and read: {rss_mib():,.0f} MiB, from "
+              f"{before:,.0f} MiB before (the S3 server runs in a process of its own)")
 
 
 if __name__ == "__main__":

@@ -24,7 +24,16 @@ from tests.formats.test_formats_mds import own_write, samples
 from tests.helpers.oracles import batch_rows
 from tests.helpers.pipelines import write_corpus
 from tests.helpers.s3server import KEY, SECRET, FaultProxy, S3Server
-from zephon_dask.data import Dataset, arrow, compressed, jsonl, mds, tokens, write_token_store
+from zephon_dask.data import (
+    Dataset,
+    arrow,
+    compressed,
+    jsonl,
+    mds,
+    remote,
+    tokens,
+    write_token_store,
+)
 from zephon_dask.errors import DatasetNotFoundError, StorageAccessError, StorageError
 
 pytest.importorskip("s3fs")
@@ -256,7 +265,8 @@ head_start = false
 
 def forget() -> None:
     """Empty every per-process read cache, as in a fresh worker: reads go to the store again."""
-    for memo in (jsonl.SPANS, compressed.SEGMENTS, arrow.TABLES, mds.OFFSETS, mds.DECODED, tokens.OPENED):
+    for memo in (jsonl.SPANS, compressed.SEGMENTS, arrow.TABLES, mds.OFFSETS, mds.DECODED, tokens.OPENED,
+                 remote.BLOCKS):
         memo.clear()
 
 
@@ -355,9 +365,11 @@ def test_credentials_never_leave_the_storage_options(s3, bucket, tmp_path, caplo
     assert all(s3.url not in text for text in seen[:-2])  # nor the endpoint
 
 
-def test_a_fresh_process_fetches_byte_ranges_not_whole_objects(s3, bucket, tmp_path):
+def test_a_fresh_process_fetches_byte_ranges_not_whole_objects(s3, bucket, tmp_path, monkeypatch):
     """A worker's first read of a plain JSONL object (its line spans kept on the node at indexing)
-    or a raw MDS shard fetches the records' ranges, not the object."""
+    or a raw MDS shard fetches the records' ranges, not the object (objects too large to be
+    read in blocks: these small ones would be one block)."""
+    monkeypatch.setattr(remote, "BLOCKS_BYTES", 0)
     fs = s3.filesystem()
     with FaultProxy(s3.url) as proxy:
         opts = s3.options(endpoint=proxy.url)
@@ -370,11 +382,14 @@ def test_a_fresh_process_fetches_byte_ranges_not_whole_objects(s3, bucket, tmp_p
             assert 0 < proxy.body_bytes < fs.size(shard.path.removeprefix("s3://")) / 4, url
 
 
-def test_a_read_is_one_get_per_range_and_no_head(s3, tmp_path):
+def test_a_read_is_one_get_per_range_and_no_head(s3, tmp_path, monkeypatch):
     """Reading records from a bucket sends one GET per range of nearby records and nothing else (the
     sizes and ETags come from the listing); each GET is conditional on the listed ETag, so a
     rewritten object is refused by the read itself. Reads from other threads reuse the
-    connections. With the node cache: one GET of the object, then no request."""
+    connections. With the node cache: one GET of the object, then no request. (Ranges 64 KiB
+    apart are fetched apart here, and the object is too large to be read in blocks.)"""
+    monkeypatch.setattr(remote, "HOLE", 1 << 16)
+    monkeypatch.setattr(remote, "BLOCKS_BYTES", 0)
     fs = s3.filesystem()
     fs.mkdir("counted")
     lines = [json.dumps({"text": f"{i} " + "x" * 40_000}) + "\n" for i in range(12)]  # > GAP apart
@@ -409,6 +424,50 @@ def test_a_read_is_one_get_per_range_and_no_head(s3, tmp_path):
             ds.read(0, [0, 3])
         # refused by the GETs; one HEAD then tells the same bytes uploaded again from a change
         assert proxy.methods == {"GET": 2, "HEAD": 1}
+
+
+def test_a_small_object_is_read_in_kept_blocks_and_each_read_asks_its_etag(s3, tmp_path, monkeypatch):
+    """An object no larger than remote.BLOCKS_BYTES is fetched in blocks kept by the process: a read
+    fetches the blocks it touches and lacks (neighbours in one GET); a read whose blocks are all
+    kept still sends one GET, of its shortest range, conditional on the ETag, so a rewritten
+    object is refused by every read."""
+    monkeypatch.setattr(remote, "BLOCK", 1 << 14)
+    fs = s3.filesystem()
+    fs.mkdir("blocks")
+    lines = [json.dumps({"text": f"{i} " + "x" * (10_000 + i)}) + "\n" for i in range(40)]
+    body = "".join(lines).encode()
+    fs.pipe("blocks/a.jsonl", body)
+    ends = np.cumsum([len(line) for line in lines])
+    with FaultProxy(s3.url) as proxy:
+        ds = Dataset.from_jsonl("b", "s3://blocks/a.jsonl", storage_options=s3.options(endpoint=proxy.url),
+                                progress=False, cache_dir=tmp_path)
+        forget()
+        for offsets, fetched in (([0, 1, 2], 2 << 14), ([39, 0, 1], len(body) - (int(ends[38]) >> 14 << 14)),
+                                 ([1, 39], len(lines[1]) - 1)):
+            proxy.reset_counts()
+            assert [r["text"] for r in ds.read(0, offsets)] == [json.loads(lines[i])["text"] for i in offsets]
+            assert proxy.methods == {"GET": 1} and proxy.body_bytes == fetched, offsets
+        fs.pipe("blocks/a.jsonl", body.replace(b"x", b"y"))  # same size, new ETag
+        with pytest.raises(z.DataChangedError, match="ETag"):
+            ds.read(0, [1, 39])
+
+
+def test_a_range_cut_mid_body_is_resumed_not_fetched_again(s3):
+    """A connection closed in the middle of a body costs no byte twice: the retry asks for the
+    bytes not received yet, so the bodies that passed add up to the range exactly."""
+    from zephon_dask.data.paths import filesystem
+
+    fs = s3.filesystem()
+    fs.mkdir("resumed")
+    body = np.random.default_rng(0).integers(0, 256, 300_000, dtype=np.uint8).tobytes()
+    fs.pipe("resumed/a.bin", body)
+    etag = fs.info("resumed/a.bin")["ETag"].strip('"')
+    with FaultProxy(s3.url, cut=0.5, seed=3) as proxy:
+        there, name = filesystem("s3://resumed/a.bin", s3.options(endpoint=proxy.url))
+        with remote.pinned(name, etag):  # no size: ranges, not blocks
+            got = remote.fetch_ranges(there, name, [1_000, 100_000], [90_000, 299_000])
+        assert got == [body[1_000:90_000], body[100_000:299_000]]
+        assert proxy.faults["cut"] > 0 and proxy.body_bytes == 299_000 - 1_000  # one span: 10 KB apart
 
 
 def _read_everything(ds: Dataset) -> list:

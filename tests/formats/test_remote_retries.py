@@ -100,4 +100,41 @@ def test_reads_try_twelve_times_unless_the_user_sets_max_attempts():
     assert remote.reader(filesystem("s3://b/k", opts)[0])[1] == remote.ATTEMPTS == 12
     mine = {**opts, "config_kwargs": {"retries": {"max_attempts": 3}}}
     client, tries = remote.reader(filesystem("s3://b/k", mine)[0])
-    assert tries == 3 and client.storage_options["config_kwargs"]["retries"]["max_attempts"] == 1
+    assert tries == 3 and client.storage_options["config_kwargs"]["retries"] == {"total_max_attempts": 1,
+                                                                             "mode": "standard"}
+
+
+@settings(max_examples=200, deadline=None)
+@given(ranges=st.lists(st.tuples(st.integers(0, 1000), st.integers(0, 60)), max_size=30),
+       hole=st.integers(0, 100), part=st.integers(1, 300))
+def test_a_plan_covers_every_range_with_gets_apart_by_the_hole_and_no_longer_than_a_part(ranges, hole, part):
+    starts = [lo for lo, _ in ranges]
+    ends = [lo + n for lo, n in ranges]
+    gets = remote.plan(starts, ends, hole, part)
+    # the oracle: a byte is fetched iff a range holds it or it lies in a gap under the hole
+    wanted = sorted((lo, hi) for lo, hi in zip(starts, ends) if hi > lo)
+    fetched = {b for lo, hi in gets for b in range(lo, hi)}
+    assert all(b in fetched for lo, hi in wanted for b in range(lo, hi))
+    assert all(0 < hi - lo <= part for lo, hi in gets) and gets == sorted(gets)
+    assert all(a[1] <= b[0] for a, b in zip(gets, gets[1:]))  # disjoint
+    for a, b in zip(gets, gets[1:]):
+        if a[1] < b[0]:  # two GETs apart: no range bridges them and the gap is over the hole
+            assert b[0] - a[1] > hole
+            assert not any(lo < b[0] and hi > a[1] for lo, hi in wanted)
+        else:  # parts of one span: each as long as a part but the last
+            assert a[1] - a[0] == part
+    kept = {b for lo, hi in wanted for b in range(lo, hi)}
+    spans: list[list[int]] = []
+    for lo, hi in gets:  # the parts joined back into spans
+        if spans and spans[-1][1] == lo:
+            spans[-1][1] = hi
+        else:
+            spans.append([lo, hi])
+    for lo, hi in spans:  # nothing fetched outside the ranges but the holes between them
+        assert lo in kept and hi - 1 in kept
+
+
+def test_waits_are_a_pure_function_of_the_request_and_the_try():
+    waits = [remote.backoff(a, "s3://b/k\0" + str(lo)) for a in range(6) for lo in (0, 1 << 20)]
+    assert waits == [remote.backoff(a, "s3://b/k\0" + str(lo)) for a in range(6) for lo in (0, 1 << 20)]
+    assert len(set(waits)) == len(waits)  # requests of one read spread apart

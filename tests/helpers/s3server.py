@@ -104,15 +104,16 @@ class FaultProxy:
 
     Each request draws once: with probability ``slowdown`` it is answered 503 SlowDown,
     with ``reset`` it is forwarded and its connection reset halfway through the body,
-    with ``delay`` it waits ``delay_s`` first. ``requests``, ``body_bytes`` and
+    with ``cut`` its connection closed cleanly halfway through the body (the client has
+    that half), with ``delay`` it waits ``delay_s`` first. ``requests``, ``body_bytes`` and
     ``faults`` count what passed, ``methods`` the requests per HTTP method and
     ``connections`` the connections accepted (read them between runs; :meth:`reset_counts`).
     """
 
-    def __init__(self, upstream: str, *, slowdown: float = 0.0, reset: float = 0.0,
+    def __init__(self, upstream: str, *, slowdown: float = 0.0, reset: float = 0.0, cut: float = 0.0,
                  delay: float = 0.0, delay_s: float = 0.2, seed: int = 0) -> None:
         self.upstream = upstream.removeprefix("http://")
-        self.slowdown, self.reset, self.delay, self.delay_s = slowdown, reset, delay, delay_s
+        self.slowdown, self.reset, self.cut, self.delay, self.delay_s = slowdown, reset, cut, delay, delay_s
         self.rng = random.Random(seed)
         self.lock = threading.Lock()
         self.local = threading.local()  # one upstream connection per handler thread, kept
@@ -127,6 +128,8 @@ class FaultProxy:
 
             def setup(self) -> None:
                 super().setup()
+                # a response's head and body are two writes: sent at once, as a store does
+                self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 with proxy.lock:
                     proxy.connections += 1
 
@@ -146,7 +149,7 @@ class FaultProxy:
             self.requests = 0
             self.connections = 0
             self.body_bytes = 0
-            self.faults = {"slowdown": 0, "reset": 0, "delay": 0}
+            self.faults = {"slowdown": 0, "reset": 0, "cut": 0, "delay": 0}
             self.methods: Counter[str] = Counter()
 
     def _draw(self, method: str) -> str | None:
@@ -156,7 +159,8 @@ class FaultProxy:
             if method not in ("GET", "HEAD"):
                 return None
             x = self.rng.random()
-            for name, share in (("slowdown", self.slowdown), ("reset", self.reset), ("delay", self.delay)):
+            for name, share in (("slowdown", self.slowdown), ("reset", self.reset), ("cut", self.cut),
+                                ("delay", self.delay)):
                 if x < share:
                     self.faults[name] += 1
                     return name
@@ -198,21 +202,21 @@ class FaultProxy:
                 h.send_header(k, v)
         sent = len(data) if h.command != "HEAD" else 0
         h.send_header("Content-Length", resp.getheader("Content-Length") or str(len(data)))
-        if fault == "reset" and sent > 1:
+        if fault in ("reset", "cut") and sent > 1:
+            with self.lock:  # counted before it is sent: the client may look once it has it
+                self.body_bytes += sent // 2
             h.end_headers()
             h.wfile.write(data[: sent // 2])
             h.wfile.flush()
-            # an abortive close: the peer sees a connection reset mid-body
-            h.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            if fault == "reset":  # an abortive close: the peer sees a connection reset mid-body
+                h.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
             h.close_connection = True
-            with self.lock:
-                self.body_bytes += sent // 2
             return
+        with self.lock:
+            self.body_bytes += sent
         h.end_headers()
         if sent:
             h.wfile.write(data)
-        with self.lock:
-            self.body_bytes += sent
 
     def stop(self) -> None:
         self.server.shutdown()

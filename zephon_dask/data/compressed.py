@@ -159,7 +159,7 @@ def head(fs: AbstractFileSystem, name: str, url: str, kind: str, block: int = 1 
     far as they are consumed (a file's first record, read at construction). DataFormatError for
     corrupt data."""
     at = 0
-    with fs.open(name, "rb") as fh:
+    with fs.open(name, "rb", block_size=block) as fh:  # not a remote store's 50 MiB block
         try:
             if kind == "zstd":
                 reader = zstandard().ZstdDecompressor().stream_reader(fh, read_size=block, read_across_frames=True)

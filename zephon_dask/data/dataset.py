@@ -327,7 +327,7 @@ class Dataset:
                 return self._read_remote(idx, sh, off)
             # Reads are conditional on the listed ETag (data/remote.py): no HEAD unless none was.
             name = sh.path.split("://", 1)[1]
-            with remote.pinned(name, remote.retagged(name, sh.etag)) as pin:
+            with remote.pinned(name, remote.retagged(name, sh.etag), sh.size_bytes) as pin:
                 try:
                     out = self._read_remote(idx, sh, off, pin)
                 except remote.TagMoved:

@@ -48,7 +48,7 @@ from .paths import FileInfo, fetch_ranges, filesystem, is_local
 from .reader import Reader
 from .shard import Shard
 
-BLOCK = 1 << 26  # bytes scanned per step
+BLOCK = 1 << 23  # bytes scanned per step (a step holds about three times this)
 GAP = 1 << 16  # byte gap under which two needed lines are fetched in one range
 _WHITESPACE = np.frombuffer(b" \t\r\n", dtype=np.uint8)
 SPANS = byte_lru(1 << 30, lambda layout: layout.nbytes)
@@ -94,7 +94,7 @@ def _blocks(fh: Any, block: int) -> Iterable[bytes]:
 def scan(fs: AbstractFileSystem, name: str, block: int = BLOCK) -> tuple[np.ndarray, int]:
     """``(spans, file size)``: int64 ``(n, 2)`` byte spans of the non-blank lines of a plain file."""
     try:
-        with fs.open(name, "rb") as f:
+        with fs.open(name, "rb", block_size=block) as f:  # a remote store's file buffers one block
             return scan_blocks(_blocks(f, block))
     except FileNotFoundError:
         raise DatasetNotFoundError(f"JSONL file {name!r} no longer exists") from None
@@ -184,7 +184,7 @@ def first_fields(fs: AbstractFileSystem, f: FileInfo) -> list[str]:
     try:
         kind = compressed.codec(fs.cat_file(f.name, start=0, end=8), f.url)
         if kind is None:
-            with fs.open(f.name, "rb") as fh:
+            with fs.open(f.name, "rb", block_size=1 << 16) as fh:  # not a remote store's 50 MiB block
                 line, number = _first_line(_blocks(fh, 1 << 16))
         else:
             with closing(compressed.head(fs, f.name, f.url, kind)) as blocks:  # decodes no further

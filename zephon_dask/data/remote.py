@@ -1,8 +1,8 @@
-"""Ranged reads of an S3 object, each one ``GET`` conditional on the ETag the listing recorded.
+"""Ranged reads of an S3 object, each ``GET`` conditional on the ETag the listing recorded.
 
 A read of a shard in an S3 bucket sends no request besides the ranges it needs:
 no ``HEAD`` first. Inside :func:`pinned` (``Dataset.read`` opens it around a read),
-:func:`fetch_ranges` asks each range with ``If-Match: <ETag from the listing>``, so
+:func:`fetch_ranges` asks for each span with ``If-Match: <ETag from the listing>``, so
 the store itself refuses an object whose ETag moved (``412``: :class:`TagMoved`, a
 :class:`~zephon_dask.errors.DataChangedError` that ``Dataset.read`` settles by content: the
 same bytes uploaded again read on, pinned to the new ETag from then on, see
@@ -11,24 +11,36 @@ read that confirmed nothing (the bytes came from a per-process cache, or the
 format read through another path) is checked with one ``HEAD`` afterwards.
 :func:`download` fetches a whole object the same way (the node cache).
 
+A request costs about what a megabyte of body does, so a read's ranges at most
+:data:`HOLE` apart are one ``GET`` (:func:`plan`), a span longer than :data:`PART`
+is fetched in parts, and at most :data:`CONCURRENT` ``GET`` s of a read are in
+flight. An object no larger than :data:`BLOCKS_BYTES` (its size known from the
+pin) is read in blocks of :data:`BLOCK` bytes kept per process (:data:`BLOCKS`,
+least recently used out first, keyed by name and ETag): a read fetches the blocks
+it touches and lacks; one that lacks none still sends one ``GET``, of its
+shortest range, so that every read asks the store whether the ETag stands.
+
 Requests go through one reading client per process and set of storage options,
 shared by its threads and reused across reads (its connections stay open). That client does no
-retries of its own; a range is retried here, alone, after a short bounded wait:
+retries of its own; a request is retried here, alone, after a short bounded wait:
 throttling (``503 SlowDown``), other 5xx, a connection reset or closed mid-body, a
 body cut short and timeouts, up to :data:`ATTEMPTS` tries (or the
 ``config_kwargs["retries"]["max_attempts"]`` a user set in the storage options), the
 waits doubling from :data:`FIRST_WAIT` to at most :data:`LAST_WAIT` seconds with
-equal jitter. Other ranges of the read carry on meanwhile; nothing is listed again.
+equal jitter drawn from a hash of the request and the try. A retry asks only for
+the bytes not received yet. Other requests of the read carry on meanwhile;
+nothing is listed again.
 """
 
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import contextvars
+import hashlib
 import json
 import os
-import random
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -37,23 +49,31 @@ from typing import Any
 from fsspec import AbstractFileSystem
 
 from ..errors import DataChangedError
+from .memo import byte_lru
 
 ATTEMPTS = 12  # tries of one range, unless the user's storage options set max_attempts
 FIRST_WAIT = 0.02  # seconds before the second try of a range
 LAST_WAIT = 8.0  # the longest wait between two tries; twelve tries wait 13-26 s in all
+HOLE = 1 << 20  # ranges at most this far apart are one GET: a request costs about what this many bytes do
+PART = 8 << 20  # the most bytes one GET asks; a longer span is fetched in parts at once
+CONCURRENT = 8  # GETs of one read in flight at once
+PIECE = 1 << 18  # bytes taken from a body at a time (kept when the connection breaks)
+BLOCK = 1 << 16  # the unit an object no larger than BLOCKS_BYTES is fetched and kept in
+BLOCKS_BYTES = 64 << 20  # per process: the blocks kept, least recently used out first
+BLOCKS = byte_lru(BLOCKS_BYTES, len)  # (name, ETag, block number) -> the block's bytes
 _RETRY_CODES = frozenset({"SlowDown", "Throttling", "ThrottlingException", "RequestTimeout",
                           "RequestTimeTooSkewed", "InternalError", "ServiceUnavailable",
                           "RequestLimitExceeded", "TooManyRequests"})
-_JITTER = random.Random()  # wait lengths only: never data  # noqa: S311
 
 
 @dataclass
 class Pin:
-    """The object a read expects: filesystem-internal ``name`` and its listed ``etag``;
-    ``confirmed`` once a conditional request proved the store still holds it."""
+    """The object a read expects: filesystem-internal ``name``, its listed ``etag`` and ``size``
+    (when known); ``confirmed`` once a conditional request proved the store still holds it."""
 
     name: str
     etag: str
+    size: int | None = None
     confirmed: bool = False
 
 
@@ -80,9 +100,10 @@ _PIN: contextvars.ContextVar[Pin | None] = contextvars.ContextVar("zephon_dask_p
 
 
 @contextlib.contextmanager
-def pinned(name: str, etag: str) -> Iterator[Pin]:
-    """Reads of ``name`` under this block are conditional on ``etag`` (see the module)."""
-    pin = Pin(name, etag)
+def pinned(name: str, etag: str, size: int | None = None) -> Iterator[Pin]:
+    """Reads of ``name`` under this block are conditional on ``etag`` (see the module); ``size``,
+    the object's listed size, lets them go through :data:`BLOCKS`."""
+    pin = Pin(name, etag, size)
     token = _PIN.set(pin)
     try:
         yield pin
@@ -127,7 +148,8 @@ def reader(fs: AbstractFileSystem) -> tuple[AbstractFileSystem, int]:
             if retries == S3_DEFAULTS["config_kwargs"]["retries"]:
                 retries = {}
             attempts = int(retries.get("max_attempts") or retries.get("total_max_attempts") or ATTEMPTS)
-            config["retries"] = {"max_attempts": 1, "mode": "standard"}  # one try: no botocore backoff
+            # one try, no botocore backoff (its "max_attempts" counts the retries: 1 would retry once)
+            config["retries"] = {"total_max_attempts": 1, "mode": "standard"}
             config.setdefault("max_pool_connections", 32)
             opts["config_kwargs"] = config
             opts["skip_instance_cache"] = True  # not tied to the thread that made it
@@ -161,14 +183,17 @@ class ShortBody(OSError):
     """A body shorter than the range asked (a connection closed mid-body)."""
 
 
-def _wait(attempt: int) -> float:
+def backoff(attempt: int, key: str) -> float:
+    """The wait before try ``attempt + 2`` of the request ``key``: equal jitter drawn from a hash of
+    both (no shared generator; requests of one read spread apart)."""
     full = min(LAST_WAIT, FIRST_WAIT * 2**attempt)
-    return full / 2 + _JITTER.random() * full / 2
+    draw = hashlib.blake2b(f"{key}\0{attempt}".encode(), digest_size=8).digest()
+    return full / 2 + int.from_bytes(draw, "big") / 2**64 * full / 2
 
 
-async def retried(attempts: int, url: str, pin: Pin | None, call: Any) -> Any:
-    """``await call()``, retried as the module says (at least one try); a ``412`` is the
-    object changed."""
+async def retried(attempts: int, url: str, pin: Pin | None, call: Any, key: str = "") -> Any:
+    """``await call()``, retried as the module says (at least one try; ``key`` names the request
+    for its waits); a ``412`` is the object changed."""
     attempt = 0
     while True:
         try:
@@ -189,19 +214,8 @@ async def retried(attempts: int, url: str, pin: Pin | None, call: Any) -> Any:
                     raise translate_boto_error(exc) from None
             elif not _retryable(exc) or attempt + 1 >= attempts:
                 raise
-        await asyncio.sleep(_wait(attempt))
+        await asyncio.sleep(backoff(attempt, key or url))
         attempt += 1
-
-
-async def _get(client: Any, kw: dict[str, Any], size: int | None) -> bytes:
-    resp = await client.get_object(**kw)
-    try:
-        body: bytes = await resp["Body"].read()
-    finally:
-        resp["Body"].close()
-    if size is not None and len(body) != size:
-        raise ShortBody(f"{len(body)} of {size} bytes")
-    return body
 
 
 def _kwargs(fs: AbstractFileSystem, client: Any, name: str, pin: Pin | None, **extra: Any) -> dict[str, Any]:
@@ -214,32 +228,113 @@ def _kwargs(fs: AbstractFileSystem, client: Any, name: str, pin: Pin | None, **e
     return {k: v for k, v in kw.items() if k in accepted}  # e.g. upload-only encryption settings
 
 
+def plan(starts: list[int], ends: list[int], hole: int | None = None,
+         part: int | None = None) -> list[tuple[int, int]]:
+    """The ``[lo, hi)`` byte spans to ``GET`` for the ranges ``[starts[i], ends[i])``: the non-empty
+    ranges in order, merged where at most ``hole`` (:data:`HOLE`) bytes lie between them, each
+    span then cut into parts of at most ``part`` (:data:`PART`) bytes, fetched at once. Pure."""
+    hole = HOLE if hole is None else hole
+    part = PART if part is None else part
+    spans: list[list[int]] = []
+    for lo, hi in sorted((lo, hi) for lo, hi in zip(starts, ends, strict=True) if hi > lo):
+        if spans and lo - spans[-1][1] <= hole:
+            spans[-1][1] = max(spans[-1][1], hi)
+        else:
+            spans.append([lo, hi])
+    return [(at, min(at + part, hi)) for lo, hi in spans for at in range(lo, hi, part)]
+
+
 async def _ranges(fs: AbstractFileSystem, attempts: int, name: str, pin: Pin | None,
                   starts: list[int], ends: list[int]) -> list[bytes]:
     await fs.set_session()
     client = await fs.get_s3(_split(name)[0])
     url = f"s3://{name.removeprefix('s3://')}"
+    gets = plan(starts, ends)
+    slots = asyncio.Semaphore(CONCURRENT)
 
-    async def one(lo: int, hi: int) -> bytes:
+    async def one(lo: int, hi: int) -> bytearray:
+        got = bytearray()
+
+        async def rest() -> bytearray:  # a retry asks only for the bytes not received yet
+            kw = _kwargs(fs, client, name, pin, Range=f"bytes={lo + len(got)}-{hi - 1}")
+            resp = await client.get_object(**kw)
+            try:
+                async for block in resp["Body"].iter_chunks(PIECE):
+                    got.extend(block)
+            finally:
+                resp["Body"].close()
+            if len(got) != hi - lo:
+                raise ShortBody(f"{len(got)} of {hi - lo} bytes")
+            return got
+
+        async with slots:
+            return await retried(attempts, url, pin, rest, key=f"{url}\0{lo}")
+
+    blobs = await asyncio.gather(*(one(lo, hi) for lo, hi in gets))
+    at = [lo for lo, _ in gets]
+    out = []
+    for lo, hi in zip(starts, ends, strict=True):
         if hi <= lo:
-            return b""
-        kw = _kwargs(fs, client, name, pin, Range=f"bytes={lo}-{hi - 1}")
-        return await retried(attempts, url, pin, lambda: _get(client, kw, hi - lo))
-
-    return list(await asyncio.gather(*(one(lo, hi) for lo, hi in zip(starts, ends, strict=True))))
+            out.append(b"")
+            continue
+        i = bisect.bisect_right(at, lo) - 1  # the first part holding lo; a range may run into the next
+        pieces = [memoryview(blobs[i])[lo - at[i] : hi - at[i]]]
+        while (n := sum(len(p) for p in pieces)) < hi - lo:
+            i += 1
+            pieces.append(memoryview(blobs[i])[: hi - lo - n])
+        out.append(b"".join(pieces))  # the range's bytes alone, copied once
+    return out
 
 
 def fetch_ranges(fs: AbstractFileSystem, name: str, starts: list[int], ends: list[int]) -> list[bytes]:
-    """The bytes ``[start, end)`` of the S3 object ``name``, one ``GET`` per range, concurrently,
-    conditional on the pin's ETag when one is active (``pin.confirmed`` set after)."""
+    """The bytes ``[start, end)`` of the S3 object ``name``: ranges at most :data:`HOLE` apart
+    fetched in one ``GET``, at most :data:`CONCURRENT` at once (:func:`plan`), each conditional on
+    the pin's ETag when one is active (``pin.confirmed`` set after). Under a pin with the object's
+    size, an object no larger than :data:`BLOCKS_BYTES` is read in blocks (:func:`_blocked`)."""
     from fsspec.asyn import sync
 
     pin = active(fs, name)
     twin, attempts = reader(fs)
-    blobs: list[bytes] = sync(twin.loop, _ranges, twin, attempts, name, pin, starts, ends)
-    if pin is not None and any(hi > lo for lo, hi in zip(starts, ends, strict=True)):
+    if not any(hi > lo for lo, hi in zip(starts, ends, strict=True)):
+        return [b""] * len(starts)
+    if pin is not None and pin.size is not None and pin.size <= BLOCKS_BYTES:
+        blobs = _blocked(twin, attempts, pin, starts, ends)
+    else:
+        blobs = sync(twin.loop, _ranges, twin, attempts, name, pin, starts, ends)
+    if pin is not None:
         pin.confirmed = True
     return blobs
+
+
+def _blocked(fs: AbstractFileSystem, attempts: int, pin: Pin, starts: list[int], ends: list[int]) -> list[bytes]:
+    """:func:`fetch_ranges` through the blocks of :data:`BLOCKS`: the missing blocks the ranges
+    touch are fetched (conditional, neighbours in one ``GET``) and kept; when none is missing, the
+    shortest range is fetched instead, so that every read asks the store whether the ETag stands."""
+    from fsspec.asyn import sync
+
+    assert pin.size is not None
+    pairs = list(zip(starts, ends, strict=True))
+    touched = sorted({k for lo, hi in pairs if hi > lo for k in range(lo // BLOCK, (hi - 1) // BLOCK + 1)})
+    have: dict[int, bytes] = {}
+    for k in touched:
+        block = BLOCKS.get((pin.name, pin.etag, k))
+        if block is not None:
+            have[k] = block
+    missing = [k for k in touched if k not in have]
+    out: list[bytes | None] = [None] * len(pairs)
+    if missing:
+        lows = [k * BLOCK for k in missing]
+        got = sync(fs.loop, _ranges, fs, attempts, pin.name, pin, lows, [min(lo + BLOCK, pin.size) for lo in lows])
+        for k, block in zip(missing, got, strict=True):
+            BLOCKS[pin.name, pin.etag, k] = have[k] = block
+    else:
+        short = min((hi - lo, i) for i, (lo, hi) in enumerate(pairs) if hi > lo)[1]
+        out[short] = sync(fs.loop, _ranges, fs, attempts, pin.name, pin, [starts[short]], [ends[short]])[0]
+    for i, (lo, hi) in enumerate(pairs):
+        if out[i] is None:  # the range's piece of each block it touches
+            out[i] = b"".join(have[k][max(lo - k * BLOCK, 0) : hi - k * BLOCK]
+                              for k in range(lo // BLOCK, (hi - 1) // BLOCK + 1)) if hi > lo else b""
+    return [b for b in out if b is not None]
 
 
 async def _download(fs: AbstractFileSystem, attempts: int, name: str, pin: Pin | None, target: str,
@@ -262,7 +357,7 @@ async def _download(fs: AbstractFileSystem, attempts: int, name: str, pin: Pin |
             if out.tell() != size:
                 raise ShortBody(f"{out.tell()} of {size} bytes")
 
-        await retried(attempts, url, pin, rest)  # a retry resumes where the body was cut
+        await retried(attempts, url, pin, rest, key=url)  # a retry resumes where the body was cut
 
 
 def download(fs: AbstractFileSystem, name: str, target: str, size: int) -> None:
