@@ -117,10 +117,10 @@ class PipelineDataset(IterableDataset):
         if self._worker_pipe is None:
             remote = {} if self._address is None else {"client": None, "address": self._address}
             # a new pipeline (its own session, no runner of the parent's), the parent's resume point
-            self._worker_pipe = self.pipeline.options(dp_degree=self._identity[0],
-                                                      dp_group_id=self._identity[1], **remote)
+            pipe = self.pipeline.options(dp_degree=self._identity[0], dp_group_id=self._identity[1], **remote)
             if self.pipeline.session.evaluation:
-                self._worker_pipe.session.serve_evaluation()
+                pipe.session.serve_evaluation()
+            self._worker_pipe = pipe
         return self._worker_pipe
 
     @staticmethod
