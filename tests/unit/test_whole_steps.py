@@ -134,18 +134,18 @@ def test_groups_voting_on_each_step_end_a_packed_pass_on_the_same_step(small, cf
             owned, per_rank = owned_lanes(pipe.description.settings), pipe.session.step_shape().per_rank
             stream = pipe.session.open_stream(owned, None)
             stream.agreement = StepAgreement(vote.of(group), per_rank)
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", ZephonWarning)
-                got[group] = (owned, per_rank, [batch_rows(b) for b in stream])
+            got[group] = (owned, per_rank, [batch_rows(b) for b in stream])
         except BaseException as exc:  # noqa: BLE001 - reported below, and the others released
             errors.append(exc)
             vote.barrier.abort()
 
     threads = [threading.Thread(target=serve, args=(g,)) for g in range(cfg["dp"])]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=300)
+    with warnings.catch_warnings():  # here, not in the threads: the filters are the process's
+        warnings.simplefilter("ignore", ZephonWarning)
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=300)
     assert not errors, errors
     for owned, per_rank, batches in got.values():
         assert len(batches) == steps * per_rank
