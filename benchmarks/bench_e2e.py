@@ -289,29 +289,47 @@ class Tally:
         return self.sha.hexdigest()
 
 
-def round_robin(spec, batch_options, get_window):
-    """Batches in the pipeline's order: strict round-robin over lanes, finished lanes skipped.
+def round_robin(spec, batch_options, get_window, per_lane: int = 1):
+    """Batches in the pipeline's order: strict round-robin over lanes, finished lanes skipped; with
+    ``drop_last_step`` (the spec's), whole global steps of ``per_lane`` batches of every lane only,
+    ending before the first step a lane cannot complete.
 
     ``get_window(lane)`` returns the lane's next ``WindowOutput`` or ``None`` past its end.
     """
     lanes = list(range(spec.canonical_replicas))
     batchers = {lane: LaneBatcher(lane, batch_options, spec.source.names) for lane in lanes}
+
+    def fill(lane: int, batches: int) -> bool:
+        b = batchers[lane]
+        while b.buffered < batches * batch_options.microbatch_size:
+            out = get_window(lane)
+            if out is None:
+                return False
+            b.push(out.window, out.table)
+        return True
+
+    if spec.drop_last_step:
+        while all(fill(lane, per_lane) for lane in lanes):
+            for _ in range(per_lane):
+                for lane in lanes:
+                    yield batchers[lane].pop()
+        return
     live = list(lanes)
     while live:
         for lane in list(live):
             b = batchers[lane]
-            while not b.ready():
-                out = get_window(lane)
-                if out is None:
-                    break
-                b.push(out.window, out.table)
-            if b.ready():
+            if fill(lane, 1):
                 yield b.pop()
             else:
                 last = b.finish()
                 live.remove(lane)
                 if last is not None:
                     yield last
+
+
+def per_lane(pipe: Pipeline) -> int:
+    """Batches of each lane in one of ``pipe``'s global steps."""
+    return pipe.session.step_shape().global_batches // pipe.spec.canonical_replicas
 
 
 def all_windows(spec) -> list[tuple[int, int]]:
@@ -339,7 +357,7 @@ def run_single(pipe: Pipeline, limit: int | None = None) -> dict:
         return compute_window(spec, lane, w)
 
     first = None
-    for batch in itertools.islice(round_robin(spec, opts, get), limit):
+    for batch in itertools.islice(round_robin(spec, opts, get, per_lane(pipe)), limit):
         if first is None:
             first = time.perf_counter() - t0
         tally.add(batch)
@@ -392,7 +410,7 @@ def run_pool(pipe: Pipeline, workers: int) -> dict:
             return got.pop(key)
 
         first = None
-        for batch in round_robin(spec, opts, get):
+        for batch in round_robin(spec, opts, get, per_lane(pipe)):
             if first is None:
                 first = time.perf_counter() - t0
             tally.add(batch)

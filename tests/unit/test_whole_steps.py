@@ -243,3 +243,17 @@ def test_the_setting_is_data_a_recipe_key_and_refused_on_resume(small, tmp_path)
                       'microbatch_size = 2\n[options]\ndrop_last_step = false\n')
     assert z.Pipeline.from_config(recipe).spec.drop_last_step is False
     assert "every sample" in str(keep.explain().section("this DP group").text())
+
+
+def test_a_packed_pass_serves_its_first_batch_without_waiting_for_every_lane(small):
+    """The first step is served without looking ahead: the first batch needs its own lane's first
+    window only (a lane short of the first step is an error then, where it shows); the second
+    step looks ahead over every lane."""
+    pipe = build(small, R=4, pack="first_fit")
+    it = iter(pipe)
+    next(it)
+    assert pipe.session.stream.fetcher.next_needed == {0: 1, 1: 0, 2: 0, 3: 0}
+    for _ in range(4):  # the rest of the first step (one batch of each lane), then the second's first
+        next(it)
+    assert all(w >= 1 for w in pipe.session.stream.fetcher.next_needed.values())
+    pipe.close()

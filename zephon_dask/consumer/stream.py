@@ -140,6 +140,8 @@ class BatchStream:
             return None
         if self._fill(lane):
             return self.batchers[lane].pop()
+        if self.pass_end is not None and self._fresh and self.batchers[lane].next_index < self.pass_end.per_lane:
+            self._no_whole_step()  # the lane ends inside the first step, served without looking ahead
         self.finished[lane] = True
         batch = self.batchers[lane].finish()
         if batch is None and self.on_finish is not None:
@@ -148,27 +150,37 @@ class BatchStream:
 
     def _whole(self, index: int) -> bool:
         """Whether the global step holding a lane's batch ``index`` is whole (see the module
-        docstring); looking ahead, each step is checked once, for every lane here."""
+        docstring); looking ahead, each step is checked once, for every lane here. A pass's first
+        step is served without looking ahead (the first batch waits for its own lane only): a lane
+        that cannot complete it leaves the pass no whole step, an error raised where it shows."""
         end = self.pass_end
         assert end is not None
         step = index // end.per_lane
         if self._end_step is None and step > self._whole_through:
-            self._look_ahead(step)
+            if step == 0 and self._fresh:
+                self._whole_through = 0
+            else:
+                self._look_ahead(step)
         if self._end_step == 0 and self._fresh:
-            for lane in self.lanes:  # no sample yet: read on for one, or count every record dropped
-                if not self.stats.get("samples"):
-                    self._fill(lane)
-            if self.stats.get("records") and not self.stats.get("samples"):
-                raise empty_stream(self.stats, f"the stream over lanes {self.lanes}, from its start to its end,")
-            if (idle := idle_lanes(self.spec.source, self.spec.canonical_replicas)) is not None:
-                raise EmptyStreamError(f"the pass has no whole global step (drop_last_step): {idle}")
-            raise EmptyStreamError(
-                f"the pass has no whole global step: a lane gives fewer than the {end.per_lane} full "
-                f"batch{'es' if end.per_lane != 1 else ''} each lane holds in a step (a lane without a chunk, "
-                "or too little data for the step), so drop_last_step drops every batch. Give every lane "
-                "more data (fewer canonical_replicas, a smaller chunk_size or global step), or keep every "
-                "sample with .options(drop_last_step=False)")
+            self._no_whole_step()
         return self._end_step is None or step < self._end_step
+
+    def _no_whole_step(self) -> None:
+        """Raise :class:`EmptyStreamError` for a pass without a whole step, naming the cause."""
+        for lane in self.lanes:  # no sample yet: read on for one, or count every record dropped
+            if not self.stats.get("samples"):
+                self._fill(lane)
+        if self.stats.get("records") and not self.stats.get("samples"):
+            raise empty_stream(self.stats, f"the stream over lanes {self.lanes}, from its start to its end,")
+        if (idle := idle_lanes(self.spec.source, self.spec.canonical_replicas)) is not None:
+            raise EmptyStreamError(f"the pass has no whole global step (drop_last_step): {idle}")
+        per_lane = self.pass_end.per_lane  # type: ignore[union-attr]
+        raise EmptyStreamError(
+            f"the pass has no whole global step: a lane gives fewer than the {per_lane} full "
+            f"batch{'es' if per_lane != 1 else ''} each lane holds in a step (a lane without a chunk, "
+            "or too little data for the step), so drop_last_step drops every batch. Give every lane "
+            "more data (fewer canonical_replicas, a smaller chunk_size or global step), or keep every "
+            "sample with .options(drop_last_step=False)")
 
     def _look_ahead(self, step: int) -> None:
         """Fill every lane here up to the end of ``step``: the pass ends there if one cannot."""
