@@ -738,8 +738,10 @@ def report(rows, single, single_cpu, stages, profiled, n_windows, load0) -> None
 
     cold_cpu = [per_cpu(r["pipe"], r) for r in rows]
     warm_cpu = [per_cpu(r["pipe"]["warm"], r) for r in rows]
-    passes = [p for r in rows for run in (r["pipe"], r.get("base")) if run for p in (run, run["warm"])]
+    passes = [p for r in rows for p in (r["pipe"], r["pipe"]["warm"])]  # a baseline may deliver other data
     ok = all(p["sha"] == single["sha"] and p["batches"] == single["batches"] for p in passes)
+    bases = [p for r in rows if r.get("base") for p in (r["base"], r["base"]["warm"])]
+    same_base = len({(p["sha"], p["batches"]) for p in bases}) <= 1
     print()
     print(f"{'round':>5s} {'ceiling tok/s':>14s} {'cold tok/s':>11s} {'ratio':>6s} {'warm tok/s':>11s} {'ratio':>6s} "
           f"{'floor s':>8s} {'1st batch s':>12s} {'ratio':>6s} {'CPU cold':>9s} {'CPU warm':>9s} {'RSS MiB':>8s}")
@@ -771,6 +773,9 @@ def report(rows, single, single_cpu, stages, profiled, n_windows, load0) -> None
                 print(f"  {name:58s} " + ", ".join(f"{s.get(name, 0.0):6.1%}" for s in shares))
     print(f"batches byte-identical to the 1-process loop in every pass (sha256): {'YES' if ok else 'NO'} "
           f"[{single['sha'][:16]}, {single['batches']} batches]")
+    if bases:
+        print(f"the baseline's passes byte-identical to each other: {'YES' if same_base else 'NO'} "
+              f"[{bases[0]['sha'][:16]}, {bases[0]['batches']} batches]")
     print(f"load average at the start {load0[0]:.1f}, at the end {os.getloadavg()[0]:.1f} "
           f"({os.cpu_count()} cores); ratios are per round, from passes side by side")
     print("targets (information only, never asserted):")
