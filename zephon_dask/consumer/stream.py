@@ -23,8 +23,9 @@ step: each global step holds ``per_lane`` full batches of every lane, and the st
 ends before the first step one lane cannot complete (a lane's last partial
 batch, kept by ``drop_last=False``, is never in a whole step). When the pass's whole
 steps are known up front (``steps``) every lane stops after ``steps x per_lane``
-batches; otherwise the stream looks ahead at each step's start until every one
-of its lanes has that step's batches buffered (or has ended). Each lane stops
+batches; otherwise the stream looks ahead at each step's start (from the
+pass's second step: the first batch waits for its own lane only) until every
+one of its lanes has that step's batches buffered (or has ended). Each lane stops
 at its first batch after the last whole step (a lane behind the others after
 a mid-step resume on another topology still delivers its batches before it).
 Lanes stopped so are not ``finished`` in the state (their data did not run
