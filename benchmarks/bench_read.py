@@ -48,7 +48,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import zstandard
 
-from zephon_dask.data import Dataset, arrow, compressed, integrity, jsonl, lance, litdata, mds
+from zephon_dask.data import Dataset, compressed, integrity, litdata, mds, memo
 
 
 def documents(n: int) -> list[dict]:
@@ -128,9 +128,8 @@ def _same(doc: dict) -> dict:
 
 
 def clear() -> None:
-    for cache in (jsonl.SPANS, compressed.SEGMENTS, mds.OFFSETS, mds.DECODED, arrow.TABLES,
-                  litdata.OFFSETS, litdata.DECODED, litdata.TABLES, lance.OPENED):
-        cache.clear()
+    """Every per-process read cache emptied: a fresh Dask worker."""
+    memo.clear_all()
 
 
 def bench(label: str, path: Path, chunk: int, reads: int, rng) -> dict:

@@ -60,12 +60,7 @@ import zephon_dask as z  # noqa: E402
 from tests.helpers.s3server import FaultProxy, S3Server  # noqa: E402
 from zephon_dask.data import (  # noqa: E402
     Dataset,
-    arrow,
-    compressed,
-    jsonl,
-    mds,
-    remote,
-    tokens,
+    memo,
     write_token_store,
 )
 from zephon_dask.data.index import CACHE_ENV  # noqa: E402
@@ -73,9 +68,7 @@ from zephon_dask.data.index import CACHE_ENV  # noqa: E402
 
 def clear() -> None:
     """Every per-process read cache emptied: a fresh Dask worker."""
-    for cache in (jsonl.SPANS, compressed.SEGMENTS, mds.OFFSETS, mds.DECODED, arrow.TABLES, tokens.OPENED,
-                  remote.BLOCKS):
-        cache.clear()
+    memo.clear_all()
 
 
 def object_size(fs, url: str) -> int:

@@ -26,12 +26,8 @@ from tests.helpers.pipelines import write_corpus
 from tests.helpers.s3server import KEY, SECRET, FaultProxy, S3Server
 from zephon_dask.data import (
     Dataset,
-    arrow,
-    compressed,
-    jsonl,
-    mds,
+    memo,
     remote,
-    tokens,
     write_token_store,
 )
 from zephon_dask.errors import DatasetNotFoundError, StorageAccessError, StorageError
@@ -265,9 +261,7 @@ head_start = false
 
 def forget() -> None:
     """Empty every per-process read cache, as in a fresh worker: reads go to the store again."""
-    for memo in (jsonl.SPANS, compressed.SEGMENTS, arrow.TABLES, mds.OFFSETS, mds.DECODED, tokens.OPENED,
-                 remote.BLOCKS):
-        memo.clear()
+    memo.clear_all()
 
 
 def test_faults_of_the_store_are_retried_and_change_no_record(s3, bucket, tmp_path):
