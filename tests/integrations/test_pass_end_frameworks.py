@@ -10,12 +10,13 @@ one batch more.
 from __future__ import annotations
 
 import warnings
+from collections import Counter
 
 import pytest
 import torch
 
 import zephon_dask as z
-from tests.helpers.frameworks import MODEL_FIELDS, tiny_gpt2
+from tests.helpers.frameworks import MODEL_FIELDS, lightning_module, tiny_gpt2
 from tests.helpers.pipelines import write_corpus
 
 
@@ -50,30 +51,14 @@ def test_lightning_steps_the_optimizer_on_whole_steps_only(tmp_path, drop_last_s
     pl = pytest.importorskip("pytorch_lightning")
     from zephon_dask.integrations.lightning import ZephonDataModule
 
-    per_step: list[int] = []
-
-    class TinyLM(pl.LightningModule):
-        def __init__(self):
-            super().__init__()
-            self.model = tiny_gpt2()
-            self.count = forwards_counter(self.model)
-
-        def training_step(self, batch, batch_idx):
-            return self.model(**{k: batch[k] for k in MODEL_FIELDS}).loss
-
-        def on_before_optimizer_step(self, optimizer):
-            per_step.append(self.count[0])
-            self.count[0] = 0
-
-        def configure_optimizers(self):
-            return torch.optim.SGD(self.parameters(), lr=1e-3)
-
+    module = lightning_module()  # records each training batch with the optimizer steps taken before it
     trainer = pl.Trainer(max_steps=3, accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
                          enable_model_summary=False, enable_checkpointing=False, num_sanity_val_steps=0,
                          default_root_dir=str(tmp_path))
     with stream(tmp_path, drop_last_step) as pipe:
         assert pipe.num_steps() == 2
-        trainer.fit(TinyLM(), datamodule=ZephonDataModule(pipe))
+        trainer.fit(module, datamodule=ZephonDataModule(pipe))
+    per_step = list(Counter(step for step, _, _, _ in module.trained).values())
     assert per_step == ([4, 4, 4] if drop_last_step else [4, 4, 1])
 
 
