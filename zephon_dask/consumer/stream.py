@@ -171,8 +171,7 @@ class BatchStream:
         for lane in self.lanes:  # no sample yet: read on for one, or count every record dropped
             if not self.stats.get("samples"):
                 self._fill(lane)
-        if self.stats.get("records") and not self.stats.get("samples"):
-            raise empty_stream(self.stats, f"the stream over lanes {self.lanes}, from its start to its end,")
+        self._check_not_empty()
         if (idle := idle_lanes(self.spec.source, self.spec.canonical_replicas)) is not None:
             raise EmptyStreamError(f"the pass has no whole global step (drop_last_step): {idle}")
         per_lane = self.pass_end.per_lane  # type: ignore[union-attr]
@@ -269,9 +268,13 @@ class BatchStream:
             self.agreement.admit(False)
         self._warn_dropped()
         self.close()
+        self._check_not_empty()
+        raise StopIteration
+
+    def _check_not_empty(self) -> None:
+        """A stream read from its start that found records and gave no sample raises."""
         if self._fresh and self.stats.get("records") and not self.stats.get("samples"):
             raise empty_stream(self.stats, f"the stream over lanes {self.lanes}, from its start to its end,")
-        raise StopIteration
 
     def _order(self) -> Iterator[int]:
         """Positions in ``self.lanes`` of the unfinished lanes, round-robin from the pointer; lazy,
