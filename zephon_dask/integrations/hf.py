@@ -531,12 +531,7 @@ class ZephonTrainerMixin(_TrainerBase):
         batches = pipeline.to_torch(device=device)
         while True:
             batch = next(batches, None)
-            if dist is not None:
-                more = torch.tensor([batch is not None], dtype=torch.int32, device=device)
-                dist.all_reduce(more, op=dist.ReduceOp.MAX)
-                if not more.item():
-                    break
-            elif batch is None:
+            if not torch_dist.any_rank(batch is not None):  # every rank's lanes ended
                 break
             if batch is not None:
                 inputs = {k: batch[k] for k in self.model_fields}
