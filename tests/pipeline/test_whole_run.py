@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import json
 import random
+import warnings
 from collections import Counter
 
 import numpy as np
@@ -29,7 +30,7 @@ from tests.helpers.frameworks import MODEL_FIELDS, VOCAB, record_inputs
 from tests.helpers.oracles import batch_rows
 from tests.helpers.pipelines import build, write_corpus
 from tests.pipeline.test_stateful_loader import dataset_states
-from zephon_dask.errors import StateError
+from zephon_dask.errors import StateError, ZephonWarning
 
 RESUMES = settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
@@ -176,8 +177,9 @@ def test_torch_iterators_and_loaders_resume_across_the_end_of_the_stream(small_c
 # -- torchdata's StatefulDataLoader over its own iterations -----------------------------------
 
 
-@pytest.mark.parametrize("workers", [0, pytest.param(2, marks=pytest.mark.slow)])  # slow: worker processes
-def test_stateful_dataloader_epochs_resume_like_the_uninterrupted_loader(small_corpus, workers):
+@pytest.mark.parametrize("workers, whole_steps", [(0, True), (0, False),
+                                                  pytest.param(2, False, marks=pytest.mark.slow)])  # slow: workers
+def test_stateful_dataloader_epochs_resume_like_the_uninterrupted_loader(small_corpus, workers, whole_steps):
     from torchdata.stateful_dataloader import StatefulDataLoader
 
     def loader(pipe):
@@ -193,13 +195,17 @@ def test_stateful_dataloader_epochs_resume_like_the_uninterrupted_loader(small_c
         """Each item and the pipeline dataset states in the loader state after it."""
         return [(k, dataset_states(s)) for _, k, s in run]
 
-    # every sample: in a DataLoader of one's own, each worker ends on its own lanes' last whole step
-    # when rows are packed (docs/checkpointing.md), so the loader's last steps would depend on them
-    n = pass_length(small_corpus, drop_last_step=False)
-    small = functools.partial(globals()["small"], drop_last_step=False)
+    # with workers, every sample: in a DataLoader of one's own, each worker ends on its own lanes' last
+    # whole step when rows are packed (docs/checkpointing.md), so the loader's last steps would depend on them
+    n = pass_length(small_corpus, drop_last_step=whole_steps)
+    small = functools.partial(globals()["small"], drop_last_step=whole_steps)
     with small(small_corpus) as pipe:
-        whole = epochs(loader(pipe), 0)
+        per_rank, steps = pipe.session.step_shape().per_rank, pipe.num_steps()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ZephonWarning)  # the batches each pass drops
+            whole = epochs(loader(pipe), 0)
     assert len(whole) == 3 * n and [k for _, k, _ in whole[n:2 * n]] == [k for _, k, _ in whole[:n]]
+    assert (n == steps * per_rank) if whole_steps else (n % per_rank != 0)  # whole steps only, or a short last
     for cut in (n // 2, n, n + 7):  # mid pass 1, after its last item, mid pass 2
         with small(small_corpus, seed=99 if workers == 0 else 5) as pipe:  # the state's seed wins
             dl = loader(pipe)
