@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 RUNS = 5
+SCRIPTS = 4
 
 SCRIPT = """
 import sys
@@ -31,10 +32,14 @@ def test_closing_the_embedded_cluster_prints_no_traceback(corpus_dir, tmp_path):
     # A script file, as a training job runs. Without the mitigation, about half the runs of such
     # a script started from a shell printed the traceback; started from Python (here), the race
     # showed up far more rarely, so this guards against a regression but cannot prove its absence.
+    # Each script also exits while its last cluster still starts (its batches come from the head
+    # start): the host and the scheduler are stopped under the starting nannies, which must stay
+    # quiet too (before that was handled, about one script in three printed a traceback).
     script = tmp_path / "train.py"
     script.write_text(SCRIPT.format(root=str(Path(__file__).resolve().parents[2]), runs=RUNS, corpus=str(corpus_dir)))
-    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-4000:]
-    assert out.stdout.count("done") == RUNS, out.stdout
-    assert "Traceback" not in out.stderr, out.stderr[-6000:]
-    assert "Failed to communicate with scheduler during heartbeat" not in out.stderr, out.stderr[-6000:]
+    for _ in range(SCRIPTS):
+        out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr[-4000:]
+        assert out.stdout.count("done") == RUNS, out.stdout
+        assert "Traceback" not in out.stderr, out.stderr[-6000:]
+        assert "Failed to communicate with scheduler during heartbeat" not in out.stderr, out.stderr[-6000:]

@@ -125,6 +125,7 @@ class Host:
         self.address = os.path.join(self.directory, "socket")
         alive_r, alive_w = os.pipe()
         self._alive_w: int | None = alive_w
+        self.stopped = False  # set by close() and stop(): a process asked of it meanwhile is not an error
         try:
             with socket.socket(socket.AF_UNIX) as listener:
                 listener.bind(self.address)
@@ -161,6 +162,7 @@ class Host:
     def close(self, timeout: float) -> None:
         """Stop the host (``SIGTERM``; ``SIGKILL`` after ``timeout`` seconds); the processes it
         forked are not its to stop. Idempotent."""
+        self.stopped = True
         alive_w, self._alive_w = self._alive_w, None
         if alive_w is not None:
             os.close(alive_w)
@@ -178,6 +180,7 @@ class Host:
     def stop(self) -> None:
         """Ask the host to stop (``SIGTERM``) and remove its socket, waiting for nothing (at
         interpreter exit)."""
+        self.stopped = True
         if self.process.poll() is None:
             with contextlib.suppress(OSError):
                 os.kill(self.process.pid, signal.SIGTERM)

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import importlib.util
 import json
 import logging
@@ -84,8 +85,28 @@ class QuietNanny(Nanny):
     async def instantiate(self):
         # a host gone (killed) leaves Dask's own start: a worker spawned with this process's environment
         context = self.forked_from.context if self.forked_from.running() else None
-        with processes_from(context):
-            return await super().instantiate()
+        token = STARTING_FROM.set(self.forked_from)
+        try:
+            with processes_from(context):
+                return await super().instantiate()
+        finally:
+            STARTING_FROM.reset(token)
+
+
+# the host the nanny whose task runs now forks its worker from (set while it starts the worker)
+STARTING_FROM: contextvars.ContextVar[Host | None] = contextvars.ContextVar("zephon_starting_from", default=None)
+# what a nanny logs when its worker's process could not be started
+START_FAILURES = ("Failed to start process", "Nanny failed to start process", "Worker failed to connect")
+
+
+def _not_a_start_cut_short(record: logging.LogRecord) -> bool:
+    """False for a nanny's report that its worker's process could not be started because the
+    cluster's host was stopped meanwhile (the cluster closed while it started, or the training
+    process exiting): nothing went wrong, the start was called off."""
+    if record.msg not in START_FAILURES:
+        return True
+    host = STARTING_FROM.get()
+    return host is None or not host.stopped
 
 
 def _not_a_dropped_fetch(record: logging.LogRecord) -> bool:
@@ -218,6 +239,24 @@ class SchedulerProcess(ProcessInterface):
         await super().close()
 
 
+class EmbeddedCluster(SpecCluster):
+    """A ``SpecCluster`` whose processes are forked from ``host``. Once the host is stopped (the
+    cluster closed, or this process exiting while the cluster still starts), its scheduler may be
+    gone before Dask's own close retires the workers: that is called off quietly, not reported as an
+    error of a callback."""
+
+    def __init__(self, *args, host: Host, **kwargs):
+        self.host = host
+        super().__init__(*args, **kwargs)
+
+    async def _correct_state_internal(self) -> None:
+        try:
+            await super()._correct_state_internal()
+        except OSError:  # distributed's CommClosedError included
+            if not self.host.stopped:
+                raise
+
+
 RUNNING: weakref.WeakSet[SchedulerProcess] = weakref.WeakSet()  # started and not closed
 
 
@@ -235,7 +274,7 @@ def stop_schedulers() -> None:
 
 def spawned_cluster(n_workers: int, threads_per_worker: int, host: str, dashboard_address: str | None,
                     worker_env: dict[str, str], timeout: float,
-                    silence_logs: int = logging.ERROR) -> SpecCluster:
+                    silence_logs: int = logging.ERROR) -> EmbeddedCluster:
     """Start the host, then the scheduler's process (listening on ``host``, dashboard at
     ``dashboard_address``, or none; ``timeout`` seconds to start) and ``n_workers`` nannies here,
     each with one worker process of ``threads_per_worker`` threads, environment ``worker_env``
@@ -253,6 +292,7 @@ def spawned_cluster(n_workers: int, threads_per_worker: int, host: str, dashboar
                # by another cluster, that would print a warning)
                "dashboard_address": dashboard_address if dashboard_address is not None else f"{host}:0",
                "scheduler_file": os.path.join(tempfile.gettempdir(), f"zephon-dask-scheduler-{uuid.uuid4().hex}.json")}
+    logging.getLogger("distributed.nanny").addFilter(_not_a_start_cut_short)  # once: the same function
     the_host = Host(env)
     scheduler = {"cls": SchedulerProcess, "options": {"options": options, "host": the_host, "timeout": timeout}}
     worker = {"cls": QuietNanny, "options": {"nthreads": threads_per_worker, "host": host, "env": worker_env,
@@ -263,9 +303,9 @@ def spawned_cluster(n_workers: int, threads_per_worker: int, host: str, dashboar
     # (and join its event loop); the runner closes its cluster at exit itself, and the processes of
     # one still starting end with this process (the lifelines)
     try:
-        return SpecCluster(workers={i: worker for i in range(n_workers)}, scheduler=scheduler, worker=worker,
-                           silence_logs=silence_logs, name="embedded", scheduler_sync_interval=SYNC_INTERVAL_S,
-                           shutdown_on_close=False)
+        return EmbeddedCluster(workers={i: worker for i in range(n_workers)}, scheduler=scheduler, worker=worker,
+                               silence_logs=silence_logs, name="embedded", scheduler_sync_interval=SYNC_INTERVAL_S,
+                               shutdown_on_close=False, host=the_host)
     except BaseException:
         the_host.close(CLOSE_WAIT_S)
         raise
