@@ -25,7 +25,8 @@ process forked from it, runs in a session of its own, and the workers ignore SIG
 leftover worker processes with it and then waits for them.
 
 Module state: :data:`RUNNING`, the scheduler processes not closed yet, which
-:func:`stop_schedulers` stops at interpreter exit.
+:func:`stop_schedulers` stops at interpreter exit; :data:`STARTING_FROM`, a context variable:
+the host of the nanny whose start runs in the current task.
 """
 
 from __future__ import annotations
@@ -240,20 +241,20 @@ class SchedulerProcess(ProcessInterface):
 
 
 class EmbeddedCluster(SpecCluster):
-    """A ``SpecCluster`` whose processes are forked from ``host``. Once the host is stopped (the
+    """A ``SpecCluster`` whose processes are forked from ``forked_from``. Once that host is stopped (the
     cluster closed, or this process exiting while the cluster still starts), its scheduler may be
     gone before Dask's own close retires the workers: that is called off quietly, not reported as an
     error of a callback."""
 
-    def __init__(self, *args, host: Host, **kwargs):
-        self.host = host
+    def __init__(self, *args, forked_from: Host, **kwargs):
+        self.forked_from = forked_from
         super().__init__(*args, **kwargs)
 
     async def _correct_state_internal(self) -> None:
         try:
             await super()._correct_state_internal()
         except OSError:  # distributed's CommClosedError included
-            if not self.host.stopped:
+            if not self.forked_from.stopped:
                 raise
 
 
@@ -305,7 +306,7 @@ def spawned_cluster(n_workers: int, threads_per_worker: int, host: str, dashboar
     try:
         return EmbeddedCluster(workers={i: worker for i in range(n_workers)}, scheduler=scheduler, worker=worker,
                                silence_logs=silence_logs, name="embedded", scheduler_sync_interval=SYNC_INTERVAL_S,
-                               shutdown_on_close=False, host=the_host)
+                               shutdown_on_close=False, forked_from=the_host)
     except BaseException:
         the_host.close(CLOSE_WAIT_S)
         raise
