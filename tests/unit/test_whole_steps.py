@@ -159,6 +159,19 @@ def test_a_group_that_cannot_vote_says_so_where_its_pass_ends(small):
     assert len(caught) == 1
 
 
+def test_a_loader_over_workers_in_a_group_that_cannot_vote_says_so_where_its_pass_ends(small):
+    """The loader's workers each end their own lanes; the main process ends the group's pass on its
+    whole steps, and says, as the stream does, that the groups could not vote on where."""
+    pipe = build(small, R=4, dp=2, pack="wrap", seed=1)
+    loader = pipe.to_torch_loader(num_workers=2)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        served = list(loader)
+    said = [str(w.message) for w in caught if "cannot vote" in str(w.message)]
+    assert served and len(said) == 1, [str(w.message) for w in caught]
+    assert said[0].startswith("the pass over the stream ends on the last whole global step of this DP group's lanes")
+
+
 def test_a_loader_ends_where_its_shortest_worker_ends():
     """DataLoader workers each end their own lanes (a packed stream's rows are not known up front);
     after the shortest one's end the loader goes on with the others alone: those batches are no

@@ -15,6 +15,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+# said where a pass ends when DP groups share the lanes and no vote could be held
+UNAGREED = ("This DP group ended on its own lanes' last whole step: without torch.distributed the groups "
+            "cannot vote on the pass's end, so it depends on the DP degree (run the groups under torchrun).")
+KEEP_EVERY_SAMPLE = "To keep every sample, with a shorter last step, set .options(drop_last_step=False)"
+
 
 @dataclass(frozen=True)
 class PassEnd:

@@ -46,7 +46,7 @@ from .batch import Batch, BatchOptions
 from .batcher import LaneBatcher
 from .checks import check_first_window, check_mixture_drift, empty_stream, idle_lanes
 from .fetcher import WindowFetcher
-from .pass_end import PassEnd, StepAgreement
+from .pass_end import KEEP_EVERY_SAMPLE, UNAGREED, PassEnd, StepAgreement
 from .settings import ConsumerSettings
 from .waiting import FirstBatchWait
 
@@ -223,13 +223,9 @@ class BatchStream:
         text = (f"the pass over the stream ends on its last whole global step: {count} of lanes {lanes} after "
                 f"it are dropped, so that every step holds {end.per_rank} batches here" if dropped else
                 f"the pass over the stream ends on the last whole global step of lanes {lanes}")
-        alone = (" This DP group ended on its own lanes' last whole step: without torch.distributed the "
-                 "groups cannot vote on the pass's end, so it depends on the DP degree (run the groups "
-                 "under torchrun)." if self.unagreed else "")
-        warnings.warn(
-            f"{text} (drop_last_step=True; pipeline.num_steps() counts the whole steps).{alone} To keep "
-            "every sample, with a shorter last step, set .options(drop_last_step=False)",
-            ZephonWarning, stacklevel=user_stacklevel())
+        alone = f" {UNAGREED}" if self.unagreed else ""
+        warnings.warn(f"{text} (drop_last_step=True; pipeline.num_steps() counts the whole steps).{alone} "
+                      f"{KEEP_EVERY_SAMPLE}", ZephonWarning, stacklevel=user_stacklevel())
 
     def _verify_finished(self) -> None:
         """A lane the state calls finished must have no batch left from its frontier."""

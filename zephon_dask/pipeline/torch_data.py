@@ -12,17 +12,18 @@ iterator takes its workers' base seed from the loader's own generator
 from __future__ import annotations
 
 import functools
+import warnings
 from collections.abc import Iterator
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from ..consumer.pass_end import StepAgreement
+from ..consumer.pass_end import KEEP_EVERY_SAMPLE, UNAGREED, StepAgreement
 from ..consumer.torch_io import batch_item, check_device, to_device_iter
 from ..curriculum.routing import worker_lanes
 from ..curriculum.seeding import stream_keys
-from ..errors import ConfigError, StateError
+from ..errors import ConfigError, StateError, ZephonWarning
 from ..state import dataset_state
 from ..state.dataset_state import DatasetState, worker_shape
 from ..state.progress import Progress, resume_point
@@ -307,11 +308,12 @@ def _recorded(progress: Progress, batches: Iterator[dict]) -> Iterator[dict]:
 
 
 def whole_steps_only(items: Iterator[dict], progress: Progress, per_lane: int, strict: bool,
-                     agreement: StepAgreement | None = None) -> Iterator[dict]:
+                     agreement: StepAgreement | None = None, unagreed: bool = False) -> Iterator[dict]:
     """A loader's batches (``items``) released a global step at a time, ending before the first
     step that is not whole; ``progress``: the iteration's (where in a step it starts, the batches
     per step), ``per_lane``: each lane's batches in a step; ``agreement``: the DP groups' vote,
-    held once on each step (see :class:`~zephon_dask.consumer.pass_end.StepAgreement`).
+    held once on each step (see :class:`~zephon_dask.consumer.pass_end.StepAgreement`);
+    ``unagreed``: DP groups share the lanes but cannot vote, said once where the pass ends.
 
     The loader's workers each end on their own lanes' last whole step, which may come after
     another worker's; the loader then goes on with the longer workers' batches, whose steps hold
@@ -336,6 +338,9 @@ def whole_steps_only(items: Iterator[dict], progress: Progress, per_lane: int, s
             need, held, first = per_rank, [], False
     if not ended and agreement is not None:  # this group has no next step: it votes so once
         agreement.vote(False)
+    if unagreed:
+        warnings.warn(f"the pass over the stream ends on the last whole global step of this DP group's lanes. "
+                      f"{UNAGREED} {KEEP_EVERY_SAMPLE}", ZephonWarning, stacklevel=2)
 
 
 def loader_generator(seed: int) -> torch.Generator:
@@ -390,8 +395,9 @@ class PipelineLoader(DataLoader):
         items: Iterator[dict] = super().__iter__()
         end = session.pass_end(session.spec(), progress.lanes, progress.shape) if self.num_workers else None
         if end is not None and end.steps is None:  # each worker ends its own lanes' pass
+            agreement = session.agreement(end, progress)
             items = whole_steps_only(items, progress, end.per_lane, session.description.settings["deterministic"],
-                                     session.agreement(end, progress))
+                                     agreement, unagreed=agreement is None and session.needs_vote(end))
         return _recorded(progress, items)
 
     def state_dict(self, *, ahead: int | None = None, at_step: int | None = None) -> dict:
