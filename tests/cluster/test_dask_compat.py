@@ -350,3 +350,34 @@ def test_dashboard_on_first_visit(corpus_dir):
         assert runner.client.run_on_scheduler(_bokeh_loaded)
         with opener.open(link.rsplit("/", 1)[0] + "/workers", timeout=60) as reply:
             assert reply.status == 200
+
+
+def test_a_cluster_retiring_without_its_scheduler_is_quiet_once_called_off():
+    """``SpecCluster._correct_state`` (what ``scale`` and ``close`` run) runs the cluster's
+    ``_correct_state_internal``: the method ``QuietRetirement`` wraps, so that the comm error of a
+    scheduler already gone is not raised once the subclass calls retirement off, and still is
+    before."""
+    import asyncio
+
+    from distributed import SpecCluster
+    from distributed.comm.core import CommClosedError
+
+    class GoneScheduler(SpecCluster):
+        async def _correct_state_internal(self) -> None:  # retiring through a comm already closed
+            self._correct_state_waiting = None
+            raise CommClosedError("in <TCP (closed) rpc.retire_workers>: Stream is closed")
+
+    class Cluster(dask_compat.QuietRetirement, GoneScheduler):
+        called_off = False
+
+        def retirement_called_off(self) -> bool:
+            return self.called_off
+
+    async def retire(called_off: bool) -> None:
+        cluster = Cluster.__new__(Cluster)  # no cluster started: only the method's path is checked
+        cluster._correct_state_waiting, cluster.called_off = None, called_off
+        await asyncio.wait_for(SpecCluster._correct_state(cluster), 10)
+
+    asyncio.run(retire(True))
+    with pytest.raises(CommClosedError):
+        asyncio.run(retire(False))

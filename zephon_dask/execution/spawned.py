@@ -54,6 +54,7 @@ from distributed.deploy.spec import ProcessInterface
 from ..errors import ClusterError
 from .dask_compat import (
     INHERIT_CONFIG_ENV,
+    QuietRetirement,
     dashboard_on_first_visit,
     no_environ_export,
     processes_from,
@@ -240,22 +241,18 @@ class SchedulerProcess(ProcessInterface):
         await super().close()
 
 
-class EmbeddedCluster(SpecCluster):
-    """A ``SpecCluster`` whose processes are forked from ``forked_from``. Once that host is stopped (the
-    cluster closed, or this process exiting while the cluster still starts), its scheduler may be
-    gone before Dask's own close retires the workers: that is called off quietly, not reported as an
-    error of a callback."""
+class EmbeddedCluster(QuietRetirement, SpecCluster):
+    """A ``SpecCluster`` whose processes are forked from ``forked_from``. Once that host is stopped
+    (the cluster closed, or this process exiting while the cluster still starts), its scheduler
+    may be gone before Dask's own close retires the workers: that is called off quietly
+    (:class:`~.dask_compat.QuietRetirement`)."""
 
     def __init__(self, *args, forked_from: Host, **kwargs):
         self.forked_from = forked_from
         super().__init__(*args, **kwargs)
 
-    async def _correct_state_internal(self) -> None:
-        try:
-            await super()._correct_state_internal()
-        except OSError:  # distributed's CommClosedError included
-            if not self.forked_from.stopped:
-                raise
+    def retirement_called_off(self) -> bool:
+        return self.forked_from.stopped
 
 
 RUNNING: weakref.WeakSet[SchedulerProcess] = weakref.WeakSet()  # started and not closed
