@@ -145,3 +145,22 @@ def test_the_hosts_yaml_loads_read_the_same_config_and_are_put_back():
         assert yaml.safe_load is not before or getattr(yaml, "CSafeLoader", None) is None
     assert yaml.safe_load is before
     assert fast == yaml.safe_load(text)
+
+
+def test_a_process_abandoned_before_its_start_ends_without_a_traceback():
+    """What the host's ``sys.excepthook`` keeps quiet: a process whose requester released what it
+    sent before the process read it (here: the data pipe closed with nothing in it, Python's own
+    ``spawn._main`` reading it), and nothing else."""
+    import multiprocessing.spawn
+
+    from zephon_dask.execution.host import abandoned_before_start
+
+    r, w = os.pipe()
+    os.close(w)
+    with pytest.raises(EOFError) as cut_short:
+        multiprocessing.spawn._main(r, -1)
+    assert abandoned_before_start(cut_short.value)
+    with pytest.raises(FileNotFoundError) as elsewhere:
+        open(os.path.join(os.path.dirname(__file__), "no such file"))
+    assert not abandoned_before_start(elsewhere.value)
+    assert not abandoned_before_start(ValueError("raised in spawn._main would still be printed"))

@@ -46,6 +46,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import traceback
 from collections.abc import Iterator
 
 from ..errors import ClusterError
@@ -232,11 +233,32 @@ def route_modules() -> list[str]:
     return [name for key in ROUTES for name in dask.config.get(key, None) or ()]
 
 
+def abandoned_before_start(value: BaseException) -> bool:
+    """Whether ``value`` ended a forked process while it read what its requester sent it (in
+    ``multiprocessing.spawn._main``, before the process's target ran) because the requester had
+    released it meanwhile: a semaphore already unlinked (``FileNotFoundError``), the data pipe
+    closed early (``EOFError``). The training process exiting, or its cluster closing, while a
+    worker is being made does that: no one waits for that process."""
+    if not isinstance(value, (FileNotFoundError, EOFError)):
+        return False
+    frames = traceback.extract_tb(value.__traceback__)
+    return any(f.name == "_main" and os.path.basename(f.filename) == "spawn.py" for f in frames)
+
+
+def quiet_if_abandoned(kind: type[BaseException], value: BaseException, tb) -> None:
+    """``sys.excepthook`` of the host and the processes it forks: a process abandoned before its
+    start (:func:`abandoned_before_start`) ends without a traceback; any other error is printed as
+    Python prints it."""
+    if not abandoned_before_start(value):
+        sys.__excepthook__(kind, value, tb)
+
+
 def serve(listener_fd: int, alive_r: int, preload: tuple[str, ...], directory: str) -> None:
     """The host's process: import ``preload``, then fork a process for each request on
     ``listener_fd`` (Python's forkserver loop) until every holder of ``alive_r``'s write end is
     gone; then remove ``directory`` (its socket). ``SIGTERM`` keeps its default (the processes
-    forked inherit this process's handlers)."""
+    forked inherit this process's handlers, and its ``sys.excepthook``, :func:`quiet_if_abandoned`)."""
+    sys.excepthook = quiet_if_abandoned
     try:
         with libyaml_loads():
             for name in preload:
