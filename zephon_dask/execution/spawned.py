@@ -48,7 +48,7 @@ import weakref
 from pathlib import Path
 
 import dask
-from distributed import Nanny, Scheduler, SpecCluster, Worker
+from distributed import Nanny, Scheduler, SpecCluster, Status, Worker
 from distributed.deploy.spec import ProcessInterface
 
 from ..errors import ClusterError
@@ -85,6 +85,8 @@ class QuietNanny(Nanny):
             self.periodic_callbacks.pop(name, None)
 
     async def instantiate(self):
+        if self.forked_from.stopped:  # the cluster closing, or this process exiting: no worker is wanted
+            return Status.failed  # (a start then fails, a restart is dropped, and neither logs it)
         # a host gone (killed) leaves Dask's own start: a worker spawned with this process's environment
         context = self.forked_from.context if self.forked_from.running() else None
         token = STARTING_FROM.set(self.forked_from)
