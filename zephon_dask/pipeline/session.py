@@ -233,19 +233,20 @@ class Session:
     def open_voting(self, stream: BatchStream, progress: Progress) -> None:
         """Give ``stream`` (served to training in this process) the groups' vote, or mark that none
         can be held (no ``torch.distributed``), which it says when the pass ends."""
-        stream.agreement = self.agreement(stream.pass_end, progress)
-        stream.unagreed = stream.agreement is None and self.needs_vote(stream.pass_end)
+        stream.agreement, stream.unagreed = self.voting(stream.pass_end, progress)
 
-    def agreement(self, end: PassEnd | None, progress: Progress) -> StepAgreement | None:
-        """The DP groups' vote on each step of ``progress``'s iteration, for the process that serves
-        the group's batches to training: when the pass ends on its last whole step and only
-        looking ahead finds it (packed or filtered rows), with several groups under
-        ``torch.distributed``. ``None`` when no vote is needed or none can be held (each group then
-        ends on its own lanes' last whole step; the stream says so when it ends there)."""
-        if not self.needs_vote(end) or torch_dist.initialized(several=True) is None:
-            return None
+    def voting(self, end: PassEnd | None, progress: Progress) -> tuple[StepAgreement | None, bool]:
+        """``(agreement, unagreed)`` for the process that serves the group's batches to training:
+        the DP groups' vote on each step of ``progress``'s iteration when the pass ends on its last
+        whole step and only looking ahead finds it (packed or filtered rows), with several groups
+        under ``torch.distributed``, else ``None``; ``unagreed``: a vote was needed and none can be
+        held (each group then ends on its own lanes' last whole step, and says so where it ends)."""
+        if not self.needs_vote(end):
+            return None, False
+        if torch_dist.initialized(several=True) is None:
+            return None, True
         per_rank = progress.shape.per_rank
-        return StepAgreement(torch_dist.every_rank, per_rank, progress.delivered % per_rank)
+        return StepAgreement(torch_dist.every_rank, per_rank, progress.delivered % per_rank), False
 
     def next_start(self, lanes: list[int]) -> State | None:
         """Where the next iteration over ``lanes`` starts (``None``: the stream's beginning).

@@ -395,9 +395,9 @@ class PipelineLoader(DataLoader):
         items: Iterator[dict] = super().__iter__()
         end = session.pass_end(session.spec(), progress.lanes, progress.shape) if self.num_workers else None
         if end is not None and end.steps is None:  # each worker ends its own lanes' pass
-            agreement = session.agreement(end, progress)
+            agreement, unagreed = session.voting(end, progress)
             items = whole_steps_only(items, progress, end.per_lane, session.description.settings["deterministic"],
-                                     agreement, unagreed=agreement is None and session.needs_vote(end))
+                                     agreement, unagreed)
         return _recorded(progress, items)
 
     def state_dict(self, *, ahead: int | None = None, at_step: int | None = None) -> dict:
