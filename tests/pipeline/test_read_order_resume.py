@@ -6,7 +6,7 @@ from __future__ import annotations
 import warnings
 from collections import Counter
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import zephon_dask as z
@@ -93,6 +93,8 @@ def test_the_random_read_order_changes_the_batches(corpus_dir):
 
 @SLOW
 @given(cut=st.integers(1, FULL_STEPS * R - 1), after=st.sampled_from([1, 2, 4, 8]))
+@example(cut=68, after=8).via("a group whose one lane gave its last batch must not start the next pass")
+@example(cut=71, after=8).via("a group whose one lane gave its last batch must not start the next pass")
 def test_a_mid_step_cut_loses_and_repeats_nothing(corpus_dir, cut, after):
     (truth_pipe,) = pipes(corpus_dir, 1)
     truth = sum(run([truth_pipe], STEPS, R), Counter())
@@ -108,3 +110,38 @@ def test_a_mid_step_cut_loses_and_repeats_nothing(corpus_dir, cut, after):
     for p in tail_pipes:
         p.load_state_dict(state)
     assert head + sum(run(tail_pipes, STEPS * R, R // after), Counter()) == truth
+
+
+def test_a_cut_in_the_last_whole_step_resumed_lane_by_lane_ends_with_that_pass(corpus_dir):
+    """A pass ending on whole steps, cut in its last one: the groups whose lane gave its batch of
+    that step have none left, but the pass goes on in the others; they start the next pass with
+    the next iteration, as the uninterrupted run's groups do, never at once."""
+    def one_to_one(dp, g=0):
+        web = z.Dataset.from_jsonl("web", str(corpus_dir / "web"), progress=False)
+        code = z.Dataset.from_jsonl("code", str(corpus_dir / "code"), progress=False)
+        ws = z.MixtureWorkSource([web, code], {"web": 1, "code": 1}, chunk_size=12, seed=3)
+        return z.Pipeline(ws).tokenize().batch(2).options(
+            canonical_replicas=R, flush_every_k_chunks=1, runner="synchronous", dp_degree=dp,
+            dp_group_id=g, batches_per_step=R // dp)
+
+    def drawn(batches):
+        return Counter(s for b in batches for s in samples(b))
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ZephonWarning)  # the pass's end and the mid-step state: said
+        whole = one_to_one(1)
+        truth = list(whole)
+        next_pass = drawn(whole)
+        steps = whole.num_steps()
+        assert len(truth) == steps * R
+        head_pipe = one_to_one(1)
+        it = iter(head_pipe)
+        head = [next(it) for _ in range((steps - 1) * R + R // 2)]  # half of the last step
+        state = head_pipe.state_dict()
+        groups = [one_to_one(R, g) for g in range(R)]
+        for p in groups:
+            p.load_state_dict(state)
+        tail = [list(p) for p in groups]
+        assert [len(t) for t in tail] == [0] * (R // 2) + [1] * (R // 2)
+        assert drawn(head) + drawn(b for t in tail for b in t) == drawn(truth)
+        assert sum((drawn(p) for p in groups), Counter()) == next_pass  # then each its next pass

@@ -24,8 +24,8 @@ session it owns is everything that happens when it runs:
   ``load_state_dict``) bumps :attr:`generation`, and iterators of an older
   generation raise when used again. An iteration that does not start at a
   loaded state starts a new pass over the stream (:meth:`next_start`); one
-  that starts at a loaded state with nothing left goes on into the next pass
-  (:meth:`iterate`).
+  that starts at a loaded state with nothing left in the pass, on any lane of
+  the state, goes on into the next pass (:meth:`iterate`).
 
 A session never sees its pipeline: it receives the pipeline's
 :class:`~.description.Description` (record operators, accumulators, batch
@@ -51,13 +51,13 @@ from ..core import phases
 from ..core.spec import PipelineSpec, has_tokens
 from ..curriculum import MixtureWorkSource
 from ..curriculum.chunking import fitted
-from ..errors import ClosedError, ConfigError, StateError
+from ..errors import ClosedError, ConfigError, EmptyStreamError, StateError
 from ..execution import Runner, make_runner
 from ..inspect.counting import known_rows
 from ..operators.base import one_to_one
 from ..state import steps
 from ..state.ledger import LedgerWriter
-from ..state.progress import Progress, resume_point
+from ..state.progress import Progress, behind, resume_point
 from ..state.schema import State
 from ..state.steps import StepShape
 from .description import Description
@@ -282,9 +282,10 @@ class Session:
         (else ``open_items`` records them).
 
         An iteration that starts at a loaded state with nothing left (a state
-        taken after the stream's last batch) goes on into the next pass, as
-        the uninterrupted run's next iteration would: a framework that starts
-        an epoch there gets batches, not an empty epoch that ends its training.
+        taken after the pass's last batch, on every lane of the state:
+        :meth:`pass_over`) goes on into the next pass, as the uninterrupted
+        run's next iteration would: a framework that starts an epoch there
+        gets batches, not an empty epoch that ends its training.
         """
         progress, generation = self.begin()
         return self._serve(open_items, open_items(progress), progress, generation, observe, self.from_loaded)
@@ -295,7 +296,7 @@ class Session:
             self.check_live(generation)
             item = next(items, _END)
             if item is _END:
-                if served or not chain:
+                if served or not chain or not self.pass_over(self.start, progress.lanes):
                     return
                 chain = False
                 progress, generation = self.begin()  # the next pass
@@ -305,6 +306,31 @@ class Session:
                 progress.observe_batch(item)
             served = True
             yield item
+
+    def pass_over(self, state: State | None, lanes: list[int]) -> bool:
+        """Whether no lane of ``state`` has a batch left in its pass, given that ``lanes`` have
+        none. A state merged from several DP groups holds other groups' lanes too: while one of
+        them owes batches of this pass, the pass goes on there, and this group's next pass waits
+        for the next iteration, as in the uninterrupted run."""
+        if state is None:
+            return True
+        others = [lane for lane in sorted(state.lanes) if lane not in lanes]
+        if not others:
+            return True
+        spec = self.spec()
+        if self.pass_end(spec, lanes, self.step_shape()) is not None:  # the lanes step together
+            return not behind(state, others)
+        open_ = [lane for lane in others if not state.lanes[lane].finished
+                 and ((n := spec.num_windows(lane)) is None or state.lanes[lane].window < n)]
+        if not open_:
+            return True
+        stream = self.open_stream(open_, state)  # each lane ends where its data does: look
+        try:
+            return next(stream, None) is None
+        except EmptyStreamError:
+            return True
+        finally:
+            stream.close()
 
     def tracked_stream(self, progress: Progress) -> BatchStream:
         """The stream of the iteration ``progress`` tracks; lanes that end report to it."""

@@ -49,6 +49,14 @@ def start_lane(lanes: list[int], progress: dict[int, LaneProgress], pointers: di
     return min(live, key=lambda lane: (progress[lane].batches_delivered, lane))
 
 
+def behind(state: State, lanes: list[int]) -> list[int]:
+    """Those of ``lanes`` that delivered fewer batches than some lane of ``state``. Lanes whose
+    pass ends on whole steps advance a step at a time together: these still owe their batches of
+    the step the others have begun."""
+    most = max((p.batches_delivered for p in state.lanes.values()), default=0)
+    return [lane for lane in lanes if state.lanes[lane].batches_delivered < most]
+
+
 def pass_start(state: State) -> State:
     """The state a new pass over the stream starts at after ``state``: every lane of ``state``
     at its beginning, the round-robin at its first lane, and the count at the global step after
