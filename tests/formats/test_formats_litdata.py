@@ -10,6 +10,7 @@ pipeline resumed on other data-parallel degrees.
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import shutil
 
@@ -63,9 +64,13 @@ ROWS = {"plain": (plain, 120, {}), "tokens": (tokens, 90, {}),
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
     root = tmp_path_factory.mktemp("litdata")
-    for name, (fn, n, kw) in ROWS.items():
-        litdata.optimize(fn=fn, inputs=list(range(n)), output_dir=str(root / name), chunk_bytes=1500,
-                         num_workers=1, **kw)
+    method = multiprocessing.get_start_method(allow_none=True)
+    try:
+        for name, (fn, n, kw) in ROWS.items():
+            litdata.optimize(fn=fn, inputs=list(range(n)), output_dir=str(root / name), chunk_bytes=1500,
+                             num_workers=1, **kw)
+    finally:  # optimize() sets the process's start method ("spawn") for every later test
+        multiprocessing.set_start_method(method, force=True)
     return root
 
 

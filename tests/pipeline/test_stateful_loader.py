@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import json
+import pickle
 from pathlib import Path
 
 import pytest
@@ -132,6 +133,39 @@ def test_loader_states_of_the_previous_format_resume_exactly(corpus_dir, workers
     assert {ds["version"] for ds in dataset_states(state)} == {dataset_state.VERSION}
     assert [(s["global_step"], s["batches_in_step"], s["global_batches"])
             for s in (ds["state"]["step"] for ds in dataset_states(state))] == [(2, 0, 4)] * max(workers, 1)
+
+
+def test_a_pipeline_pickles_with_its_settings_read_only(corpus_dir):
+    pipe = build(corpus_dir, runner="synchronous")
+    copy = pickle.loads(pickle.dumps(pipe.to_torch_dataset())).pipeline
+    assert copy.fingerprint() == pipe.fingerprint()
+    assert copy.description.settings == pipe.description.settings
+    with pytest.raises(TypeError):
+        copy.description.settings["canonical_replicas"] = 2  # type: ignore[index]
+
+
+@pytest.mark.slow  # worker processes, each a fresh interpreter
+def test_workers_started_without_fork_deliver_and_resume_as_forked_ones(corpus_dir):
+    """``spawn`` (macOS's default), like ``forkserver`` (Linux's from Python 3.14), pickles the
+    dataset, its pipeline and description included, to each worker."""
+    context = "spawn"
+    def started(pipe, how):
+        return StatefulDataLoader(pipe.to_torch_dataset(), batch_size=None, num_workers=2,
+                                  multiprocessing_context=how)
+
+    with build(corpus_dir, runner="synchronous") as pipe:
+        full = [rows(item) for item in started(pipe, "fork")]
+    with build(corpus_dir, runner="synchronous") as pipe:
+        first = started(pipe, context)
+        it = iter(first)
+        head = [rows(next(it)) for _ in range(5)]
+        state = first.state_dict()
+        del it, first
+    with build(corpus_dir, runner="synchronous") as pipe:
+        second = started(pipe, context)
+        second.load_state_dict(state)
+        tail = [rows(item) for item in second]
+    assert head + tail == full
 
 
 def test_stateful_dataloader_refuses_another_worker_count(corpus_dir):

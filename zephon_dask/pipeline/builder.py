@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import replace
-from types import MappingProxyType
 from typing import Any
 
 from .. import inspect as inspection
@@ -83,7 +82,7 @@ class Pipeline:
                 "wrap datasets as MixtureWorkSource([dataset, ...])"
             )
         self._source = work_source
-        self._description = Description((), (), BatchOptions(), MappingProxyType(dict(DEFAULTS)))
+        self._description = Description((), (), BatchOptions(), DEFAULTS)
         self._batched = False  # .batch() was called: it sets the shape once
         self._session = Session(work_source, self._description)
 
@@ -93,8 +92,6 @@ class Pipeline:
         new = object.__new__(Pipeline)
         new._source = self._source
         new._batched = changes.pop("batched", self._batched)
-        if "settings" in changes:
-            changes["settings"] = MappingProxyType(dict(changes["settings"]))
         new._description = replace(self._description, **changes)
         # the session never sees the pipeline; its source is measured again if its operators need it
         new._session = Session(self._session.source, new._description, built=self._source)

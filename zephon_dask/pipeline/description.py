@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 from ..consumer.batch import BatchOptions
@@ -39,3 +40,12 @@ class Description:
     batch: BatchOptions
     settings: Mapping[str, Any]
     batch_ops: tuple[Any, ...] = ()
+
+    def __post_init__(self) -> None:
+        """The settings, a copy, read-only."""
+        object.__setattr__(self, "settings", MappingProxyType(dict(self.settings)))
+
+    def __reduce__(self):
+        """Pickled with plain settings (a read-only view does not pickle): a DataLoader started
+        by ``spawn`` or ``forkserver`` sends its dataset, and so this, to each worker."""
+        return Description, (self.record_ops, self.accumulators, self.batch, dict(self.settings), self.batch_ops)
