@@ -7,7 +7,7 @@ first. A window the consumer asks for that is not yet submitted jumps the
 queue. The next window to submit comes from a heap of the lanes keyed on
 their next window, so a submission costs O(log lanes), not O(lanes). Each handle is released as soon as its result is local, so memory
 stays bounded however long the run is, and the memory windows free is
-given back to the OS at most every 30 s (:class:`~zephon_dask.execution.memory.Trimmer`).
+given back to the OS at most every 5 s (:class:`~zephon_dask.execution.memory.Trimmer`).
 
 Its settings are one :class:`~.settings.ConsumerSettings`; the names below are its fields.
 With ``fuse`` every window is one task except the first windows of the
@@ -80,7 +80,7 @@ from ..execution.base import (
     held_windows_per_task,
     most_windows_per_task,
 )
-from ..execution.memory import Trimmer
+from ..execution.memory import CONSUMER_TRIM_EVERY, Trimmer
 from ..graph import window_graph
 from ..log import logger
 from .settings import ConsumerSettings
@@ -119,7 +119,7 @@ class WindowFetcher:
         heapq.heapify(self._queue)
         self._seq = 0
         self._closed = False
-        self._trimmer = Trimmer()  # the windows' freed memory goes back to the OS now and then
+        self._trimmer = Trimmer(CONSUMER_TRIM_EVERY)  # the windows' freed memory goes back to the OS
         self._top_up()
 
     @property

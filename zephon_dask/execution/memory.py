@@ -30,6 +30,9 @@ import time
 from collections.abc import Callable
 
 TRIM_EVERY = 30.0  # seconds between two trims of one process
+# the training process's: windows come and go there every second or so, and the head start's leave
+# tens of MiB freed; a trim costs ~1 ms of CPU, 5-10 ms when it returns that much
+CONSUMER_TRIM_EVERY = 5.0
 
 
 @functools.cache
