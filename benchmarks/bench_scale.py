@@ -23,6 +23,10 @@ windows. Figures per configuration, over the run after its first batch:
   messages, transitions, transfers); the control plane per window is then the
   client loop + the scheduler + the workers' rest (``ctl``), and its
   inverse the windows/s one scheduler core could serve (``1/sched``).
+  **net us/win**: ``ctl`` less what the scheduler's and the workers' processes
+  cost with no work at all (their ``(idle)`` cores, timed before the run, times
+  the run's wall time): heartbeats and ticks cost per second, not per window,
+  so on a slow machine (fewer windows a second) they weigh more on ``ctl``.
 * **win/s**: windows finished per second of wall time (the scheduler's
   transitions to ``memory``, counted by a scheduler plugin).
 * **w/task**: windows per Dask task at the run's end (``auto:N``: the automatic
@@ -83,7 +87,7 @@ CHUNK_SIZE = 8  # documents per chunk
 FLUSH_K = 2  # chunks per window: 16 documents, ~22 rows of 256 tokens, a few ms of work
 WINDOW_PREFIXES = ("zephon-fused-window-", "zephon-window-", "zephon-windows-")
 RAMP_BATCHES = 384  # batches per run of --ramp
-IDLE_S = 1.0  # seconds the idle scheduler is timed before each run
+IDLE_S = 2.0  # seconds the idle scheduler and workers are timed before each run
 HERE = os.path.abspath(__file__)
 SCHEDULER_FLAG, WORKERS_FLAG = "--_scheduler", "--_workers"
 
@@ -308,9 +312,11 @@ class Result:
     workers_us_per_window: float
     tasks_us_per_window: float
     control_us_per_window: float
+    net_control_us_per_window: float
     scheduler_cores: float
     scheduler_idle_cores: float
     workers_cores: float
+    workers_idle_cores: float
     consumer_busy: float
     other_cores: float | None
     max_in_flight: int
@@ -324,9 +330,10 @@ def run_config(data_dir: str, lanes: int, workers: int, batches: int, check: int
     """One pass of ``batches`` batches; figures over all but the first batch (see the module docstring).
     ``windows_per_task``: the option (``None``: its default, automatic)."""
     with cluster(workers, direct) as (client, scheduler, worker_proc):
-        idle0, t = proc_cpu(scheduler), time.perf_counter()
+        idle0, workers_idle0, t = proc_cpu(scheduler), proc_cpu(worker_proc), time.perf_counter()
         time.sleep(idle_s)
-        idle = (proc_cpu(scheduler) - idle0) / max(1e-9, time.perf_counter() - t)
+        span = max(1e-9, time.perf_counter() - t)
+        idle, workers_idle = (proc_cpu(scheduler) - idle0) / span, (proc_cpu(worker_proc) - workers_idle0) / span
         pipe = build(data_dir, lanes, chunk_size, flush_k).options(client=client)
         pipe = pipe.options(windows_per_task=windows_per_task)
         one = [sorted(client.scheduler_info()["workers"])[0]]
@@ -357,6 +364,7 @@ def run_config(data_dir: str, lanes: int, workers: int, batches: int, check: int
     other = None if busy0 is None or busy1 is None else max(0.0, (busy1 - busy0) - proc - sched - work) / wall
     n = max(1, windows)
     tasks = tasks1 - tasks0
+    control = (client_loop + sched + work - tasks) / n * 1e6
     return Result(
         lanes=lanes, workers=workers, direct=direct, docs_per_window=chunk_size * flush_k,
         option="auto" if windows_per_task is None else str(windows_per_task), windows_per_task=per_task,
@@ -364,8 +372,10 @@ def run_config(data_dir: str, lanes: int, workers: int, batches: int, check: int
         batches=batches - 1, windows=windows, wall_s=wall, first_batch_s=first, windows_per_s=windows / wall,
         consumer_us_per_batch=consumer / (batches - 1) * 1e6, client_loop_us_per_window=client_loop / n * 1e6,
         scheduler_us_per_window=sched / n * 1e6, workers_us_per_window=work / n * 1e6,
-        tasks_us_per_window=tasks / n * 1e6, control_us_per_window=(client_loop + sched + work - tasks) / n * 1e6,
+        tasks_us_per_window=tasks / n * 1e6, control_us_per_window=control,
+        net_control_us_per_window=max(0.0, control - (idle + workers_idle) * wall / n * 1e6),
         scheduler_cores=sched / wall, scheduler_idle_cores=idle, workers_cores=work / wall,
+        workers_idle_cores=workers_idle,
         consumer_busy=consumer / wall, other_cores=other, max_in_flight=max_live,
         max_in_flight_mb=max_bytes / 1e6, sha_ok=tally.check_sha is not None and tally.check_sha == ref_sha,
     )
@@ -389,10 +399,12 @@ COLUMNS = (  # (title, unit, width, format of a Result)
     ("workers", "us/win", 7, lambda r: f"{r.workers_us_per_window:.0f}"),
     ("tasks", "us/win", 6, lambda r: f"{r.tasks_us_per_window:.0f}"),
     ("ctl", "us/win", 6, lambda r: f"{r.control_us_per_window:.0f}"),
+    ("net", "us/win", 6, lambda r: f"{r.net_control_us_per_window:.0f}"),
     ("1/sched", "win/s", 7, lambda r: f"{1e6 / max(1.0, r.scheduler_us_per_window):.0f}"),
     ("sched", "cores", 5, lambda r: f"{r.scheduler_cores:.2f}"),
     ("(idle)", "cores", 6, lambda r: f"{r.scheduler_idle_cores:.2f}"),
     ("wkrs", "cores", 5, lambda r: f"{r.workers_cores:.2f}"),
+    ("(idle)", "cores", 6, lambda r: f"{r.workers_idle_cores:.2f}"),
     ("cons", "busy", 5, lambda r: f"{r.consumer_busy:.0%}"),
     ("in flight", "max/pref", 9, lambda r: f"{r.max_in_flight}/{r.prefetch}"),
     ("held", "MB", 5, lambda r: f"{r.max_in_flight_mb:.1f}"),
