@@ -123,7 +123,8 @@ def test_a_gzip_file_in_a_bucket_is_read_as_gzip(s3, bucket):
     assert len(there) == 300 and there.read(0, [299])[0]["i"] == 299
 
 
-def test_a_rewritten_object_is_refused_by_its_etag(s3, tmp_path):
+def test_a_rewritten_object_is_refused_by_its_etag(s3, tmp_path, monkeypatch):
+    monkeypatch.setattr(remote, "CONFIRM_EVERY", 0.0)  # every read asks the store, even from kept blocks
     fs = s3.filesystem()
     fs.mkdir("changing")
     fs.pipe("changing/a.jsonl", b'{"text": "one"}\n{"text": "two"}\n')
@@ -147,7 +148,8 @@ def upload_in_parts(fs, key: str, body: bytes) -> None:
     fs.invalidate_cache()
 
 
-def test_an_object_uploaded_again_with_the_same_bytes_reads_on(s3):
+def test_an_object_uploaded_again_with_the_same_bytes_reads_on(s3, monkeypatch):
+    monkeypatch.setattr(remote, "CONFIRM_EVERY", 0.0)  # every read asks the store, even from kept blocks
     fs = s3.filesystem()
     fs.mkdir("again")
     body = b"".join(b'{"text": "doc %d"}\n' % i for i in range(50))
@@ -424,8 +426,9 @@ def test_a_small_object_is_read_in_kept_blocks_and_each_read_asks_its_etag(s3, t
     """An object no larger than remote.BLOCKS_BYTES is fetched in blocks kept by the process: a read
     fetches the blocks it touches and lacks (neighbours in one GET); a read whose blocks are all
     kept still sends one GET, of its shortest range, conditional on the ETag, so a rewritten
-    object is refused by every read."""
+    object is refused by every read (here every read asks: CONFIRM_EVERY is 0)."""
     monkeypatch.setattr(remote, "BLOCK", 1 << 14)
+    monkeypatch.setattr(remote, "CONFIRM_EVERY", 0.0)
     fs = s3.filesystem()
     fs.mkdir("blocks")
     lines = [json.dumps({"text": f"{i} " + "x" * (10_000 + i)}) + "\n" for i in range(40)]
@@ -444,6 +447,37 @@ def test_a_small_object_is_read_in_kept_blocks_and_each_read_asks_its_etag(s3, t
         fs.pipe("blocks/a.jsonl", body.replace(b"x", b"y"))  # same size, new ETag
         with pytest.raises(z.DataChangedError, match="ETag"):
             ds.read(0, [1, 39])
+
+
+def test_kept_blocks_ask_the_store_at_most_once_per_confirm_every(s3, tmp_path, monkeypatch):
+    """A read served from kept blocks alone sends no request while the object was confirmed by a
+    conditional GET less than CONFIRM_EVERY seconds before, and gives the bytes of the listed ETag
+    even once the object was rewritten; the first read that asks again refuses the rewrite."""
+    monkeypatch.setattr(remote, "CONFIRM_EVERY", 3600.0)
+    fs = s3.filesystem()
+    fs.mkdir("confirmed")
+    lines = [json.dumps({"text": f"{i} " + "x" * 2_000}) + "\n" for i in range(30)]
+    body = "".join(lines).encode()
+    fs.pipe("confirmed/a.jsonl", body)
+    want = [json.loads(line)["text"] for line in lines]
+    with FaultProxy(s3.url) as proxy:
+        ds = Dataset.from_jsonl("c", "s3://confirmed/a.jsonl", storage_options=s3.options(endpoint=proxy.url),
+                                progress=False, cache_dir=tmp_path)
+        forget()
+        proxy.reset_counts()
+        assert [r["text"] for r in ds.read(0, [0, 29])] == [want[0], want[29]]
+        assert proxy.methods == {"GET": 1}  # the object's one block, conditional on the ETag
+        proxy.reset_counts()
+        for offsets in ([5, 6], [29, 1], [12]):
+            assert [r["text"] for r in ds.read(0, offsets)] == [want[i] for i in offsets]
+        assert proxy.requests == 0
+        fs.pipe("confirmed/a.jsonl", body.replace(b"x", b"y"))  # same size, new ETag
+        assert [r["text"] for r in ds.read(0, [3])] == [want[3]]  # the listed ETag's bytes, never mixed
+        monkeypatch.setattr(remote, "CONFIRM_EVERY", 0.0)  # the window has passed
+        proxy.reset_counts()
+        with pytest.raises(z.DataChangedError, match="ETag"):
+            ds.read(0, [3])
+        assert proxy.methods["GET"] == 1
 
 
 def test_a_range_cut_mid_body_is_resumed_not_fetched_again(s3):

@@ -17,8 +17,11 @@ is fetched in parts, and at most :data:`CONCURRENT` ``GET`` s of a read are in
 flight. An object no larger than :data:`BLOCKS_BYTES` (its size known from the
 pin) is read in blocks of :data:`BLOCK` bytes kept per process (:data:`BLOCKS`,
 least recently used out first, keyed by name and ETag): a read fetches the blocks
-it touches and lacks; one that lacks none still sends one ``GET``, of its
-shortest range, so that every read asks the store whether the ETag stands.
+it touches and lacks; one that lacks none sends one ``GET``, of its shortest
+range, to ask the store whether the ETag stands, unless a conditional ``GET`` of
+the object succeeded in this process less than :data:`CONFIRM_EVERY` seconds
+before. The bytes are those of the listed ETag either way; a rewritten object is
+refused by the first read that asks.
 
 Requests go through one reading client per process and set of storage options,
 shared by its threads and reused across reads (its connections stay open). That client does no
@@ -40,8 +43,10 @@ import contextlib
 import contextvars
 import hashlib
 import json
+import math
 import os
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -61,6 +66,8 @@ PIECE = 1 << 18  # bytes taken from a body at a time (kept when the connection b
 BLOCK = 1 << 16  # the unit an object no larger than BLOCKS_BYTES is fetched and kept in
 BLOCKS_BYTES = 64 << 20  # per process: the blocks kept, least recently used out first
 BLOCKS = byte_lru(BLOCKS_BYTES, len)  # (name, ETag, block number) -> the block's bytes
+CONFIRM_EVERY = 1.0  # seconds: a read from kept blocks alone asks the store at most this often per object
+_CONFIRMED: dict[tuple[str, str], float] = {}  # (name, ETag) -> monotonic time of its last conditional GET
 _RETRY_CODES = frozenset({"SlowDown", "Throttling", "ThrottlingException", "RequestTimeout",
                           "RequestTimeTooSkewed", "InternalError", "ServiceUnavailable",
                           "RequestLimitExceeded", "TooManyRequests"})
@@ -271,6 +278,8 @@ async def _ranges(fs: AbstractFileSystem, attempts: int, name: str, pin: Pin | N
             return await retried(attempts, url, pin, rest, key=f"{url}\0{lo}")
 
     blobs = await asyncio.gather(*(one(lo, hi) for lo, hi in gets))
+    if pin is not None:
+        _CONFIRMED[pin.name, pin.etag] = time.monotonic()
     at = [lo for lo, _ in gets]
     out = []
     for lo, hi in zip(starts, ends, strict=True):
@@ -309,7 +318,8 @@ def fetch_ranges(fs: AbstractFileSystem, name: str, starts: list[int], ends: lis
 def _blocked(fs: AbstractFileSystem, attempts: int, pin: Pin, starts: list[int], ends: list[int]) -> list[bytes]:
     """:func:`fetch_ranges` through the blocks of :data:`BLOCKS`: the missing blocks the ranges
     touch are fetched (conditional, neighbours in one ``GET``) and kept; when none is missing, the
-    shortest range is fetched instead, so that every read asks the store whether the ETag stands."""
+    shortest range is fetched instead, to ask the store whether the ETag stands, unless the object
+    was confirmed less than :data:`CONFIRM_EVERY` seconds ago."""
     from fsspec.asyn import sync
 
     assert pin.size is not None
@@ -327,7 +337,7 @@ def _blocked(fs: AbstractFileSystem, attempts: int, pin: Pin, starts: list[int],
         got = sync(fs.loop, _ranges, fs, attempts, pin.name, pin, lows, [min(lo + BLOCK, pin.size) for lo in lows])
         for k, block in zip(missing, got, strict=True):
             BLOCKS[pin.name, pin.etag, k] = have[k] = block
-    else:
+    elif time.monotonic() - _CONFIRMED.get((pin.name, pin.etag), -math.inf) >= CONFIRM_EVERY:
         short = min((hi - lo, i) for i, (lo, hi) in enumerate(pairs) if hi > lo)[1]
         out[short] = sync(fs.loop, _ranges, fs, attempts, pin.name, pin, [starts[short]], [ends[short]])[0]
     for i, (lo, hi) in enumerate(pairs):
