@@ -68,6 +68,7 @@ BLOCKS_BYTES = 64 << 20  # per process: the blocks kept, least recently used out
 BLOCKS = byte_lru(BLOCKS_BYTES, len)  # (name, ETag, block number) -> the block's bytes
 CONFIRM_EVERY = 1.0  # seconds: a read from kept blocks alone asks the store at most this often per object
 _CONFIRMED: dict[tuple[str, str], float] = {}  # (name, ETag) -> monotonic time of its last conditional GET
+CONFIRMED_MAX = 4096  # objects remembered; past it the record starts afresh (each then asks once more)
 _RETRY_CODES = frozenset({"SlowDown", "Throttling", "ThrottlingException", "RequestTimeout",
                           "RequestTimeTooSkewed", "InternalError", "ServiceUnavailable",
                           "RequestLimitExceeded", "TooManyRequests"})
@@ -279,6 +280,8 @@ async def _ranges(fs: AbstractFileSystem, attempts: int, name: str, pin: Pin | N
 
     blobs = await asyncio.gather(*(one(lo, hi) for lo, hi in gets))
     if pin is not None:
+        if len(_CONFIRMED) >= CONFIRMED_MAX:
+            _CONFIRMED.clear()
         _CONFIRMED[pin.name, pin.etag] = time.monotonic()
     at = [lo for lo, _ in gets]
     out = []
