@@ -123,12 +123,12 @@ def test_a_gzip_file_in_a_bucket_is_read_as_gzip(s3, bucket):
     assert len(there) == 300 and there.read(0, [299])[0]["i"] == 299
 
 
-def test_a_rewritten_object_is_refused_by_its_etag(s3, tmp_path, monkeypatch):
-    monkeypatch.setattr(remote, "CONFIRM_EVERY", 0.0)  # every read asks the store, even from kept blocks
+def test_a_rewritten_object_is_refused_by_its_etag(s3, tmp_path):
     fs = s3.filesystem()
     fs.mkdir("changing")
     fs.pipe("changing/a.jsonl", b'{"text": "one"}\n{"text": "two"}\n')
-    ds = Dataset.from_jsonl("c", "s3://changing/a.jsonl", storage_options=s3.options(), progress=False)
+    every = s3.options(confirm_every=0)  # every read asks the store, even one from kept blocks
+    ds = Dataset.from_jsonl("c", "s3://changing/a.jsonl", storage_options=every, progress=False)
     assert ds.read(0, [1]) == [{"text": "two"}]
     fs.pipe("changing/a.jsonl", b'{"text": "uno"}\n{"text": "dos"}\n')  # same size, new ETag
     with pytest.raises(z.DataChangedError, match="ETag"):
@@ -148,13 +148,13 @@ def upload_in_parts(fs, key: str, body: bytes) -> None:
     fs.invalidate_cache()
 
 
-def test_an_object_uploaded_again_with_the_same_bytes_reads_on(s3, monkeypatch):
-    monkeypatch.setattr(remote, "CONFIRM_EVERY", 0.0)  # every read asks the store, even from kept blocks
+def test_an_object_uploaded_again_with_the_same_bytes_reads_on(s3):
     fs = s3.filesystem()
     fs.mkdir("again")
     body = b"".join(b'{"text": "doc %d"}\n' % i for i in range(50))
     fs.pipe("again/a.jsonl", body)
-    ds = Dataset.from_jsonl("a", "s3://again/a.jsonl", storage_options=s3.options(), progress=False)
+    every = s3.options(confirm_every=0)  # every read asks the store, even one from kept blocks
+    ds = Dataset.from_jsonl("a", "s3://again/a.jsonl", storage_options=every, progress=False)
     assert ds.read(0, [3]) == [{"text": "doc 3"}]
     upload_in_parts(fs, "again/a.jsonl", body)  # a new ETag and LastModified, the same bytes
     assert fs.info("again/a.jsonl")["ETag"].strip('"') != ds.shards[0].etag
@@ -426,9 +426,8 @@ def test_a_small_object_is_read_in_kept_blocks_and_each_read_asks_its_etag(s3, t
     """An object no larger than remote.BLOCKS_BYTES is fetched in blocks kept by the process: a read
     fetches the blocks it touches and lacks (neighbours in one GET); a read whose blocks are all
     kept still sends one GET, of its shortest range, conditional on the ETag, so a rewritten
-    object is refused by every read (here every read asks: CONFIRM_EVERY is 0)."""
+    object is refused by every read (with storage_options' confirm_every=0: every read asks)."""
     monkeypatch.setattr(remote, "BLOCK", 1 << 14)
-    monkeypatch.setattr(remote, "CONFIRM_EVERY", 0.0)
     fs = s3.filesystem()
     fs.mkdir("blocks")
     lines = [json.dumps({"text": f"{i} " + "x" * (10_000 + i)}) + "\n" for i in range(40)]
@@ -436,8 +435,8 @@ def test_a_small_object_is_read_in_kept_blocks_and_each_read_asks_its_etag(s3, t
     fs.pipe("blocks/a.jsonl", body)
     ends = np.cumsum([len(line) for line in lines])
     with FaultProxy(s3.url) as proxy:
-        ds = Dataset.from_jsonl("b", "s3://blocks/a.jsonl", storage_options=s3.options(endpoint=proxy.url),
-                                progress=False, cache_dir=tmp_path)
+        ds = Dataset.from_jsonl("b", "s3://blocks/a.jsonl", progress=False, cache_dir=tmp_path,
+                                storage_options=s3.options(endpoint=proxy.url, confirm_every=0))
         forget()
         for offsets, fetched in (([0, 1, 2], 2 << 14), ([39, 0, 1], len(body) - (int(ends[38]) >> 14 << 14)),
                                  ([1, 39], len(lines[1]) - 1)):
@@ -449,11 +448,12 @@ def test_a_small_object_is_read_in_kept_blocks_and_each_read_asks_its_etag(s3, t
             ds.read(0, [1, 39])
 
 
-def test_kept_blocks_ask_the_store_at_most_once_per_confirm_every(s3, tmp_path, monkeypatch):
+def test_kept_blocks_ask_the_store_at_most_once_per_confirm_every(s3, tmp_path):
     """A read served from kept blocks alone sends no request while the object was confirmed by a
-    conditional GET less than CONFIRM_EVERY seconds before, and gives the bytes of the listed ETag
-    even once the object was rewritten; the first read that asks again refuses the rewrite."""
-    monkeypatch.setattr(remote, "CONFIRM_EVERY", 3600.0)
+    conditional GET less than storage_options' confirm_every seconds before (default 1), and gives
+    the bytes of the listed ETag even once the object was rewritten; the first read that asks again
+    (here through the same Dataset with confirm_every=0) refuses the rewrite. Bad values are
+    refused when the Dataset is built."""
     fs = s3.filesystem()
     fs.mkdir("confirmed")
     lines = [json.dumps({"text": f"{i} " + "x" * 2_000}) + "\n" for i in range(30)]
@@ -461,8 +461,8 @@ def test_kept_blocks_ask_the_store_at_most_once_per_confirm_every(s3, tmp_path, 
     fs.pipe("confirmed/a.jsonl", body)
     want = [json.loads(line)["text"] for line in lines]
     with FaultProxy(s3.url) as proxy:
-        ds = Dataset.from_jsonl("c", "s3://confirmed/a.jsonl", storage_options=s3.options(endpoint=proxy.url),
-                                progress=False, cache_dir=tmp_path)
+        ds = Dataset.from_jsonl("c", "s3://confirmed/a.jsonl", progress=False, cache_dir=tmp_path,
+                                storage_options=s3.options(endpoint=proxy.url, confirm_every=3600))
         forget()
         proxy.reset_counts()
         assert [r["text"] for r in ds.read(0, [0, 29])] == [want[0], want[29]]
@@ -473,11 +473,14 @@ def test_kept_blocks_ask_the_store_at_most_once_per_confirm_every(s3, tmp_path, 
         assert proxy.requests == 0
         fs.pipe("confirmed/a.jsonl", body.replace(b"x", b"y"))  # same size, new ETag
         assert [r["text"] for r in ds.read(0, [3])] == [want[3]]  # the listed ETag's bytes, never mixed
-        monkeypatch.setattr(remote, "CONFIRM_EVERY", 0.0)  # the window has passed
+        strict = dataclasses.replace(ds, storage_options=s3.options(endpoint=proxy.url, confirm_every=0))
         proxy.reset_counts()
         with pytest.raises(z.DataChangedError, match="ETag"):
-            ds.read(0, [3])
+            strict.read(0, [3])
         assert proxy.methods["GET"] == 1
+    for bad in (-1, "1", True, float("inf"), None):
+        with pytest.raises(z.ConfigError, match="confirm_every"):
+            dataclasses.replace(ds, storage_options={**ds.storage_options, "confirm_every": bad})
 
 
 def test_a_range_cut_mid_body_is_resumed_not_fetched_again(s3):

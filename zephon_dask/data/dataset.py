@@ -180,6 +180,7 @@ class Dataset:
         _check_name(self.name)
         formats.get(self.format)
         node_cache.settings(self.storage_options)
+        remote.confirm_every(self.storage_options)
         if self.num_samples == 0:
             listed = [s.path or s.shard_id for s in self.shards[:5]]
             more = f" and {len(self.shards) - 5} more" if len(self.shards) > 5 else ""
@@ -327,7 +328,8 @@ class Dataset:
                 return self._read_remote(idx, sh, off)
             # Reads are conditional on the listed ETag (data/remote.py): no HEAD unless none was.
             name = sh.path.split("://", 1)[1]
-            with remote.pinned(name, remote.retagged(name, sh.etag), sh.size_bytes) as pin:
+            every = remote.confirm_every(self.storage_options)
+            with remote.pinned(name, remote.retagged(name, sh.etag), sh.size_bytes, every) as pin:
                 try:
                     out = self._read_remote(idx, sh, off, pin)
                 except remote.TagMoved:

@@ -84,12 +84,13 @@ _S3_PROTOCOLS = ("s3", "s3a")
 
 
 NODE_CACHE_KEY = "node_cache"  # ours (zephon_dask.data.node_cache), never passed to fsspec
+OWN_KEYS = (NODE_CACHE_KEY, remote.CONFIRM_KEY)  # storage options of ours, never passed to fsspec
 
 
 def fs_options(path: str, storage_options: dict[str, Any] | None) -> dict[str, Any]:
     """``storage_options`` completed with our defaults for ``path``'s protocol, without our own
     keys (a fresh dict). Pure."""
-    opts = {k: v for k, v in (storage_options or {}).items() if k != NODE_CACHE_KEY}
+    opts = {k: v for k, v in (storage_options or {}).items() if k not in OWN_KEYS}
     if fsspec.core.split_protocol(str(path))[0] in _S3_PROTOCOLS:
         config = dict(opts.get("config_kwargs") or {})
         for key, value in S3_DEFAULTS["config_kwargs"].items():

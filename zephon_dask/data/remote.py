@@ -20,8 +20,9 @@ least recently used out first, keyed by name and ETag): a read fetches the block
 it touches and lacks; one that lacks none sends one ``GET``, of its shortest
 range, to ask the store whether the ETag stands, unless a conditional ``GET`` of
 the object succeeded in this process less than :data:`CONFIRM_EVERY` seconds
-before. The bytes are those of the listed ETag either way; a rewritten object is
-refused by the first read that asks.
+before (a dataset's ``storage_options["confirm_every"]``, :func:`confirm_every`).
+The bytes are those of the listed ETag either way; a rewritten object is refused
+by the first read that asks.
 
 Requests go through one reading client per process and set of storage options,
 shared by its threads and reused across reads (its connections stay open). That client does no
@@ -53,7 +54,7 @@ from typing import Any
 
 from fsspec import AbstractFileSystem
 
-from ..errors import DataChangedError
+from ..errors import ConfigError, DataChangedError
 from .memo import byte_lru
 
 ATTEMPTS = 12  # tries of one range, unless the user's storage options set max_attempts
@@ -66,7 +67,8 @@ PIECE = 1 << 18  # bytes taken from a body at a time (kept when the connection b
 BLOCK = 1 << 16  # the unit an object no larger than BLOCKS_BYTES is fetched and kept in
 BLOCKS_BYTES = 64 << 20  # per process: the blocks kept, least recently used out first
 BLOCKS = byte_lru(BLOCKS_BYTES, len)  # (name, ETag, block number) -> the block's bytes
-CONFIRM_EVERY = 1.0  # seconds: a read from kept blocks alone asks the store at most this often per object
+CONFIRM_EVERY = 1.0  # seconds (default): a read from kept blocks alone asks the store at most this often
+CONFIRM_KEY = "confirm_every"  # the storage option setting it for a dataset (ours, never passed to fsspec)
 _CONFIRMED: dict[tuple[str, str], float] = {}  # (name, ETag) -> monotonic time of its last conditional GET
 CONFIRMED_MAX = 4096  # objects remembered; past it the record starts afresh (each then asks once more)
 _RETRY_CODES = frozenset({"SlowDown", "Throttling", "ThrottlingException", "RequestTimeout",
@@ -77,12 +79,25 @@ _RETRY_CODES = frozenset({"SlowDown", "Throttling", "ThrottlingException", "Requ
 @dataclass
 class Pin:
     """The object a read expects: filesystem-internal ``name``, its listed ``etag`` and ``size``
-    (when known); ``confirmed`` once a conditional request proved the store still holds it."""
+    (when known); ``confirm_every``: seconds a confirmation serves reads from kept blocks;
+    ``confirmed`` once a conditional request proved the store still holds it."""
 
     name: str
     etag: str
     size: int | None = None
+    confirm_every: float = CONFIRM_EVERY
     confirmed: bool = False
+
+
+def confirm_every(storage_options: dict[str, Any] | None) -> float:
+    """Seconds a read from kept blocks may go without asking the store whether the object's ETag
+    stands: ``storage_options["confirm_every"]`` (``0``: every read asks), else
+    :data:`CONFIRM_EVERY`. Pure."""
+    value = (storage_options or {}).get(CONFIRM_KEY, CONFIRM_EVERY)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < math.inf:
+        raise ConfigError(f"storage_options[{CONFIRM_KEY!r}] must be a number of seconds >= 0 (0: every "
+                          f"read from kept blocks asks the store), got {value!r}")
+    return float(value)
 
 
 class TagMoved(DataChangedError):
@@ -108,10 +123,11 @@ _PIN: contextvars.ContextVar[Pin | None] = contextvars.ContextVar("zephon_dask_p
 
 
 @contextlib.contextmanager
-def pinned(name: str, etag: str, size: int | None = None) -> Iterator[Pin]:
+def pinned(name: str, etag: str, size: int | None = None, every: float = CONFIRM_EVERY) -> Iterator[Pin]:
     """Reads of ``name`` under this block are conditional on ``etag`` (see the module); ``size``,
-    the object's listed size, lets them go through :data:`BLOCKS`."""
-    pin = Pin(name, etag, size)
+    the object's listed size, lets them go through :data:`BLOCKS`; ``every``: the pin's
+    ``confirm_every``."""
+    pin = Pin(name, etag, size, every)
     token = _PIN.set(pin)
     try:
         yield pin
@@ -322,7 +338,7 @@ def _blocked(fs: AbstractFileSystem, attempts: int, pin: Pin, starts: list[int],
     """:func:`fetch_ranges` through the blocks of :data:`BLOCKS`: the missing blocks the ranges
     touch are fetched (conditional, neighbours in one ``GET``) and kept; when none is missing, the
     shortest range is fetched instead, to ask the store whether the ETag stands, unless the object
-    was confirmed less than :data:`CONFIRM_EVERY` seconds ago."""
+    was confirmed less than the pin's ``confirm_every`` seconds ago."""
     from fsspec.asyn import sync
 
     assert pin.size is not None
@@ -340,7 +356,7 @@ def _blocked(fs: AbstractFileSystem, attempts: int, pin: Pin, starts: list[int],
         got = sync(fs.loop, _ranges, fs, attempts, pin.name, pin, lows, [min(lo + BLOCK, pin.size) for lo in lows])
         for k, block in zip(missing, got, strict=True):
             BLOCKS[pin.name, pin.etag, k] = have[k] = block
-    elif time.monotonic() - _CONFIRMED.get((pin.name, pin.etag), -math.inf) >= CONFIRM_EVERY:
+    elif time.monotonic() - _CONFIRMED.get((pin.name, pin.etag), -math.inf) >= pin.confirm_every:
         short = min((hi - lo, i) for i, (lo, hi) in enumerate(pairs) if hi > lo)[1]
         out[short] = sync(fs.loop, _ranges, fs, attempts, pin.name, pin, [starts[short]], [ends[short]])[0]
     for i, (lo, hi) in enumerate(pairs):
