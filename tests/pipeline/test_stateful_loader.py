@@ -232,6 +232,41 @@ def test_to_torch_loader_is_a_dataloader_with_the_pipelines_state(corpus_dir):
         build(corpus_dir).to_torch_loader(batch_size=4)
 
 
+@pytest.mark.parametrize("workers", [0, pytest.param(2, marks=pytest.mark.slow)])  # slow: worker processes
+def test_a_loader_state_taken_after_a_pass_resumes_as_torchdata_does(corpus_dir, workers):
+    """A StatefulDataLoader state taken after a pass's last batch, before the loader ended, resumes
+    as torchdata resumes its own datasets there: that iteration's rest is empty, the next iteration
+    is a new pass. The pipeline's own loader (to_torch_loader()) goes on into the next pass at once."""
+    with build(corpus_dir, runner="synchronous") as pipe:
+        whole = [rows(item) for item in loader(pipe, workers)]
+    with build(corpus_dir, runner="synchronous") as pipe:
+        dl = loader(pipe, workers)
+        it = iter(dl)
+        for _ in whole:
+            next(it)
+        state = dl.state_dict()
+    with build(corpus_dir, runner="synchronous") as pipe:
+        dl = loader(pipe, workers)
+        dl.load_state_dict(state)
+        assert [rows(item) for item in dl] == []
+        assert [rows(item) for item in dl] == whole
+    plain = StatefulDataLoader(list(range(6)), batch_size=2)  # torchdata's own, over a list
+    it = iter(plain)
+    for _ in range(3):
+        next(it)
+    again = StatefulDataLoader(list(range(6)), batch_size=2)
+    again.load_state_dict(plain.state_dict())
+    assert (len(list(again)), len(list(again))) == (0, 3)
+    with build(corpus_dir, runner="synchronous") as pipe:
+        dl = pipe.to_torch_loader(num_workers=workers)
+        steps = [rows(item) for item in dl]  # whole steps of the group (the dataset's workers each end alone)
+        state = dl.state_dict()
+    with build(corpus_dir, runner="synchronous") as pipe:
+        dl = pipe.to_torch_loader(num_workers=workers)
+        dl.load_state_dict(state)
+        assert [rows(item) for item in dl] == steps
+
+
 def _saved(obj):
     buffer = io.BytesIO()
     torch.save(obj, buffer)
