@@ -69,8 +69,8 @@ BLOCKS_BYTES = 64 << 20  # per process: the blocks kept, least recently used out
 BLOCKS = byte_lru(BLOCKS_BYTES, len)  # (name, ETag, block number) -> the block's bytes
 CONFIRM_EVERY = 1.0  # seconds (default): a read from kept blocks alone asks the store at most this often
 CONFIRM_KEY = "confirm_every"  # the storage option setting it for a dataset (ours, never passed to fsspec)
-_CONFIRMED: dict[tuple[str, str], float] = {}  # (name, ETag) -> monotonic time of its last conditional GET
-CONFIRMED_MAX = 4096  # objects remembered; past it the record starts afresh (each then asks once more)
+CONFIRMED_MAX = 4096  # objects whose last confirmation is kept, least recently used out first
+CONFIRMED = byte_lru(CONFIRMED_MAX, lambda _when: 1)  # (name, ETag) -> monotonic time of its last conditional GET
 _RETRY_CODES = frozenset({"SlowDown", "Throttling", "ThrottlingException", "RequestTimeout",
                           "RequestTimeTooSkewed", "InternalError", "ServiceUnavailable",
                           "RequestLimitExceeded", "TooManyRequests"})
@@ -295,10 +295,6 @@ async def _ranges(fs: AbstractFileSystem, attempts: int, name: str, pin: Pin | N
             return await retried(attempts, url, pin, rest, key=f"{url}\0{lo}")
 
     blobs = await asyncio.gather(*(one(lo, hi) for lo, hi in gets))
-    if pin is not None:
-        if len(_CONFIRMED) >= CONFIRMED_MAX:
-            _CONFIRMED.clear()
-        _CONFIRMED[pin.name, pin.etag] = time.monotonic()
     at = [lo for lo, _ in gets]
     out = []
     for lo, hi in zip(starts, ends, strict=True):
@@ -356,9 +352,11 @@ def _blocked(fs: AbstractFileSystem, attempts: int, pin: Pin, starts: list[int],
         got = sync(fs.loop, _ranges, fs, attempts, pin.name, pin, lows, [min(lo + BLOCK, pin.size) for lo in lows])
         for k, block in zip(missing, got, strict=True):
             BLOCKS[pin.name, pin.etag, k] = have[k] = block
-    elif time.monotonic() - _CONFIRMED.get((pin.name, pin.etag), -math.inf) >= pin.confirm_every:
+        CONFIRMED[pin.name, pin.etag] = time.monotonic()
+    elif time.monotonic() - CONFIRMED.get((pin.name, pin.etag), -math.inf) >= pin.confirm_every:
         short = min((hi - lo, i) for i, (lo, hi) in enumerate(pairs) if hi > lo)[1]
         out[short] = sync(fs.loop, _ranges, fs, attempts, pin.name, pin, [starts[short]], [ends[short]])[0]
+        CONFIRMED[pin.name, pin.etag] = time.monotonic()
     for i, (lo, hi) in enumerate(pairs):
         if out[i] is None:  # the range's piece of each block it touches
             out[i] = b"".join(have[k][max(lo - k * BLOCK, 0) : hi - k * BLOCK]
